@@ -1,0 +1,756 @@
+"""One scheduling cycle: ``schedule(snapshot, now) -> CycleResult``.
+
+Written as numbered phases over one snapshot (the shape of Kueue's ``schedule()``); each phase
+cites the section of SCHEDULING.md it implements. No I/O, no clock, no randomness: the same
+snapshot and ``now`` give the same decisions.
+
+1. index      plans (with implicit user leaves), nodes, running allocations
+2. reject     jobs that can never run as asked (Admission 3)
+3. demand     per plan, capped by its limit (Words: Demand)
+4. deserved   hierarchical weighted water-filling per resource (Deserved share)
+5. admit      fair order, all-or-nothing gangs, one reservation (Admission 1, 2, 4)
+6. reclaim    borrowers only, elastic shrink first, whole gangs, least loss (Reclaim)
+7. grow       elastic jobs toward max with what is left free (Admission 5)
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+from .decisions import (
+    CycleResult,
+    Decision,
+    Grow,
+    PlanFigures,
+    Preempt,
+    Reject,
+    Shrink,
+    Start,
+    Wait,
+)
+from .model import Job, JobState, Snapshot
+from .placement import fit_count, max_workers_on, place_gang
+from .plans import ROOT, PlanError, leaf_path
+from .resources import RESOURCES, UNLIMITED, Resources, format_amount
+from .shares import dominant_ratio, water_fill
+
+EPS = 1e-9
+
+
+class _Plan:
+    """A plan vertex as the cycle sees it; vectors are mutable [gpu, cpu, memory] lists."""
+
+    __slots__ = (
+        "path",
+        "share",
+        "limit",
+        "parent",
+        "children",
+        "user_leaf",
+        "alloc",
+        "demand",
+        "deserved",
+        "ratio",
+        "version",
+        "heap",
+        "active",
+        "queue",
+        "pos",
+        "pending",
+        "running",
+        "chain",
+        "limited",
+    )
+
+    def __init__(self, path: str, share: float, limit: Resources, parent: _Plan | None, leaf: bool):
+        self.path = path
+        self.share = share
+        self.limit = tuple(limit)
+        self.parent = parent
+        self.children: list[_Plan] = []
+        self.user_leaf = leaf
+        self.alloc = [0, 0, 0]
+        self.demand = [0, 0, 0]
+        self.deserved = [0.0, 0.0, 0.0]
+        self.ratio = 0.0
+        self.version = 0
+        self.heap: list = []
+        self.active = 0  # leaf: has jobs left to try; inner: number of active children
+        self.queue: list[Job] = []
+        self.pos = 0
+        self.pending = 0
+        self.running = 0
+        self.chain: list[_Plan] = []  # self and its ancestors up to the root, bottom-up
+        self.limited: list[_Plan] = []  # the members of chain with any limit
+
+
+def schedule(snapshot: Snapshot, now: float) -> CycleResult:
+    """Run one cycle and return what to do; see the module docstring for the phases."""
+    cycle = _Cycle(snapshot, now)
+    cycle.index()
+    cycle.reject()
+    cycle.compute_demand()
+    cycle.compute_deserved()
+    cycle.admit()
+    cycle.reclaim()
+    cycle.grow()
+    return cycle.result()
+
+
+def check_submission(snapshot: Snapshot, job: Job) -> str | None:
+    """The reason ``job`` can never run as asked, or None; the service calls it at submit time."""
+    cycle = _Cycle(snapshot, 0.0)
+    cycle.index(extra=[job])
+    return cycle.impossible(job)
+
+
+class _Cycle:
+    def __init__(self, snapshot: Snapshot, now: float) -> None:
+        self.snap = snapshot
+        self.now = now
+        self.config = snapshot.config
+        self.decisions: list[Decision] = []
+        self.waits: dict[str, str] = {}
+        self.started: dict[str, list[int]] = {}  # job id -> node indexes (Start this cycle)
+        self.grown: dict[str, list[int]] = {}  # job id -> node indexes added (Grow)
+        self.blocked: list[tuple[Job, _Plan]] = []  # capacity-blocked, in fair order
+        self.reserved_for: str | None = None
+        self.victims: set[str] = set()
+
+    # 1. index ----------------------------------------------------------------------------------
+    def index(self, extra: Iterable[Job] = ()) -> None:
+        inst = self.snap.instance
+        self.names = [n.name for n in inst.nodes]
+        self.node_at = {name: i for i, name in enumerate(self.names)}
+        self.capacity = [list(n.capacity) for n in inst.nodes]
+        self.free = [list(n.capacity) for n in inst.nodes]
+        self.incoming = [[0, 0, 0] for _ in inst.nodes]  # held by terminating jobs
+        self.total_capacity = list(inst.capacity)
+        self.largest = [max((row[r] for row in self.capacity), default=0) for r in range(3)]
+        root = _Plan(ROOT, 1.0, inst.quota, None, False)
+        root.chain = [root]
+        self.root = root
+        self.plans: dict[str, _Plan] = {ROOT: root}
+        for plan in sorted(self.snap.plans, key=lambda p: (p.path.count("/"), p.path)):
+            self._add_plan(plan.path, plan.share, plan.limit, plan.user_leaf)
+        self.jobs: list[tuple[Job, _Plan | None, str | None]] = []
+        self.running_jobs = 0
+        for job in [*self.snap.jobs, *extra]:
+            leaf, problem = self._leaf_of(job)
+            self.jobs.append((job, leaf, problem))
+            if job.state is JobState.RUNNING and leaf is not None:
+                self.running_jobs += 1
+                leaf.running += 1
+                for i in self._nodes_of(job):
+                    row, w = self.free[i], job.per_worker
+                    row[0] -= w[0]
+                    row[1] -= w[1]
+                    row[2] -= w[2]
+                    if job.terminating:
+                        inc = self.incoming[i]
+                        inc[0] += w[0]
+                        inc[1] += w[1]
+                        inc[2] += w[2]
+                self._charge(leaf, job.per_worker, job.workers)
+        self.total_free = [sum(row[r] for row in self.free) for r in range(3)]
+        for r in range(3):  # the quota can be below the machines
+            used = sum(row[r] for row in self.capacity) - self.total_free[r]
+            self.total_free[r] = min(self.total_free[r], self.total_capacity[r] - used)
+
+    def _add_plan(self, path: str, share: float, limit: Resources, user_leaf: bool) -> _Plan:
+        parent = self.plans[path.rsplit("/", 1)[0] or ROOT]
+        plan = _Plan(path, share, limit, parent, user_leaf)
+        parent.children.append(plan)
+        plan.chain = [plan, *parent.chain]
+        plan.limited = [p for p in plan.chain if any(v != UNLIMITED for v in p.limit)]
+        self.plans[path] = plan
+        return plan
+
+    def _leaf_of(self, job: Job) -> tuple[_Plan | None, str | None]:
+        plan = self.plans.get(job.plan)
+        if plan is None or plan is self.root:
+            return None, f"there is no plan {job.plan!r}; ask an admin to create it"
+        if plan.user_leaf:
+            return None, f"{job.plan} is a user leaf; submit to its parent {plan.parent.path}"
+        try:
+            path = leaf_path(job.plan, job.user)
+        except PlanError as err:
+            return None, str(err)
+        leaf = self.plans.get(path)
+        if leaf is None:  # created on first use at share 1 (Words: User leaf)
+            leaf = self._add_plan(path, 1.0, Resources(UNLIMITED, UNLIMITED, UNLIMITED), True)
+        elif leaf.children:
+            return None, f"{path} is a plan with children, not a user leaf"
+        return leaf, None
+
+    def _nodes_of(self, job: Job) -> list[int]:
+        return [self.node_at[n] for n in job.placement if n in self.node_at]
+
+    def _charge(self, leaf: _Plan, worker: tuple, count: int) -> None:
+        g, c, m = worker[0] * count, worker[1] * count, worker[2] * count
+        for p in leaf.chain:
+            a = p.alloc
+            a[0] += g
+            a[1] += c
+            a[2] += m
+
+    # 2. reject ---------------------------------------------------------------------------------
+    def reject(self) -> None:
+        self._impossible_cache: dict[tuple, str | None] = {}
+        kept = []
+        for job, leaf, problem in self.jobs:
+            if job.state is JobState.PENDING:
+                problem = problem or self.impossible(job, leaf)
+                if problem:
+                    self.decisions.append(Reject(job.id, problem))
+                    continue
+            if leaf is not None:
+                kept.append((job, leaf))
+        self.live = kept
+
+    def impossible(self, job: Job, leaf: _Plan | None = None) -> str | None:
+        """Admission 3: over a limit on its path, over the instance, or no node can hold it."""
+        if leaf is None:
+            leaf, problem = self._leaf_of(job)
+            if problem:
+                return problem
+        key = (leaf.path, tuple(job.per_worker), job.min_workers)
+        cache = getattr(self, "_impossible_cache", {})
+        if key in cache:
+            return cache[key]
+        w, n = job.per_worker, job.min_workers
+        req = [w[r] * n for r in range(3)]
+        size = f"{n} worker{'s' if n > 1 else ''} x {Resources(*w).describe()}"
+        answer = None
+        for p in leaf.limited:
+            if p is self.root:
+                continue
+            for r, name in enumerate(RESOURCES):
+                if req[r] > p.limit[r]:
+                    answer = (
+                        f"rejected: plan {p.path} has a {name} limit of "
+                        f"{format_amount(name, p.limit[r])} and this job asks for "
+                        f"{format_amount(name, req[r])} ({size}); ask for at most "
+                        f"{format_amount(name, p.limit[r])} or submit to a plan with a higher limit"
+                    )
+                    break
+            if answer:
+                break
+        if answer is None:
+            for r, name in enumerate(RESOURCES):
+                if req[r] > self.total_capacity[r]:
+                    answer = (
+                        f"rejected: the instance has {format_amount(name, self.total_capacity[r])}"
+                        f" in all (capacity and quota) and this job asks for "
+                        f"{format_amount(name, req[r])} ({size})"
+                    )
+                    break
+        if answer is None:
+            for r, name in enumerate(RESOURCES):
+                if w[r] > self.largest[r]:
+                    answer = (
+                        f"rejected: one worker asks for {format_amount(name, w[r])} but the "
+                        f"largest node has {format_amount(name, self.largest[r])}; use more, "
+                        f"smaller workers"
+                    )
+                    break
+        if answer is None and max_workers_on(self.capacity, w) < n:
+            most = int(max_workers_on(self.capacity, w))
+            answer = (
+                f"rejected: the gang of {size} cannot be placed: the nodes hold at most "
+                f"{most} such workers at once"
+            )
+        cache[key] = answer
+        return answer
+
+    # 3. demand ---------------------------------------------------------------------------------
+    def compute_demand(self) -> None:
+        for job, leaf in self.live:
+            if job.state is JobState.PENDING:
+                leaf.queue.append(job)
+                leaf.pending += 1
+            w, k = job.per_worker, job.max_workers
+            d = leaf.demand
+            d[0] += w[0] * k
+            d[1] += w[1] * k
+            d[2] += w[2] * k
+        for plan in sorted(self.plans.values(), key=lambda p: -len(p.chain)):
+            d, lim = plan.demand, plan.limit
+            for r in range(3):
+                if d[r] > lim[r]:
+                    d[r] = lim[r]
+            if plan.parent is not None:
+                pd = plan.parent.demand
+                pd[0] += d[0]
+                pd[1] += d[1]
+                pd[2] += d[2]
+        rd = self.root.demand
+        for r in range(3):
+            rd[r] = min(rd[r], self.total_capacity[r])
+
+    # 4. deserved -------------------------------------------------------------------------------
+    def compute_deserved(self) -> None:
+        self.root.deserved = list(self.root.demand)
+        stack = [self.root]
+        while stack:
+            plan = stack.pop()
+            kids = plan.children
+            if not kids:
+                continue
+            weights = [k.share for k in kids]
+            for r in range(3):
+                got = water_fill(plan.deserved[r], [k.demand[r] for k in kids], weights)
+                for kid, amount in zip(kids, got):
+                    kid.deserved[r] = amount
+            stack.extend(kids)
+        for plan in self.plans.values():
+            plan.ratio = dominant_ratio(plan.alloc, plan.deserved)
+
+    # 5. admit ----------------------------------------------------------------------------------
+    def admit(self) -> None:
+        """Admission 1, 2, 4: walk the fair order; start whole gangs; reserve for the first
+        capacity-blocked gang.
+
+        Order: from the root, the child with the lowest (dominant ratio, path) that still has a
+        job to try; inside a leaf, priority (high first), then submission time, then job id.
+        """
+        self._failed_shapes: set[tuple] = set()
+        for plan in sorted(self.plans.values(), key=lambda p: -len(p.chain)):
+            if plan.queue:
+                plan.queue.sort(key=lambda j: (-j.priority, j.submitted, j.id))
+                plan.active = 1
+            if plan.active and plan.parent is not None:
+                plan.parent.active += 1
+                heapq.heappush(plan.parent.heap, (plan.ratio, plan.path, plan.version, plan))
+        while self.root.active:
+            leaf = self._pick()
+            while leaf.pos < len(leaf.queue):
+                job = leaf.queue[leaf.pos]
+                leaf.pos += 1
+                if self._try_start(job, leaf):
+                    break
+            if leaf.pos >= len(leaf.queue):
+                self._deactivate(leaf)
+
+    def _pick(self) -> _Plan:
+        plan = self.root
+        while plan.children:
+            heap = plan.heap
+            while True:
+                ratio, path, version, child = heap[0]
+                if version == child.version and child.active:
+                    break
+                heapq.heappop(heap)
+            plan = child
+        return plan
+
+    def _deactivate(self, plan: _Plan) -> None:
+        plan.active = 0
+        parent = plan.parent
+        while parent is not None:
+            parent.active -= 1
+            if parent.active:
+                return
+            parent = parent.parent
+
+    def _reorder(self, leaf: _Plan) -> None:
+        """After an admission the chain's ratios changed: re-queue them in their parents."""
+        for plan in leaf.chain:
+            plan.ratio = dominant_ratio(plan.alloc, plan.deserved)
+            plan.version += 1
+            if plan.parent is not None and plan.active:
+                heapq.heappush(plan.parent.heap, (plan.ratio, plan.path, plan.version, plan))
+
+    def _try_start(self, job: Job, leaf: _Plan) -> bool:
+        w, n = job.per_worker, job.min_workers
+        req = (w[0] * n, w[1] * n, w[2] * n)
+        over = self._over_limit(leaf, req)
+        if over:
+            self.waits[job.id] = over
+            return False
+        if self.snap.instance.max_jobs is not None and self.running_jobs >= self.snap.instance.max_jobs:
+            self.waits[job.id] = (
+                f"waiting: the instance runs at most {self.snap.instance.max_jobs} jobs at once"
+            )
+            return False
+        shape = (tuple(w), n)
+        tf = self.total_free
+        placement = None
+        if (
+            shape not in self._failed_shapes
+            and req[0] <= tf[0]
+            and req[1] <= tf[1]
+            and req[2] <= tf[2]
+        ):
+            placement = place_gang(self.free, self.names, w, n)
+        if placement is None:
+            self._failed_shapes.add(shape)
+            self.blocked.append((job, leaf))
+            if self.reserved_for is None and any(w):
+                self._reserve(job)
+            return False
+        self._take(placement, w)
+        self._charge(leaf, w, n)
+        self.running_jobs += 1
+        self.started[job.id] = placement
+        self._reorder(leaf)
+        return True
+
+    def _over_limit(self, leaf: _Plan, req: tuple) -> str | None:
+        for p in leaf.limited:
+            a, lim = p.alloc, p.limit
+            for r in range(3):
+                if a[r] + req[r] > lim[r] + EPS:
+                    name = RESOURCES[r]
+                    where = "the instance quota" if p is self.root else p.path
+                    return (
+                        f"waiting: {where} at its {name} limit: "
+                        f"{_amount(name, a[r])} of {_amount(name, lim[r])} in use, "
+                        f"this job needs {_amount(name, req[r])} more"
+                    )
+        return None
+
+    def _take(self, placement: list[int], w: tuple) -> None:
+        for i in placement:
+            row = self.free[i]
+            row[0] -= w[0]
+            row[1] -= w[1]
+            row[2] -= w[2]
+        n = len(placement)
+        tf = self.total_free
+        tf[0] -= w[0] * n
+        tf[1] -= w[1] * n
+        tf[2] -= w[2] * n
+
+    def _reserve(self, job: Job) -> None:
+        """Admission 4: hold what is free on the nodes the gang will need, so capacity freed
+        after it blocked goes to it first. Nodes are chosen by most free in the worker's main
+        resource (gpu, else cpu, else memory), then name."""
+        w = job.per_worker
+        main = 0 if w[0] else (1 if w[1] else 2)
+        room = {
+            i: int(fit_count(self.capacity[i], w))
+            for i in range(len(self.names))
+            if fit_count(self.capacity[i], w) >= 1
+        }
+        held: list[int] = []
+        for _ in range(job.min_workers):
+            choices = [i for i, k in room.items() if k > 0]
+            if not choices:
+                break
+            i = min(choices, key=lambda i: (-self.free[i][main], self.names[i]))
+            room[i] -= 1
+            row = self.free[i]
+            take = [max(0, min(row[r], w[r])) for r in range(3)]
+            for r in range(3):
+                row[r] -= take[r]
+                self.total_free[r] -= take[r]
+            held.append(i)
+        self.reserved_for = job.id
+        nodes = ", ".join(sorted({self.names[i] for i in held}))
+        self.reservation = f"holds the reservation: capacity freed on {nodes} goes to it first"
+
+    # 6. reclaim --------------------------------------------------------------------------------
+    def reclaim(self) -> None:
+        """Reclaim: for each capacity-blocked job whose leaf (and ancestors up to where the
+        borrowing happened) stays within its deserved share, take back from borrowers."""
+        self.delta: dict[str, list[float]] = {}  # plan path -> alloc change promised this cycle
+        self.candidates = [
+            (job, leaf)
+            for job, leaf in self.live
+            if job.state is JobState.RUNNING
+            and job.preemptible
+            and not job.terminating
+            and job.started is not None
+            and self.now - job.started >= self.config.min_runtime
+        ]
+        if not self.candidates:
+            return
+        tried: set[tuple] = set()
+        for job, leaf in self.blocked:
+            key = (leaf.path, tuple(job.per_worker), job.min_workers, job.max_workers)
+            if key in tried:
+                continue
+            tried.add(key)
+            self._reclaim_for(job, leaf)
+
+    def _alloc(self, plan: _Plan, r: int) -> float:
+        d = self.delta.get(plan.path)
+        return plan.alloc[r] + (d[r] if d else 0)
+
+    def _within_deserved(self, leaf: _Plan, job: Job) -> tuple[int, int]:
+        """(workers k this job may take within its deserved share, height of the chain that
+        stays within it). k is 0 when even its minimum gang would make its leaf a borrower."""
+        w = job.per_worker
+        best = 0
+        height = 0
+        for k in range(job.max_workers, job.min_workers - 1, -1):
+            ok = 0
+            for p in leaf.chain[:-1]:
+                if all(
+                    w[r] == 0 or self._alloc(p, r) + w[r] * k <= p.deserved[r] + EPS
+                    for r in range(3)
+                ):
+                    ok += 1
+                else:
+                    break
+            if ok:
+                best, height = k, ok
+                break
+        return best, height
+
+    def _reclaim_for(self, job: Job, leaf: _Plan) -> None:
+        k, height = self._within_deserved(leaf, job)
+        if not k:
+            return
+        self._reclaimer_ancestors = {id(p) for p in leaf.chain}
+        lca_ok = {id(p.parent) for p in leaf.chain[:height]}
+        w = job.per_worker
+        pool = [[self.free[i][r] + self.incoming[i][r] for r in range(3)] for i in range(len(self.names))]
+        # What terminating jobs will free is enough: wait for it, claim it, preempt no more.
+        if place_gang(pool, self.names, w, job.min_workers) is not None:
+            self._claim(job, pool, k)
+            self.waits[job.id] = "waiting: resources being released by preempted jobs go to it"
+            return
+        eligible = []
+        for victim, vleaf in self.candidates:
+            if victim.id in self.victims:
+                continue
+            side = self._borrower_side(vleaf, lca_ok, w)
+            if side is not None:
+                eligible.append((victim, vleaf, side))
+        if not eligible:
+            return
+        steps = self._victim_steps(eligible, w)
+        chosen: list[tuple] = []  # (victim, vleaf, nodes released)
+        released = [row[:] for row in pool]
+        for victim, vleaf, nodes in steps:
+            for i in nodes:
+                for r in range(3):
+                    released[i][r] += victim.per_worker[r]
+            chosen.append((victim, vleaf, nodes))
+            if place_gang(released, self.names, w, k) is not None:
+                break
+        target = k
+        while target >= job.min_workers and place_gang(released, self.names, w, target) is None:
+            target -= 1
+        if target < job.min_workers:
+            return  # never preempt for nothing
+        chosen = self._prune(chosen, pool, w, target)
+        self._commit_victims(job, leaf, chosen)
+        self._claim(job, self._pool_with(pool, chosen), target)
+        names = ", ".join(sorted({v.id for v, _, _ in chosen}))
+        self.waits[job.id] = f"waiting: reclaiming from {names} (grace {self.config.grace:g} s)"
+
+    def _borrower_side(self, vleaf: _Plan, lca_ok: set[int], w: tuple) -> _Plan | None:
+        """The child of the common ancestor on the victim's side when it holds more than it
+        deserves in a resource the reclaimer needs (a borrower), and the reclaimer's side up to
+        that ancestor stays within its share (``lca_ok``); else None."""
+        for p in vleaf.chain:
+            parent = p.parent
+            if parent is None:
+                return None
+            if id(parent) in self._reclaimer_ancestors:
+                if id(parent) not in lca_ok:
+                    return None
+                if any(w[r] and self._alloc(p, r) > p.deserved[r] + EPS for r in range(3)):
+                    return p
+                return None
+        return None
+
+    def _victim_steps(self, eligible: list[tuple], w: tuple) -> list[tuple]:
+        """Reclaim: elastic shrink first, then whole gangs; victims that stay at or above their
+        deserved share first; then lower priority, most recently started, fewest resources,
+        job id."""
+
+        def stays(vleaf: _Plan, side: _Plan, release: tuple) -> bool:
+            for p in vleaf.chain:
+                for r in range(3):
+                    if w[r] and self._alloc(p, r) - release[r] < p.deserved[r] - EPS:
+                        return False
+                if p is side:
+                    break
+            return True
+
+        def rank(victim: Job) -> tuple:
+            size = tuple(v * victim.workers for v in victim.per_worker)
+            return (victim.priority, -(victim.started or 0), size, victim.id)
+
+        shrinks, gangs = [], []
+        for victim, vleaf, side in eligible:
+            vw = victim.per_worker
+            extra = victim.workers - victim.min_workers
+            whole = tuple(v * victim.workers for v in vw)
+            if victim.elastic and extra > 0:
+                one = tuple(vw)
+                nodes = self._nodes_of(victim)
+                # shrink one worker at a time, highest rank first
+                for j in range(extra):
+                    release = tuple(v * (j + 1) for v in one)
+                    first = 0 if stays(vleaf, side, release) else 1
+                    shrinks.append(
+                        ((first, *rank(victim), j), (victim, vleaf, [nodes[-1 - j]]))
+                    )
+            first = 0 if stays(vleaf, side, whole) else 1
+            gangs.append(((first, *rank(victim)), (victim, vleaf, self._nodes_of(victim))))
+        shrinks.sort(key=lambda s: s[0])
+        gangs.sort(key=lambda s: s[0])
+        steps = [s for _, s in shrinks]
+        # A gang stop replaces any shrink steps of the same job taken before it.
+        return steps + [s for _, s in gangs]
+
+    def _prune(self, chosen: list[tuple], pool: list, w: tuple, target: int) -> list[tuple]:
+        """Least loss: drop any whole-gang victim, newest choice first, that is not needed."""
+        merged = self._merge(chosen)
+        for item in reversed(list(merged)):
+            trial = [c for c in merged if c is not item]
+            if place_gang(self._pool_with(pool, trial), self.names, w, target) is not None:
+                merged = trial
+        return merged
+
+    def _merge(self, chosen: list[tuple]) -> list[tuple]:
+        """Shrink steps and a later stop of the same job become the stop alone."""
+        out: dict[str, tuple] = {}
+        for victim, vleaf, nodes in chosen:
+            if victim.id in out and len(nodes) == victim.workers:
+                out[victim.id] = (victim, vleaf, list(nodes))
+            elif victim.id in out:
+                v, vl, have = out[victim.id]
+                if len(have) < victim.workers:
+                    out[victim.id] = (v, vl, have + list(nodes))
+            else:
+                out[victim.id] = (victim, vleaf, list(nodes))
+        return list(out.values())
+
+    def _pool_with(self, pool: list, chosen: list[tuple]) -> list:
+        out = [row[:] for row in pool]
+        for victim, _, nodes in chosen:
+            for i in nodes:
+                for r in range(3):
+                    out[i][r] += victim.per_worker[r]
+        return out
+
+    def _commit_victims(self, job: Job, leaf: _Plan, chosen: list[tuple]) -> None:
+        for victim, vleaf, nodes in chosen:
+            self.victims.add(victim.id)
+            count = len(nodes)
+            for p in vleaf.chain:
+                d = self.delta.setdefault(p.path, [0.0, 0.0, 0.0])
+                for r in range(3):
+                    d[r] -= victim.per_worker[r] * count
+            reason = f"reclaimed by {leaf.path} for job {job.id}"
+            if count < victim.workers:
+                release = tuple(self.names[i] for i in nodes)
+                left = victim.workers - count
+                self.decisions.append(Shrink(victim.id, release, left, self.config.grace, reason))
+            else:
+                self.decisions.append(Preempt(victim.id, self.config.grace, reason, job.id))
+
+    def _claim(self, job: Job, pool: list, k: int) -> None:
+        """Hold what the reclaimer will use: it is not free for growth in this cycle."""
+        w = job.per_worker
+        placement = place_gang(pool, self.names, w, k) or place_gang(
+            pool, self.names, w, job.min_workers
+        )
+        if placement is None:
+            return
+        for i in placement:
+            row, inc = self.free[i], self.incoming[i]
+            for r in range(3):
+                from_free = max(0, min(row[r], w[r]))
+                row[r] -= from_free
+                self.total_free[r] -= from_free
+                inc[r] = max(0, inc[r] - (w[r] - from_free))
+        d = self.delta.setdefault
+        for p in self._leaf_for(job).chain:
+            dp = d(p.path, [0.0, 0.0, 0.0])
+            for r in range(3):
+                dp[r] += w[r] * len(placement)
+
+    def _leaf_for(self, job: Job) -> _Plan:
+        return self.plans[leaf_path(job.plan, job.user)]
+
+    # 7. grow -----------------------------------------------------------------------------------
+    def grow(self) -> None:
+        """Admission 5: elastic jobs grow one worker at a time toward max, the job whose leaf has
+        the lowest dominant ratio first (then priority, submission time, id)."""
+        heap = []
+        for job, leaf in self.live:
+            if not job.elastic or job.id in self.victims or job.terminating:
+                continue
+            if job.id in self.started:
+                workers = len(self.started[job.id])
+            elif job.state is JobState.RUNNING:
+                workers = job.workers
+            else:
+                continue
+            if workers < job.max_workers:
+                heap.append((leaf.ratio, -job.priority, job.submitted, job.id, job, leaf))
+        heapq.heapify(heap)
+        while heap:
+            ratio, prio, sub, jid, job, leaf = heapq.heappop(heap)
+            if leaf.ratio > ratio + EPS:
+                heapq.heappush(heap, (leaf.ratio, prio, sub, jid, job, leaf))
+                continue
+            w = job.per_worker
+            if self._over_limit(leaf, tuple(w)):
+                continue
+            mine = self.started.get(job.id) or self._nodes_of(job)
+            spot = place_gang(self.free, self.names, w, 1, prefer=frozenset(mine))
+            if spot is None:
+                continue
+            self._take(spot, w)
+            self._charge(leaf, w, 1)
+            for p in leaf.chain:
+                p.ratio = dominant_ratio(p.alloc, p.deserved)
+            if job.id in self.started:
+                self.started[job.id].extend(spot)
+                workers = len(self.started[job.id])
+            else:
+                self.grown.setdefault(job.id, []).extend(spot)
+                workers = job.workers + len(self.grown[job.id])
+            if workers < job.max_workers:
+                heapq.heappush(heap, (leaf.ratio, prio, sub, jid, job, leaf))
+
+    # result ------------------------------------------------------------------------------------
+    def result(self) -> CycleResult:
+        out = CycleResult()
+        out.decisions = list(self.decisions)
+        by_id = {job.id: job for job, _ in self.live}
+        for job_id, nodes in self.started.items():
+            out.decisions.append(Start(job_id, tuple(self.names[i] for i in nodes)))
+        for job_id, nodes in self.grown.items():
+            job = by_id[job_id]
+            added = tuple(self.names[i] for i in nodes)
+            out.decisions.append(Grow(job_id, added, job.workers + len(added)))
+        for job, _ in self.live:
+            if job.state is JobState.PENDING and job.id not in self.started:
+                reason = self.waits.get(job.id)
+                if job.id == self.reserved_for:
+                    reason = f"{reason or 'waiting for capacity'}; {self.reservation}"
+                out.decisions.append(Wait(job.id, reason or self._capacity_reason(job)))
+        for plan in self.plans.values():
+            out.plans[plan.path] = PlanFigures(
+                path=plan.path,
+                share=plan.share,
+                limit=Resources(*plan.limit),
+                deserved=Resources(*plan.deserved),
+                allocated=Resources(*plan.alloc),
+                demand=Resources(*plan.demand),
+                pending=plan.pending - sum(1 for j in plan.queue if j.id in self.started),
+                running=plan.running + sum(1 for j in plan.queue if j.id in self.started),
+            )
+        return out
+
+    def _capacity_reason(self, job: Job) -> str:
+        w, n = job.per_worker, job.min_workers
+        size = f"{n} worker{'s' if n > 1 else ''} x {Resources(*w).describe()}"
+        room = int(sum(min(fit_count(row, w), n) for row in self.free))
+        return f"waiting for capacity: needs {size}, each worker on one node; room now for {room}"
+
+
+def _amount(name: str, value: float) -> str:
+    return format_amount(name, value).rsplit(" ", 1)[0] if name == "gpu" else format_amount(
+        name, value
+    )

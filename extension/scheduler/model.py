@@ -1,0 +1,102 @@
+"""What one scheduling cycle reads: nodes, jobs, the plan tree, the instance bounds, the knobs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from .plans import PlanTree, leaf_path
+from .resources import NO_LIMIT, Resources
+
+
+class JobState(str, Enum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    FINISHED = "FINISHED"
+    FAILED = "FAILED"
+    REJECTED = "REJECTED"
+    CANCELLED = "CANCELLED"
+
+
+@dataclass(frozen=True)
+class Node:
+    """A machine (the local host, a Kubernetes node) and what it can hold."""
+
+    name: str
+    capacity: Resources
+
+
+@dataclass
+class Job:
+    """A gang of identical workers. Rigid when ``min_workers == max_workers``, else elastic.
+
+    A running job lists in ``placement`` the node of every worker that holds resources; a job
+    whose preemption or shrink is under way (``terminating``) still holds them until the
+    backend reports the workers gone.
+    """
+
+    id: str
+    user: str
+    plan: str
+    per_worker: Resources
+    min_workers: int = 1
+    max_workers: int = 0  # 0: same as min_workers (rigid)
+    priority: int = 0
+    submitted: float = 0.0
+    preemptible: bool = True
+    state: JobState = JobState.PENDING
+    placement: tuple[str, ...] = ()
+    started: float | None = None
+    terminating: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_workers == 0:
+            self.max_workers = self.min_workers
+        if self.min_workers < 1 or self.max_workers < self.min_workers:
+            raise ValueError(
+                f"job {self.id}: workers must be at least 1 and min <= max, "
+                f"got {self.min_workers}:{self.max_workers}"
+            )
+
+    @property
+    def leaf(self) -> str:
+        return leaf_path(self.plan, self.user)
+
+    @property
+    def elastic(self) -> bool:
+        return self.max_workers > self.min_workers
+
+    @property
+    def workers(self) -> int:
+        return len(self.placement)
+
+
+@dataclass(frozen=True)
+class Instance:
+    """The machines, cut down by the namespace quota (SCHEDULING.md "Instance")."""
+
+    nodes: tuple[Node, ...]
+    quota: Resources = NO_LIMIT
+    max_jobs: int | None = None  # most jobs running at once (ResourceQuota ``pods``-like)
+
+    @property
+    def capacity(self) -> Resources:
+        total = Resources(0, 0, 0)
+        for node in self.nodes:
+            total = total.plus(node.capacity)
+        return total.cap(self.quota)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    grace: float = 30.0  # seconds between SIGTERM and SIGKILL for a victim
+    min_runtime: float = 0.0  # a job younger than this is never a victim
+
+
+@dataclass
+class Snapshot:
+    plans: PlanTree
+    instance: Instance
+    jobs: Sequence[Job]
+    config: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -1,0 +1,71 @@
+"""Placing a gang's workers on nodes: each worker whole on one node (SCHEDULING.md Admission 2).
+
+``free`` is a list of mutable ``[gpu, cpu, memory]`` rows, one per node, in the order of
+``names``. Functions here never change ``free``; the caller commits a placement only when the
+whole gang fits (the tentative-then-commit pattern of Volcano's statement).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+INF = float("inf")
+
+
+def fit_count(row: Sequence[float], worker: Sequence[float]) -> float:
+    """How many workers of this size fit in ``row`` (infinite for a worker that asks nothing)."""
+    n = INF
+    for have, need in zip(row, worker):
+        if need > 0:
+            k = have // need
+            if k < n:
+                n = k
+    return n
+
+
+def place_gang(
+    free: Sequence[Sequence[float]],
+    names: Sequence[str],
+    worker: Sequence[float],
+    count: int,
+    prefer: frozenset[int] = frozenset(),
+) -> list[int] | None:
+    """Node indexes for ``count`` workers, or None when the gang does not fit whole.
+
+    Policy (ties broken by node name, so the result is deterministic):
+    1. nodes in ``prefer`` (where the job already runs) first, tightest first;
+    2. if one node can take the whole rest of the gang, the tightest such node (best fit keeps
+       big holes open for big gangs);
+    3. otherwise the nodes that take the most workers first (fewest nodes per gang).
+    """
+    placed: list[int] = []
+    fits = []
+    for i, row in enumerate(free):
+        n = fit_count(row, worker)
+        if n >= 1:
+            fits.append((n, i))
+    if sum(min(n, count) for n, _ in fits) < count:
+        return None
+    if prefer:
+        for n, i in sorted((f for f in fits if f[1] in prefer), key=lambda f: (f[0], names[f[1]])):
+            take = min(n, count - len(placed))
+            placed.extend([i] * int(take))
+            if len(placed) == count:
+                return placed
+        fits = [f for f in fits if f[1] not in prefer]
+    rest = count - len(placed)
+    whole = [f for f in fits if f[0] >= rest]
+    if whole:
+        _, i = min(whole, key=lambda f: (f[0], names[f[1]]))
+        return placed + [i] * rest
+    for n, i in sorted(fits, key=lambda f: (-f[0], names[f[1]])):
+        take = min(n, count - len(placed))
+        placed.extend([i] * int(take))
+        if len(placed) == count:
+            return placed
+    return None  # pragma: no cover - the sum check above makes this unreachable
+
+
+def max_workers_on(capacity: Sequence[Sequence[float]], worker: Sequence[float]) -> float:
+    """How many workers of this size the nodes could hold if they were empty."""
+    return sum(fit_count(row, worker) for row in capacity)
