@@ -369,7 +369,10 @@ class _Cycle:
         if over:
             self.waits[job.id] = over
             return False
-        if self.snap.instance.max_jobs is not None and self.running_jobs >= self.snap.instance.max_jobs:
+        if (
+            self.snap.instance.max_jobs is not None
+            and self.running_jobs >= self.snap.instance.max_jobs
+        ):
             self.waits[job.id] = (
                 f"waiting: the instance runs at most {self.snap.instance.max_jobs} jobs at once"
             )
@@ -507,7 +510,10 @@ class _Cycle:
         self._reclaimer_ancestors = {id(p) for p in leaf.chain}
         lca_ok = {id(p.parent) for p in leaf.chain[:height]}
         w = job.per_worker
-        pool = [[self.free[i][r] + self.incoming[i][r] for r in range(3)] for i in range(len(self.names))]
+        pool = [
+            [self.free[i][r] + self.incoming[i][r] for r in range(3)]
+            for i in range(len(self.names))
+        ]
         # What terminating jobs will free is enough: wait for it, claim it, preempt no more.
         if place_gang(pool, self.names, w, job.min_workers) is not None:
             self._claim(job, pool, k)
@@ -589,9 +595,7 @@ class _Cycle:
                 for j in range(extra):
                     release = tuple(v * (j + 1) for v in one)
                     first = 0 if stays(vleaf, side, release) else 1
-                    shrinks.append(
-                        ((first, *rank(victim), j), (victim, vleaf, [nodes[-1 - j]]))
-                    )
+                    shrinks.append(((first, *rank(victim), j), (victim, vleaf, [nodes[-1 - j]])))
             first = 0 if stays(vleaf, side, whole) else 1
             gangs.append(((first, *rank(victim)), (victim, vleaf, self._nodes_of(victim))))
         shrinks.sort(key=lambda s: s[0])
@@ -751,6 +755,8 @@ class _Cycle:
 
 
 def _amount(name: str, value: float) -> str:
-    return format_amount(name, value).rsplit(" ", 1)[0] if name == "gpu" else format_amount(
-        name, value
+    return (
+        format_amount(name, value).rsplit(" ", 1)[0]
+        if name == "gpu"
+        else format_amount(name, value)
     )

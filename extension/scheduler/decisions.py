@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 from .resources import Resources
 
@@ -66,7 +65,7 @@ class Wait:
     reason: str
 
 
-Decision = Union[Start, Grow, Shrink, Preempt, Reject, Wait]
+Decision = Start | Grow | Shrink | Preempt | Reject | Wait
 
 
 @dataclass(frozen=True)

@@ -138,9 +138,7 @@ class PlanTree:
         self._children.setdefault(path, [])
         return plan
 
-    def update(
-        self, path: str, share: float | None = None, limit: Resources | None = None
-    ) -> Plan:
+    def update(self, path: str, share: float | None = None, limit: Resources | None = None) -> Plan:
         old = self.get(path)
         new = replace(
             old,
@@ -157,7 +155,9 @@ class PlanTree:
         plan = self.get(path)
         if self._children.get(path):
             names = ", ".join(sorted(self._children[path]))
-            raise PlanError(f"cannot delete {path}: it has child plans ({names}); delete them first")
+            raise PlanError(
+                f"cannot delete {path}: it has child plans ({names}); delete them first"
+            )
         del self._plans[path]
         del self._children[path]
         self._children[parent_of(path)].remove(path)

@@ -122,8 +122,7 @@ def parse_quantity(resource: str, value: Any, where: str = "request") -> int:
         match = _QUANTITY.match(value)
         if not match or match.group(2) not in _SUFFIX:
             raise QuantityError(
-                f"{where}: {resource} {value!r} is not a quantity; "
-                + _EXAMPLES[resource]
+                f"{where}: {resource} {value!r} is not a quantity; " + _EXAMPLES[resource]
             )
         number, suffix = float(match.group(1)), match.group(2)
     else:
