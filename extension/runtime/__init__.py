@@ -1,1 +1,57 @@
-"""jupyterhub-wmla."""
+"""What a training script imports to run under jupyterhub-wmla.
+
+    from extension import runtime
+
+    device = runtime.init_distributed()          # joins the gang's process group
+    state = runtime.checkpoint.load()            # None on the first run, else where we were
+    for step in ...:
+        ...
+        runtime.report(step=step, loss=loss.item())   # -> $WMLA_JOB_DIR/metrics.jsonl
+        if runtime.should_stop():                # SIGTERM: preempted, cancelled or resized
+            runtime.exit_stopped(state)          # save the checkpoint now, exit 143
+    runtime.checkpoint.save(state)
+
+Importing the package under the backend (``WMLA_JOB_ID`` set) installs the SIGTERM handler, so a
+signal that arrives before the loop starts is not lost. Outside the service the same script runs
+as a world of one worker in the current directory.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import checkpoint
+from .distributed import barrier, cleanup, init_distributed
+from .env import WorkerInfo, info, is_main, job_dir, rank, world_size
+from .metrics import report
+from .stop import (
+    STOPPED_EXIT_CODE,
+    exit_stopped,
+    install_stop_handler,
+    request_stop,
+    should_stop,
+    stop_requested,
+)
+
+if os.environ.get("WMLA_JOB_ID"):
+    install_stop_handler()
+
+__all__ = [
+    "STOPPED_EXIT_CODE",
+    "WorkerInfo",
+    "barrier",
+    "checkpoint",
+    "cleanup",
+    "exit_stopped",
+    "info",
+    "init_distributed",
+    "install_stop_handler",
+    "is_main",
+    "job_dir",
+    "rank",
+    "report",
+    "request_stop",
+    "should_stop",
+    "stop_requested",
+    "world_size",
+]

@@ -1,0 +1,981 @@
+"""The local backend: a job's workers as OS processes on this machine, gang-launched for DDP.
+
+One worker per entry of the placement (rank i on node ``placement[i]``; a node may be one of
+the virtual nodes a layout such as ``4x8`` cuts the machine into). Every worker is started by
+``local_launch.py`` as the leader of its own session, with the torch.distributed variables and
+exactly the devices it was given, in the job's directory, its output in
+``<workdir>/logs/worker-<rank>.log``.
+
+The gang lives and dies whole. A worker that exits non-zero makes the backend stop the others
+(SIGTERM, ``failure_grace``, SIGKILL) and report ``failed`` with that exit code and the tail of
+its log; all workers exiting 0 is ``finished``. ``stop`` sends SIGTERM to every worker's process
+group, waits up to ``grace`` seconds for them to checkpoint and leave, kills what is left, then
+reports ``released``. ``resize`` is a stop followed by a start at the new size: the training
+runtime resumes from the checkpoint written on SIGTERM.
+
+Workers outlive the service (own session, and nothing of theirs depends on the service's pipes).
+For every gang the backend keeps ``<state_dir>/jobs/<job>/record.json`` with each worker's pid
+and start time; a new backend over the same ``state_dir`` re-adopts them in ``recover`` (the
+start time tells a recycled pid from the worker), and learns the exit codes of those that ended
+meanwhile from the launcher's exit files. A job it cannot find is reported ``lost``.
+
+Devices: node ``k`` owns device indexes ``[offset_k, offset_k + gpus_k)`` where ``offset_k`` is
+the sum of the GPUs of the nodes before it, so virtual nodes on one machine never share a device.
+A worker asking for ``g`` GPUs on a node takes the ``g`` lowest free indexes there, in rank order;
+they are free again when the gang is gone. ``CUDA_VISIBLE_DEVICES`` holds exactly those (empty
+when the worker has none), on real and virtual devices alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import json
+import logging
+import os
+import pwd
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import quote
+
+import psutil
+
+from extension.backends.base import BackendEvent, Emit, JobSpec
+from extension.scheduler import Node
+
+log = logging.getLogger("wmla.backends.local")
+
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local_launch.py")
+# The directory that holds the ``extension`` package: put on the workers' PYTHONPATH so that
+# ``from extension import runtime`` works in a training script however the project is installed.
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STOPPED_EXIT_CODE = 143  # what extension.runtime exits with after a SIGTERM checkpoint
+
+DEFAULT_ENV_KEEP = (
+    "PATH",
+    "LANG",
+    "LANGUAGE",
+    "LC_*",
+    "TZ",
+    "TMPDIR",
+    "HOME",
+    "PYTHONPATH",
+    "LD_LIBRARY_PATH",
+    "CUDA_HOME",
+    "NCCL_*",
+    "GLOO_*",
+)
+_PYTHON_NAMES = ("python", "python3")
+
+
+class StartError(Exception):
+    """The gang could not be started; the message says why and what to do."""
+
+
+@dataclass
+class _Worker:
+    rank: int
+    node: str
+    devices: tuple[int, ...]
+    pid: int
+    create_time: float
+    exit_file: str
+    proc: subprocess.Popen | None = None  # None: adopted from an earlier service
+    exit_code: int | None = None
+    exited_at: float | None = None
+    done: bool = False
+    vanished: bool = False  # gone without an exit status (SIGKILL, reboot)
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "node": self.node,
+            "devices": list(self.devices),
+            "pid": self.pid,
+            "create_time": self.create_time,
+            "exit_file": self.exit_file,
+        }
+
+
+@dataclass
+class _Gang:
+    job_id: str
+    user: str
+    workdir: str
+    placement: tuple[str, ...]
+    port: int
+    launch: str
+    started_at: float
+    workers: list[_Worker]
+    state: str = "running"  # running -> stopping -> done
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    outcome: str = ""  # the event kind that ended it
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "user": self.user,
+            "workdir": self.workdir,
+            "placement": list(self.placement),
+            "port": self.port,
+            "launch": self.launch,
+            "started_at": self.started_at,
+            "workers": [w.record() for w in self.workers],
+        }
+
+
+class LocalBackend:
+    """Runs gangs of worker processes on this machine; see the module docstring.
+
+    Options (keyword arguments):
+    - ``python``: the interpreter that replaces a command's leading ``python``/``python3``
+      (default: the service's own).
+    - ``run_as_user``: run workers as the Unix account named like the job's user. None (default)
+      does it when the service runs as root and the account exists; True requires it (a job
+      whose user has no account fails with a message saying so); False never.
+    - ``real_gpus``: whether device indexes are NVIDIA GPUs (torch backend nccl); None detects.
+    - ``master_addr``: rendezvous address of rank 0 (default 127.0.0.1).
+    - ``poll_interval``: seconds between checks of the workers (default 0.2).
+    - ``failure_grace``: seconds the rest of a failed gang gets between SIGTERM and SIGKILL.
+    - ``kill_wait``: seconds to wait for killed workers to disappear before giving up.
+    - ``log_tail_lines``: lines of the failing worker's log in a ``failed`` message.
+    - ``env_keep``: names (``fnmatch`` patterns) of the service's variables workers inherit;
+      nothing else of the service's environment (its hub token!) reaches user code.
+    - ``extra_env``: variables every worker gets (a job's own ``env`` wins over them).
+    - ``pythonpath``: prepended to the workers' PYTHONPATH so ``extension.runtime`` imports.
+    - ``stop_orphans``: in ``recover``, stop gangs on record that the service did not list
+      (nothing would account for their devices otherwise).
+    """
+
+    def __init__(
+        self,
+        emit: Emit,
+        nodes: Sequence[Node],
+        state_dir: str | os.PathLike[str],
+        *,
+        python: str = sys.executable,
+        run_as_user: bool | None = None,
+        real_gpus: bool | None = None,
+        master_addr: str = "127.0.0.1",
+        poll_interval: float = 0.2,
+        failure_grace: float = 5.0,
+        kill_wait: float = 10.0,
+        log_tail_lines: int = 40,
+        env_keep: Iterable[str] = DEFAULT_ENV_KEEP,
+        extra_env: Mapping[str, str] | None = None,
+        pythonpath: str | None = PROJECT_ROOT,
+        stop_orphans: bool = True,
+    ) -> None:
+        if not nodes:
+            raise ValueError("LocalBackend needs at least one node; see capacity.detect_nodes()")
+        names = [n.name for n in nodes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"node names must be unique, got {names}")
+        self._emit_fn = emit
+        self._nodes = list(nodes)
+        self.state_dir = os.path.abspath(os.fspath(state_dir))
+        self.python = python
+        self.run_as_user = run_as_user
+        if real_gpus is None:
+            from extension.backends.capacity import physical_gpus
+
+            real_gpus = physical_gpus() > 0
+        self.real_gpus = real_gpus
+        self.master_addr = master_addr
+        self.poll_interval = poll_interval
+        self.failure_grace = failure_grace
+        self.kill_wait = kill_wait
+        self.log_tail_lines = log_tail_lines
+        self.env_keep = tuple(env_keep)
+        self.extra_env = dict(extra_env or {})
+        self.pythonpath = pythonpath
+        self.stop_orphans = stop_orphans
+
+        self._devices: dict[str, list[int]] = {}
+        offset = 0
+        for node in self._nodes:
+            count = int(node.capacity.gpu)
+            self._devices[node.name] = list(range(offset, offset + count))
+            offset += count
+        self._used: dict[str, set[int]] = {n.name: set() for n in self._nodes}
+        self._gangs: dict[str, _Gang] = {}
+        self._workdirs: dict[str, str] = {}
+        self._recent_ports: list[int] = []
+        self._monitor: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._closed = False
+        os.makedirs(self._jobs_dir(), mode=0o700, exist_ok=True)
+
+    # protocol --------------------------------------------------------------------------------
+    def capacity(self) -> list[Node]:
+        return list(self._nodes)
+
+    async def start(self, spec: JobSpec, placement: tuple[str, ...]) -> None:
+        """Start the gang; ``running`` is emitted once every worker process exists.
+
+        A job that cannot start (bad command, no such account, devices taken) is reported
+        ``failed`` with the reason, and nothing of it is left behind.
+        """
+        self._check_open()
+        if spec.id in self._gangs:
+            raise ValueError(
+                f"job {spec.id} is already running on this backend; stop or resize it instead"
+            )
+        self._workdirs[spec.id] = spec.workdir
+        try:
+            gang = self._launch(spec, tuple(placement))
+        except StartError as err:
+            self._emit(spec.id, "failed", placement=tuple(placement), message=str(err))
+            return
+        self._emit(spec.id, "running", placement=gang.placement)
+        self._ensure_monitor()
+
+    async def resize(self, spec: JobSpec, placement: tuple[str, ...], grace: float) -> None:
+        """Stop the gang (SIGTERM, ``grace``, SIGKILL), start it at ``len(placement)`` workers.
+
+        The workers resume from the checkpoint they wrote on SIGTERM. Returns after ``resized``
+        (or ``finished``, when the gang ended by itself before it was stopped, or ``failed``
+        when the new gang cannot start).
+        """
+        self._check_open()
+        gang = self._gangs.get(spec.id)
+        if gang is not None and gang.state != "running":
+            await gang.ended.wait()  # a failure or stop under way decides the job's fate
+            return
+        if gang is not None:
+            outcome = await self._end(gang, grace, "resized", emit_released=False)
+            if outcome != "resized":
+                return
+        else:
+            log.warning("resize of job %s that is not running here: starting it", spec.id)
+        self._workdirs[spec.id] = spec.workdir
+        try:
+            new = self._launch(spec, tuple(placement))
+        except StartError as err:
+            self._emit(spec.id, "failed", placement=tuple(placement), message=str(err))
+            return
+        self._emit(spec.id, "resized", placement=new.placement)
+        self._ensure_monitor()
+
+    async def stop(self, job_id: str, grace: float, reason: str) -> None:
+        """SIGTERM every worker's process group, wait up to ``grace``, SIGKILL the rest.
+
+        Returns once the workers are gone and ``released`` was emitted (``finished`` instead
+        when every worker had already exited 0). A job this backend does not run is left alone:
+        it already ended and its event was emitted.
+        """
+        gang = self._gangs.get(job_id)
+        if gang is None:
+            log.info("stop of job %s: not running here (already ended)", job_id)
+            return
+        if gang.state != "running":
+            await gang.ended.wait()
+            return
+        await self._end(gang, grace, reason, emit_released=True)
+
+    async def recover(self, specs: Sequence[JobSpec]) -> None:
+        """Re-adopt the workers of ``specs`` from the records in ``state_dir``.
+
+        Per job: all workers alive (pid and start time match) -> adopted silently, watched from
+        now on; some ended meanwhile -> the gang is judged as if watched all along (a non-zero
+        exit fails it, all zero finishes it); a worker gone without an exit status, or no record
+        at all -> ``lost``. Gangs on record that are not in ``specs`` are stopped when
+        ``stop_orphans`` (their devices would be counted by nobody).
+        """
+        self._check_open()
+        wanted = {spec.id: spec for spec in specs}
+        on_disk = self._read_records()
+        for spec in specs:
+            self._workdirs.setdefault(spec.id, spec.workdir)
+            if spec.id in self._gangs:
+                continue
+            rec = on_disk.pop(spec.id, None)
+            if rec is None:
+                self._emit(
+                    spec.id,
+                    "lost",
+                    message=f"no record of job {spec.id}'s workers in {self.state_dir}: "
+                    "they were started elsewhere or their record was removed",
+                )
+                continue
+            self._adopt(rec)
+        for job_id, rec in on_disk.items():
+            if job_id in wanted or job_id in self._gangs:
+                continue
+            if self.stop_orphans:
+                log.warning("job %s has workers on record but is not listed: stopping it", job_id)
+                gang = self._adopt(rec, quiet=True)
+                if gang is not None:
+                    gang.state = "stopping"
+                    await self._terminate(gang, self.failure_grace)
+                    self._forget(gang, "orphan")
+        self._ensure_monitor()
+
+    def logs(self, job_id: str, worker: int | None = None, tail: int | None = None) -> str:
+        """One worker's log, or every worker's with ``[worker-N]`` before each line.
+
+        ``tail`` keeps the last lines of each worker's log.
+        """
+        workdir = self._workdirs.get(job_id)
+        if workdir is None:
+            raise KeyError(f"job {job_id} has not run on this backend since the service started")
+        if tail is not None and tail < 0:
+            raise ValueError(f"tail must be 0 or more lines, got {tail}")
+        logs_dir = os.path.join(workdir, "logs")
+        if worker is not None:
+            path = os.path.join(logs_dir, f"worker-{int(worker)}.log")
+            if not os.path.exists(path):
+                raise KeyError(f"job {job_id} has no log for worker {worker} (looked in {path})")
+            return "".join(_tail_lines(path, tail))
+        out: list[str] = []
+        for rank in _ranks_with_logs(logs_dir):
+            path = os.path.join(logs_dir, f"worker-{rank}.log")
+            out.extend(f"[worker-{rank}] {line}" for line in _tail_lines(path, tail))
+        return "".join(line if line.endswith("\n") else line + "\n" for line in out)
+
+    async def close(self) -> None:
+        """Stop watching. Running workers keep running; their records stay for ``recover``."""
+        self._closed = True
+        tasks = [t for t in [self._monitor, *self._tasks] if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._monitor = None
+        # Dropping the Popen objects hands still-running children to subprocess's own reaping.
+        self._gangs.clear()
+
+    # inspection (tests, the service's status page) ---------------------------------------------
+    def devices_in_use(self) -> dict[str, list[int]]:
+        return {node: sorted(used) for node, used in self._used.items() if used}
+
+    def worker_pids(self, job_id: str) -> list[int]:
+        gang = self._gangs.get(job_id)
+        return [w.pid for w in gang.workers] if gang else []
+
+    # launching ---------------------------------------------------------------------------------
+    def _launch(self, spec: JobSpec, placement: tuple[str, ...]) -> _Gang:
+        if not placement:
+            raise StartError(f"job {spec.id}: the placement is empty; a gang needs 1+ workers")
+        unknown = sorted({n for n in placement if n not in self._used})
+        if unknown:
+            raise StartError(
+                f"job {spec.id}: unknown node(s) {', '.join(unknown)}; this backend has "
+                f"{', '.join(self._used)}"
+            )
+        command = list(spec.command)
+        if not command or not all(isinstance(a, str) and a for a in command):
+            raise StartError(
+                f"job {spec.id}: the command must be a non-empty list of non-empty strings, "
+                f"got {spec.command!r}"
+            )
+        if command[0] in _PYTHON_NAMES:
+            command[0] = self.python
+        if not spec.workdir or not os.path.isabs(spec.workdir):
+            raise StartError(
+                f"job {spec.id}: workdir must be an absolute path, got {spec.workdir!r}"
+            )
+        account = self._account(spec)
+        devices = self._allocate(spec, placement)
+        launch = uuid.uuid4().hex[:12]
+        workers: list[_Worker] = []
+        try:
+            logs_dir = self._prepare_workdir(spec.workdir, account)
+            exit_dir = os.path.join(self._job_dir(spec.id), launch)
+            os.makedirs(exit_dir, mode=0o700, exist_ok=True)
+            port = self._free_port()
+            per_node: dict[str, int] = {}
+            for node in placement:
+                per_node[node] = per_node.get(node, 0) + 1
+            seen: dict[str, int] = {}
+            gpus = int(spec.per_worker.gpu)
+            for rank, node in enumerate(placement):
+                local_rank = seen.get(node, 0)
+                seen[node] = local_rank + 1
+                env = self._worker_env(
+                    spec,
+                    account,
+                    rank=rank,
+                    world=len(placement),
+                    local_rank=local_rank,
+                    local_world=per_node[node],
+                    port=port,
+                    devices=devices[rank],
+                    node=node,
+                    nccl=self.real_gpus and gpus > 0,
+                )
+                workers.append(
+                    self._spawn(
+                        spec,
+                        command,
+                        env,
+                        rank,
+                        node,
+                        devices[rank],
+                        exit_dir,
+                        logs_dir,
+                        account,
+                        len(placement),
+                    )
+                )
+        except BaseException as err:
+            for worker in workers:
+                _kill_group(worker.pid, signal.SIGKILL)
+                if worker.proc is not None:
+                    with contextlib.suppress(Exception):
+                        worker.proc.wait(timeout=self.kill_wait)
+            self._free(placement, devices)
+            with contextlib.suppress(OSError):
+                _rmtree(self._job_dir(spec.id))
+            if isinstance(err, StartError):
+                raise
+            if isinstance(err, OSError):
+                raise StartError(f"job {spec.id}: cannot start its workers: {err}") from err
+            raise
+        gang = _Gang(
+            job_id=spec.id,
+            user=spec.user,
+            workdir=spec.workdir,
+            placement=placement,
+            port=port,
+            launch=launch,
+            started_at=time.time(),
+            workers=workers,
+        )
+        self._gangs[spec.id] = gang
+        self._write_record(gang)
+        log.info("job %s: started %d worker(s) on %s", spec.id, len(workers), ",".join(placement))
+        return gang
+
+    def _spawn(
+        self,
+        spec: JobSpec,
+        command: list[str],
+        env: dict[str, str],
+        rank: int,
+        node: str,
+        devices: tuple[int, ...],
+        exit_dir: str,
+        logs_dir: str,
+        account: pwd.struct_passwd | None,
+        world: int,
+    ) -> _Worker:
+        log_path = os.path.join(logs_dir, f"worker-{rank}.log")
+        exit_file = os.path.join(exit_dir, f"worker-{rank}.exit")
+        argv = [sys.executable, "-I", LAUNCHER, "--exit-file", exit_file]
+        if account is not None:
+            groups = os.getgrouplist(account.pw_name, account.pw_gid)
+            argv += ["--uid", str(account.pw_uid), "--gid", str(account.pw_gid)]
+            argv += ["--groups", ",".join(str(g) for g in groups)]
+        argv += ["--", *command]
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        header = (
+            f"==== wmla: job {spec.id} worker {rank} of {world} on {node}, devices "
+            f"[{','.join(map(str, devices))}], {stamp}: {shlex.join(command)[:300]}\n"
+        )
+        with open(log_path, "ab") as out:
+            out.write(header.encode())
+            out.flush()
+            if account is not None:
+                os.chown(log_path, account.pw_uid, account.pw_gid)
+            proc = subprocess.Popen(
+                argv,
+                cwd=spec.workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own session: survives the service, one group to signal
+                close_fds=True,
+            )
+        try:
+            create_time = psutil.Process(proc.pid).create_time()
+        except psutil.Error:  # already gone: poll() will tell how
+            create_time = 0.0
+        return _Worker(rank, node, tuple(devices), proc.pid, create_time, exit_file, proc=proc)
+
+    def _account(self, spec: JobSpec) -> pwd.struct_passwd | None:
+        if self.run_as_user is False:
+            return None
+        try:
+            account = pwd.getpwnam(spec.user)
+        except KeyError:
+            account = None
+        if self.run_as_user is None:
+            return account if (os.geteuid() == 0 and account is not None) else None
+        if account is None:
+            raise StartError(
+                f"job {spec.id}: run_as_user is set but user {spec.user!r} has no account on this "
+                "machine; create it (useradd) or set run_as_user=False"
+            )
+        if os.geteuid() != 0 and account.pw_uid != os.geteuid():
+            raise StartError(
+                f"job {spec.id}: running workers as {spec.user!r} needs the service to run as "
+                "root; start it as root or set run_as_user=False"
+            )
+        return account
+
+    def _prepare_workdir(self, workdir: str, account: pwd.struct_passwd | None) -> str:
+        logs_dir = os.path.join(workdir, "logs")
+        try:
+            os.makedirs(logs_dir, exist_ok=True)
+        except OSError as err:
+            raise StartError(f"cannot create the job directory {logs_dir}: {err}") from err
+        if account is not None:
+            # Only what the service itself made (owned by it) is handed to the user.
+            for path in (workdir, logs_dir):
+                if os.stat(path).st_uid == os.geteuid():
+                    os.chown(path, account.pw_uid, account.pw_gid)
+        return logs_dir
+
+    def _worker_env(
+        self,
+        spec: JobSpec,
+        account: pwd.struct_passwd | None,
+        *,
+        rank: int,
+        world: int,
+        local_rank: int,
+        local_world: int,
+        port: int,
+        devices: tuple[int, ...],
+        node: str,
+        nccl: bool,
+    ) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if any(fnmatch.fnmatchcase(k, pattern) for pattern in self.env_keep)
+        }
+        if account is not None:
+            env.update(
+                HOME=account.pw_dir,
+                USER=account.pw_name,
+                LOGNAME=account.pw_name,
+            )
+        env.update(self.extra_env)
+        threads = max(1, int(spec.per_worker.cpu) // 1000)
+        env.setdefault("OMP_NUM_THREADS", str(threads))  # torchrun's guard against oversubscription
+        env["PYTHONUNBUFFERED"] = "1"  # logs readable while the job runs
+        env.update({str(k): str(v) for k, v in spec.env.items()})
+        if self.pythonpath:
+            parts = [self.pythonpath, *[p for p in env.get("PYTHONPATH", "").split(":") if p]]
+            env["PYTHONPATH"] = ":".join(dict.fromkeys(parts))
+        # Ours last: a job's env cannot move a worker to another rank or device.
+        env.update(
+            MASTER_ADDR=self.master_addr,
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(local_rank),
+            LOCAL_WORLD_SIZE=str(local_world),
+            CUDA_VISIBLE_DEVICES=",".join(map(str, devices)),
+            WMLA_JOB_ID=spec.id,
+            WMLA_JOB_DIR=spec.workdir,
+            WMLA_USER=spec.user,
+            WMLA_BACKEND="nccl" if nccl else "gloo",
+            WMLA_NODE=node,
+        )
+        return env
+
+    def _allocate(self, spec: JobSpec, placement: tuple[str, ...]) -> list[tuple[int, ...]]:
+        gpus = spec.per_worker.gpu
+        if gpus != int(gpus) or gpus < 0:
+            raise StartError(f"job {spec.id}: GPUs per worker must be a whole number, got {gpus}")
+        taken: dict[str, set[int]] = {node: set() for node in placement}
+        out: list[tuple[int, ...]] = []
+        for rank, node in enumerate(placement):
+            free = [d for d in self._devices[node] if d not in self._used[node] | taken[node]]
+            if len(free) < int(gpus):
+                raise StartError(
+                    f"job {spec.id}: worker {rank} needs {int(gpus)} GPU(s) on {node} but only "
+                    f"{len(free)} of {len(self._devices[node])} are free there"
+                )
+            mine = tuple(free[: int(gpus)])
+            taken[node].update(mine)
+            out.append(mine)
+        for node, devices in taken.items():
+            self._used[node].update(devices)
+        return out
+
+    def _free(self, placement: Iterable[str], devices: Iterable[Iterable[int]]) -> None:
+        for node, mine in zip(placement, devices):
+            self._used.get(node, set()).difference_update(mine)
+
+    def _free_port(self) -> int:
+        for _ in range(50):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((self.master_addr, 0))
+                port = sock.getsockname()[1]
+            if port not in self._recent_ports:
+                self._recent_ports = [*self._recent_ports[-63:], port]
+                return port
+        raise StartError("no free TCP port for the rendezvous")  # pragma: no cover
+
+    # watching ----------------------------------------------------------------------------------
+    def _ensure_monitor(self) -> None:
+        if self._monitor is None or self._monitor.done():
+            self._monitor = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while not self._closed:
+            try:
+                self._poll_once()
+            except Exception:  # one bad poll must not stop the watching of every job
+                log.exception("local backend: error while watching the workers")
+            await asyncio.sleep(self.poll_interval)
+
+    def _poll_once(self) -> None:
+        for gang in list(self._gangs.values()):
+            if gang.state != "running":
+                continue
+            self._refresh(gang)
+            failed = [w for w in gang.workers if w.done and (w.exit_code != 0 or w.vanished)]
+            if failed:
+                self._spawn_task(self._fail(gang, _first_failure(failed)))
+            elif all(w.done for w in gang.workers):
+                self._finish(gang)
+
+    def _spawn_task(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _refresh(self, gang: _Gang) -> None:
+        for worker in gang.workers:
+            if not worker.done:
+                _check_worker(worker)
+
+    def _finish(self, gang: _Gang) -> None:
+        gang.state = "stopping"
+        self._sweep(gang)
+        self._forget(gang, "finished")
+        self._emit(gang.job_id, "finished", placement=gang.placement, exit_code=0)
+
+    async def _fail(self, gang: _Gang, culprit: _Worker) -> None:
+        gang.state = "stopping"
+        await self._terminate(gang, self.failure_grace)
+        message = self._failure_message(gang, culprit)
+        self._forget(gang, "failed")
+        self._emit(
+            gang.job_id,
+            "failed",
+            placement=gang.placement,
+            exit_code=culprit.exit_code,
+            message=message,
+        )
+
+    def _failure_message(self, gang: _Gang, worker: _Worker) -> str:
+        if worker.vanished:
+            why = f"worker {worker.rank} (pid {worker.pid}) disappeared without an exit status"
+        elif worker.exit_code is not None and worker.exit_code < 0:
+            name = _signal_name(-worker.exit_code)
+            why = f"worker {worker.rank} was killed by {name} (exit code {worker.exit_code})"
+        elif worker.exit_code == STOPPED_EXIT_CODE:
+            why = (
+                f"worker {worker.rank} exited with code {STOPPED_EXIT_CODE}: it got SIGTERM from "
+                "outside the service (its checkpoint, if any, was saved)"
+            )
+        else:
+            why = f"worker {worker.rank} exited with code {worker.exit_code}"
+        path = os.path.join(gang.workdir, "logs", f"worker-{worker.rank}.log")
+        lines = _tail_lines(path, self.log_tail_lines)
+        text = "".join(lines)[-8000:]
+        return f"{why}; last lines of {path}:\n{text}" if text else f"{why}; its log is empty"
+
+    async def _end(self, gang: _Gang, grace: float, reason: str, emit_released: bool) -> str:
+        """Stop a running gang; returns the outcome (``reason``, or ``finished``/``failed``)."""
+        self._refresh(gang)
+        if all(w.done for w in gang.workers):
+            failed = [w for w in gang.workers if w.exit_code != 0 or w.vanished]
+            if failed:  # it failed just before we came: that is what it did
+                await self._fail(gang, _first_failure(failed))
+                return "failed"
+            self._finish(gang)
+            return "finished"
+        gang.state = "stopping"
+        await self._terminate(gang, grace)
+        self._forget(gang, reason)
+        if emit_released:
+            self._emit(gang.job_id, "released", placement=gang.placement, message=reason)
+        return reason
+
+    async def _terminate(self, gang: _Gang, grace: float) -> None:
+        """SIGTERM to each live worker's group, up to ``grace`` seconds, then SIGKILL."""
+        self._refresh(gang)
+        for worker in gang.workers:
+            if not worker.done:
+                _kill_group(worker.pid, signal.SIGTERM)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, grace)
+        while loop.time() < deadline and not all(w.done for w in gang.workers):
+            await asyncio.sleep(min(0.05, self.poll_interval))
+            self._refresh(gang)
+        alive = [w for w in gang.workers if not w.done]
+        for worker in alive:
+            log.info("job %s: worker %d outlived its grace; SIGKILL", gang.job_id, worker.rank)
+            _kill_group(worker.pid, signal.SIGKILL)
+        deadline = loop.time() + self.kill_wait
+        while loop.time() < deadline and not all(w.done for w in gang.workers):
+            await asyncio.sleep(0.05)
+            self._refresh(gang)
+        self._sweep(gang)
+
+    def _sweep(self, gang: _Gang) -> None:
+        """Kill what is left in the gang's process groups (a worker's own children).
+
+        A process is taken for the gang's only when its group is one of the gang's and its
+        environment names the job: a group id recycled by an unrelated process is left alone.
+        """
+        pgids = {w.pid for w in gang.workers}
+        for proc in psutil.process_iter():
+            try:
+                if os.getpgid(proc.pid) not in pgids:
+                    continue
+                if proc.environ().get("WMLA_JOB_ID") == gang.job_id:
+                    proc.kill()
+            except (psutil.Error, ProcessLookupError, PermissionError):
+                continue
+
+    def _forget(self, gang: _Gang, outcome: str) -> None:
+        gang.state = "done"
+        gang.outcome = outcome
+        self._free(gang.placement, [w.devices for w in gang.workers])
+        if self._gangs.get(gang.job_id) is gang:
+            del self._gangs[gang.job_id]
+        with contextlib.suppress(OSError):
+            _rmtree(self._job_dir(gang.job_id))
+        gang.ended.set()
+
+    # records and re-adoption -------------------------------------------------------------------
+    def _jobs_dir(self) -> str:
+        return os.path.join(self.state_dir, "jobs")
+
+    def _job_dir(self, job_id: str) -> str:
+        return os.path.join(self._jobs_dir(), quote(job_id, safe=""))
+
+    def _write_record(self, gang: _Gang) -> None:
+        path = os.path.join(self._job_dir(gang.job_id), "record.json")
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        tmp = f"{path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as out:
+            json.dump(gang.record(), out, indent=1)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+
+    def _read_records(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        try:
+            entries = sorted(os.listdir(self._jobs_dir()))
+        except FileNotFoundError:
+            return out
+        for entry in entries:
+            path = os.path.join(self._jobs_dir(), entry, "record.json")
+            try:
+                with open(path, encoding="utf-8") as src:
+                    rec = json.load(src)
+                out[str(rec["job_id"])] = rec
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                log.error("unreadable worker record %s (%s): left alone", path, err)
+        return out
+
+    def _adopt(self, rec: dict[str, Any], quiet: bool = False) -> _Gang | None:
+        job_id = str(rec["job_id"])
+        try:
+            workers = [
+                _Worker(
+                    rank=int(w["rank"]),
+                    node=str(w["node"]),
+                    devices=tuple(int(d) for d in w["devices"]),
+                    pid=int(w["pid"]),
+                    create_time=float(w["create_time"]),
+                    exit_file=str(w["exit_file"]),
+                )
+                for w in rec["workers"]
+            ]
+            gang = _Gang(
+                job_id=job_id,
+                user=str(rec.get("user", "")),
+                workdir=str(rec["workdir"]),
+                placement=tuple(str(n) for n in rec["placement"]),
+                port=int(rec.get("port", 0)),
+                launch=str(rec.get("launch", "")),
+                started_at=float(rec.get("started_at", 0.0)),
+                workers=workers,
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            if not quiet:
+                self._emit(job_id, "lost", message=f"its worker record is unreadable ({err})")
+            return None
+        self._workdirs.setdefault(job_id, gang.workdir)
+        for worker in workers:
+            _check_worker(worker)
+        vanished = [w for w in workers if w.vanished]
+        for worker in workers:  # count their devices until we know better
+            if worker.node in self._used:
+                self._used[worker.node].update(worker.devices)
+        self._gangs[job_id] = gang
+        if vanished and not quiet:
+            gang.state = "stopping"
+            names = ", ".join(f"worker {w.rank} (pid {w.pid})" for w in vanished)
+            message = (
+                f"after the service restarted, {names} could not be found (ended without an exit "
+                "status, or the pid now belongs to another process)"
+            )
+
+            async def lose() -> None:
+                await self._terminate(gang, self.failure_grace)
+                self._forget(gang, "lost")
+                self._emit(job_id, "lost", placement=gang.placement, message=message)
+
+            self._spawn_task(lose())
+            return gang
+        if not quiet:
+            log.info("job %s: re-adopted %d worker(s)", job_id, len(workers))
+        return gang
+
+    # helpers -----------------------------------------------------------------------------------
+    def _emit(
+        self,
+        job_id: str,
+        kind: str,
+        placement: tuple[str, ...] = (),
+        exit_code: int | None = None,
+        message: str = "",
+    ) -> None:
+        event = BackendEvent(job_id, kind, time.time(), tuple(placement), exit_code, message)
+        try:
+            self._emit_fn(event)
+        except Exception:  # the receiver's bug must not stop the backend
+            log.exception("emit(%s) raised", event)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this LocalBackend is closed; make a new one over the state_dir")
+
+
+def _check_worker(worker: _Worker) -> None:
+    """Bring ``worker.done`` / ``exit_code`` up to date without blocking."""
+    if worker.proc is not None:
+        code = worker.proc.poll()
+        if code is None:
+            return
+        recorded = _read_exit(worker.exit_file)
+        worker.exit_code = recorded if recorded is not None else code
+        worker.vanished = False
+        worker.done = True
+        worker.exited_at = time.time()
+        return
+    if _alive(worker.pid, worker.create_time):
+        return
+    recorded = _read_exit(worker.exit_file)
+    worker.done = True
+    worker.exited_at = time.time()
+    if recorded is None:
+        worker.vanished = True
+        worker.exit_code = None
+    else:
+        worker.exit_code = recorded
+
+
+def _alive(pid: int, create_time: float) -> bool:
+    """The process ``pid`` exists, is the one started at ``create_time``, and is not a zombie."""
+    try:
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - create_time) > 0.05:
+            return False  # the pid was recycled: not our worker
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)  # reap it if it is ours (same process, old backend)
+            return False
+        return True
+    except psutil.Error:
+        return False
+
+
+def _read_exit(path: str) -> int | None:
+    try:
+        with open(path, encoding="utf-8") as src:
+            return int(json.load(src)["code"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _exit_time(worker: _Worker) -> float:
+    try:
+        with open(worker.exit_file, encoding="utf-8") as src:
+            return float(json.load(src)["at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return worker.exited_at or float("inf")
+
+
+def _first_failure(failed: list[_Worker]) -> _Worker:
+    """The worker whose failure came first (the others often fail because it did)."""
+    return min(failed, key=lambda w: (w.vanished, _exit_time(w), w.rank))
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _tail_lines(path: str, count: int | None) -> list[str]:
+    """The last ``count`` lines of a file (all when None), read from the end."""
+    try:
+        with open(path, "rb") as src:
+            if count is None:
+                return src.read().decode(errors="replace").splitlines(keepends=True)
+            if count == 0:
+                return []
+            src.seek(0, os.SEEK_END)
+            end = src.tell()
+            chunk = b""
+            pos = end
+            while pos > 0 and chunk.count(b"\n") <= count:
+                step = min(8192, pos)
+                pos -= step
+                src.seek(pos)
+                chunk = src.read(step) + chunk
+            lines = chunk.decode(errors="replace").splitlines(keepends=True)
+            return lines[-count:]
+    except FileNotFoundError:
+        return []
+
+
+def _ranks_with_logs(logs_dir: str) -> list[int]:
+    ranks = []
+    try:
+        for name in os.listdir(logs_dir):
+            if name.startswith("worker-") and name.endswith(".log"):
+                with contextlib.suppress(ValueError):
+                    ranks.append(int(name[len("worker-") : -len(".log")]))
+    except FileNotFoundError:
+        pass
+    return sorted(ranks)
+
+
+def _rmtree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path)
