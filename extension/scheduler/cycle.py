@@ -61,6 +61,7 @@ class _Plan:
         "running",
         "chain",
         "limited",
+        "weight",
     )
 
     def __init__(self, path: str, share: float, limit: Resources, parent: _Plan | None, leaf: bool):
@@ -83,6 +84,7 @@ class _Plan:
         self.running = 0
         self.chain: list[_Plan] = []  # self and its ancestors up to the root, bottom-up
         self.limited: list[_Plan] = []  # the members of chain with any limit
+        self.weight = 0.0  # minus the deserved fraction of the instance: the order's tie-break
 
 
 def schedule(snapshot: Snapshot, now: float) -> CycleResult:
@@ -304,16 +306,20 @@ class _Cycle:
                 for kid, amount in zip(kids, got):
                     kid.deserved[r] = amount
             stack.extend(kids)
+        cap = self.total_capacity
         for plan in self.plans.values():
             plan.ratio = dominant_ratio(plan.alloc, plan.deserved)
+            plan.weight = -sum(plan.deserved[r] / cap[r] for r in range(3) if cap[r] > 0)
 
     # 5. admit ----------------------------------------------------------------------------------
     def admit(self) -> None:
         """Admission 1, 2, 4: walk the fair order; start whole gangs; reserve for the first
         capacity-blocked gang.
 
-        Order: from the root, the child with the lowest (dominant ratio, path) that still has a
-        job to try; inside a leaf, priority (high first), then submission time, then job id.
+        Order: from the root, the child with the lowest dominant ratio that still has a job to
+        try; equal ratios go to the child that deserves more (its deserved fractions of the
+        instance summed over resources), then by path; inside a leaf, priority (high first),
+        then submission time, then job id.
         """
         self._failed_shapes: set[tuple] = set()
         for plan in sorted(self.plans.values(), key=lambda p: -len(p.chain)):
@@ -322,7 +328,10 @@ class _Cycle:
                 plan.active = 1
             if plan.active and plan.parent is not None:
                 plan.parent.active += 1
-                heapq.heappush(plan.parent.heap, (plan.ratio, plan.path, plan.version, plan))
+                heapq.heappush(
+                    plan.parent.heap,
+                    (round(plan.ratio, 9), plan.weight, plan.path, plan.version, plan),
+                )
         while self.root.active:
             leaf = self._pick()
             while leaf.pos < len(leaf.queue):
@@ -338,7 +347,7 @@ class _Cycle:
         while plan.children:
             heap = plan.heap
             while True:
-                ratio, path, version, child = heap[0]
+                _, _, _, version, child = heap[0]
                 if version == child.version and child.active:
                     break
                 heapq.heappop(heap)
@@ -360,7 +369,10 @@ class _Cycle:
             plan.ratio = dominant_ratio(plan.alloc, plan.deserved)
             plan.version += 1
             if plan.parent is not None and plan.active:
-                heapq.heappush(plan.parent.heap, (plan.ratio, plan.path, plan.version, plan))
+                heapq.heappush(
+                    plan.parent.heap,
+                    (round(plan.ratio, 9), plan.weight, plan.path, plan.version, plan),
+                )
 
     def _try_start(self, job: Job, leaf: _Plan) -> bool:
         w, n = job.per_worker, job.min_workers
@@ -391,6 +403,7 @@ class _Cycle:
             self._failed_shapes.add(shape)
             self.blocked.append((job, leaf))
             if self.reserved_for is None and any(w):
+                self.waits[job.id] = self._capacity_reason(job)
                 self._reserve(job)
             return False
         self._take(placement, w)
@@ -732,7 +745,7 @@ class _Cycle:
             if job.state is JobState.PENDING and job.id not in self.started:
                 reason = self.waits.get(job.id)
                 if job.id == self.reserved_for:
-                    reason = f"{reason or 'waiting for capacity'}; {self.reservation}"
+                    reason = f"{reason}; {self.reservation}"
                 out.decisions.append(Wait(job.id, reason or self._capacity_reason(job)))
         for plan in self.plans.values():
             out.plans[plan.path] = PlanFigures(
