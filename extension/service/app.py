@@ -1,0 +1,349 @@
+"""The wmla service: a JupyterHub-managed tornado application.
+
+JupyterHub starts it (``c.JupyterHub.services``, see ``hub_config.services()``) with its token and
+URL in the environment and proxies it at ``/services/wmla/``. Every knob is a trait of
+``WmlaService``; set them in a config file given with ``--config`` (``c.WmlaService.x = ...``)
+or on the command line (``--WmlaService.x=...``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from tornado import web
+from tornado.httpserver import HTTPServer
+from traitlets import Dict, Float, Int, Unicode, default
+from traitlets.config import Application, Config
+
+from extension.backends.capacity import detect_nodes
+from extension.scheduler import UNLIMITED, Resources, SchedulerConfig
+
+from .handlers import APIError, APIHandler, IndexHandler, routes
+from .scheduling import Scheduler
+from .store import Store, sqlite_url
+from .submission import LimitRange, user_root
+
+
+class NotFoundHandler(APIHandler):
+    def prepare(self) -> None:
+        raise APIError(404, f"no such endpoint {self.request.path}; see api/v1/openapi.json")
+
+
+class WmlaService(Application):
+    name = "wmla-service"
+    description = "Resource plans, gang scheduling and metering for JupyterHub (hub service)."
+
+    config_file = Unicode(
+        "",
+        config=True,
+        help="""Python config file to load (c.WmlaService.x = ...).
+
+        c.WmlaService.config_file = "/etc/wmla/wmla_service_config.py"
+        """,
+    )
+    aliases = {"config": "WmlaService.config_file", "log-level": "Application.log_level"}
+
+    state_dir = Unicode(
+        config=True,
+        help="""Where the service keeps its database (SQLite default) and the backend's pid files.
+
+        c.WmlaService.state_dir = "/var/lib/wmla"
+        """,
+    )
+
+    @default("state_dir")
+    def _state_dir(self) -> str:
+        return os.environ.get("WMLA_STATE_DIR") or str(Path("var/wmla").resolve())
+
+    db_url = Unicode(
+        "",
+        config=True,
+        help="""SQLAlchemy URL of the store; empty: a SQLite file wmla.sqlite in state_dir.
+
+        c.WmlaService.db_url = "postgresql+psycopg://wmla:secret@db/wmla"
+        """,
+    )
+    storage_root = Unicode(
+        config=True,
+        help="""The shared storage root; each user's folder is <storage_root>/<user> and every
+        job runs in <storage_root>/<user>/jobs/<job-id>.
+
+        c.WmlaService.storage_root = "/gpfs/myresultfs"
+        """,
+    )
+
+    @default("storage_root")
+    def _storage_root(self) -> str:
+        return os.environ.get("WMLA_STORAGE_ROOT") or str(Path("var/storage").resolve())
+
+    backend_class = Unicode(
+        "extension.backends.local.LocalBackend",
+        config=True,
+        help="""Import string of the execution backend, constructed as
+        Backend(emit, nodes, state_dir) and used through extension.backends.base.Backend.
+
+        c.WmlaService.backend_class = "extension.backends.local.LocalBackend"
+        """,
+    )
+    device_layout = Unicode(
+        "",
+        config=True,
+        help="""Local devices as NODESxDEVICES; empty: the real GPUs (NVML or nvidia-smi) as one
+        node, or 1x4 virtual devices on a machine without GPUs.
+
+        c.WmlaService.device_layout = "4x8"
+        """,
+    )
+    cpu_oversubscription = Float(
+        1.0,
+        config=True,
+        help="""Factor on the machine's cores offered to jobs (cpu requests are reservations,
+        not pinning): on a small laptop, 2.0 lets twice as many workers start.
+
+        c.WmlaService.cpu_oversubscription = 2.0
+        """,
+    )
+    quota = Dict(
+        config=True,
+        help="""Instance quota capping the root plan, as a ResourceQuota: gpu, cpu, memory and
+        jobs (most jobs running at once). Unset entries are unlimited.
+
+        c.WmlaService.quota = {"gpu": 4, "cpu": "8", "memory": "32Gi", "jobs": 3}
+        """,
+    )
+    limit_range = Dict(
+        config=True,
+        help="""Per-worker limit range, as a LimitRange of type Container: min, max, default
+        (limits), default_request, max_limit_request_ratio. The default asks for 1 GPU, 250m
+        cpu and 512Mi memory per worker, so a 2-core laptop still runs several workers.
+
+        c.WmlaService.limit_range = {"min": {"cpu": "100m"}, "max": {"cpu": "1", "memory": "1Gi"},
+            "default": {"cpu": "900m", "memory": "800Mi"},
+            "default_request": {"cpu": "200m", "memory": "200Mi"},
+            "max_limit_request_ratio": {"cpu": 2, "memory": 1.5}}
+        """,
+    )
+
+    @default("limit_range")
+    def _limit_range(self) -> dict:
+        return {
+            "min": {"cpu": "10m", "memory": "16Mi"},
+            "default_request": {"gpu": 1, "cpu": "250m", "memory": "512Mi"},
+        }
+
+    max_workers_per_job = Int(
+        256,
+        config=True,
+        help="""Most workers one job may ask for.
+
+        c.WmlaService.max_workers_per_job = 64
+        """,
+    )
+    grace = Float(
+        30.0,
+        config=True,
+        help="""Seconds between SIGTERM and SIGKILL when a job is preempted, shrunk or cancelled.
+
+        c.WmlaService.grace = 30
+        """,
+    )
+    min_runtime = Float(
+        0.0,
+        config=True,
+        help="""A job started less than this many seconds ago is never a reclaim victim.
+
+        c.WmlaService.min_runtime = 120
+        """,
+    )
+    tick = Float(
+        5.0,
+        config=True,
+        help="""Seconds between scheduling cycles when nothing happens (cycles also run on every
+        submission, cancel, plan change and backend event).
+
+        c.WmlaService.tick = 5
+        """,
+    )
+    default_plans = Dict(
+        config=True,
+        help="""Plans created on the first start (an empty store), as {path: {share, limit,
+        members}}.
+
+        c.WmlaService.default_plans = {"/sample-project": {}, "/sample-project/training": {}}
+        """,
+    )
+
+    @default("default_plans")
+    def _default_plans(self) -> dict:
+        from hub_config import default_plans
+
+        return default_plans()
+
+    python = Unicode(
+        sys.executable,
+        config=True,
+        help="""Python interpreter that runs training scripts.
+
+        c.WmlaService.python = "/opt/conda/bin/python"
+        """,
+    )
+    ip = Unicode(
+        "",
+        config=True,
+        help="""Interface to listen on; empty: the host of JUPYTERHUB_SERVICE_URL.
+
+        c.WmlaService.ip = "127.0.0.1"
+        """,
+    )
+    port = Int(
+        0,
+        config=True,
+        help="""Port to listen on; 0: the port of JUPYTERHUB_SERVICE_URL (or 10101).
+
+        c.WmlaService.port = 10101
+        """,
+    )
+    prefix = Unicode(
+        config=True,
+        help="""URL prefix; default JUPYTERHUB_SERVICE_PREFIX (/services/wmla/).
+
+        c.WmlaService.prefix = "/services/wmla/"
+        """,
+    )
+
+    @default("prefix")
+    def _prefix(self) -> str:
+        return os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/wmla/")
+
+    # -- derived ---------------------------------------------------------------------------------
+    @property
+    def limit_range_obj(self) -> LimitRange:
+        return self._limit_range_obj
+
+    def user_folder(self, user: str) -> Path:
+        return user_root(self.storage_root, user)
+
+    def initialize(self, argv: Any = None) -> None:
+        super().initialize(argv)
+        # lowest first: $WMLA_SERVICE_CONFIG (from hub_config.services), the file, the command line
+        env_config = os.environ.get("WMLA_SERVICE_CONFIG")
+        if env_config:
+            try:
+                self.update_config(Config(json.loads(env_config)))
+            except ValueError as err:
+                raise SystemExit(f"wmla: $WMLA_SERVICE_CONFIG is not JSON config: {err}") from None
+        if self.config_file:
+            self.load_config_file(self.config_file)
+        self.update_config(self.cli_config)
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        self._limit_range_obj = LimitRange.from_config(self.limit_range)
+        quota = {k: v for k, v in self.quota.items() if k != "jobs"}
+        self._quota = Resources.from_mapping(quota, UNLIMITED, where="quota")
+        self._max_jobs = self.quota.get("jobs")
+        Path(self.state_dir).mkdir(parents=True, exist_ok=True)
+        Path(self.storage_root).mkdir(parents=True, exist_ok=True)
+
+    def make_backend(self, emit: Any) -> Any:
+        module, _, name = self.backend_class.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError) as err:
+            raise SystemExit(
+                f"wmla: cannot import backend {self.backend_class!r} ({err}); set "
+                f"c.WmlaService.backend_class to an importable class"
+            ) from None
+        cores = os.cpu_count() or 1
+        nodes = detect_nodes(
+            self.device_layout or None,
+            cpu_millicores=int(cores * 1000 * self.cpu_oversubscription),
+        )
+        backend_dir = Path(self.state_dir) / "backend"
+        backend_dir.mkdir(parents=True, exist_ok=True)
+        return cls(emit, nodes, str(backend_dir))
+
+    async def start_service(self) -> None:
+        url = self.db_url or sqlite_url(Path(self.state_dir) / "wmla.sqlite")
+        self.store = Store.open(url)
+        self.scheduler = Scheduler(
+            self.store,
+            {"quota": self._quota, "max_jobs": self._max_jobs},
+            SchedulerConfig(grace=self.grace, min_runtime=self.min_runtime),
+            storage_root=self.storage_root,
+            python=self.python,
+            tick=self.tick,
+            log=self.log,
+        )
+        self.scheduler.load(self.default_plans)
+        backend = self.make_backend(self.scheduler.emit)
+        await self.scheduler.start(backend)
+        prefix = self.prefix if self.prefix.endswith("/") else self.prefix + "/"
+        from jupyterhub.services.auth import HubOAuthCallbackHandler
+
+        app = web.Application(
+            [
+                (prefix + "oauth_callback", HubOAuthCallbackHandler),
+                (prefix + "?", IndexHandler),
+                *routes(prefix),
+            ],
+            default_handler_class=NotFoundHandler,
+            cookie_secret=secrets.token_bytes(32),
+            wmla_scheduler=self.scheduler,
+            wmla_service=self,
+            wmla_prefix=prefix,
+            log_function=self._log_request,
+        )
+        service_url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
+        ip = self.ip or service_url.hostname or "127.0.0.1"
+        port = self.port or service_url.port or 10101
+        self.http = HTTPServer(app, xheaders=True, max_body_size=1024 * 1024)
+        self.http.listen(port, ip)
+        self.log.info("wmla service at http://%s:%i%s (store %s)", ip, port, prefix, url)
+        inst = self.scheduler.instance
+        self.log.info("capacity: %s on %i node(s)", inst.capacity.describe(), len(inst.nodes))
+
+    def _log_request(self, handler: web.RequestHandler) -> None:
+        status = handler.get_status()
+        level = logging.INFO if status < 400 else logging.WARNING
+        if handler.request.path.endswith("/health"):
+            level = logging.DEBUG
+        self.log.log(
+            level,
+            "%i %s %s %.1fms",
+            status,
+            handler.request.method,
+            handler.request.uri,
+            1000 * handler.request.request_time(),
+        )
+
+    async def run(self) -> None:
+        await self.start_service()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            # restore SIGINT: a process started with & from a script inherits it ignored, and
+            # JupyterHub stops services with SIGINT first
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        self.log.info("wmla service stopping")
+        self.http.stop()
+        await self.scheduler.stop()
+        self.store.close()
+
+    def start(self) -> None:
+        asyncio.run(self.run())
+
+
+def main(argv: list[str] | None = None) -> None:
+    service = WmlaService()
+    service.initialize(argv)
+    service.start()

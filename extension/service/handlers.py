@@ -1,0 +1,530 @@
+"""REST handlers under ``<prefix>api/v1/`` (the OpenAPI document in ``openapi.py`` lists them).
+
+API calls authenticate with a hub token (``Authorization: token ...``); browser pages use HubOAuth
+cookies. Every error is JSON ``{"error": message, "status": code}``. A user sees and touches only
+their own jobs (another user's job answers 404, so its existence is not revealed); plan changes
+need the ``custom:wmla:admin`` scope or hub admin.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from jupyterhub.services.auth import HubOAuthenticated
+from tornado import web
+
+from extension.scheduler import UNLIMITED, PlanError, QuantityError, Resources
+from extension.scheduler.plans import ROOT
+
+from .openapi import openapi_document
+from .scheduling import Caller, Conflict, Forbidden, NotFound, Scheduler
+from .store import JobRow, PlanRecord
+from .submission import Rejected, SubmissionError, parse_submission
+
+ADMIN_SCOPE = "custom:wmla:admin"
+PLAN_KEYS = {"path", "share", "limit", "members"}
+MEMBER = re.compile(r"[A-Za-z0-9._@-]{1,255}\Z")
+MAX_MEMBERS = 10_000
+
+
+class APIError(web.HTTPError):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(status, reason=None)
+        self.message = message
+
+
+class BaseHandler(HubOAuthenticated, web.RequestHandler):
+    @property
+    def sched(self) -> Scheduler:
+        return self.settings["wmla_scheduler"]
+
+    @property
+    def service(self) -> Any:
+        return self.settings["wmla_service"]
+
+
+class APIHandler(BaseHandler):
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+        self.set_header("Cache-Control", "no-store")
+
+    def get_login_url(self) -> str:  # an API never redirects to a login page
+        raise APIError(
+            403,
+            "not authenticated: send a hub API token (Authorization: token ...) that may "
+            "access the wmla service (scope access:services!service=wmla)",
+        )
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        message = None
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, APIError):
+            message = exc.message
+        elif isinstance(exc, web.HTTPError):
+            message = exc.log_message or exc.reason or self._reason
+        if not message:
+            message = self._reason if status_code < 500 else "internal error; see the service log"
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+        self.finish(json.dumps({"error": message, "status": status_code}))
+
+    def caller(self) -> Caller:
+        model = self.current_user
+        if not model:
+            self.get_login_url()
+        scopes = model.get("scopes") or []
+        admin = bool(model.get("admin")) or any(
+            s == ADMIN_SCOPE or s.startswith(ADMIN_SCOPE + "!") for s in scopes
+        )
+        return Caller(model["name"], frozenset(model.get("groups") or ()), admin)
+
+    def admin_caller(self) -> Caller:
+        caller = self.caller()
+        if not caller.admin:
+            raise APIError(
+                403,
+                f"only plan admins may change plans; {caller.name} needs the {ADMIN_SCOPE} "
+                f"scope (or hub admin)",
+            )
+        return caller
+
+    def body(self) -> Any:
+        try:
+            return json.loads(self.request.body or b"null")
+        except (ValueError, UnicodeDecodeError) as err:
+            raise APIError(400, f"the body is not valid JSON: {err}") from None
+
+    def reply(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.finish(json.dumps(data))
+
+    def check_xsrf_cookie(self) -> None:
+        # token-authenticated API calls skip XSRF; cookie-authenticated ones are checked by
+        # HubOAuth itself (it refuses a cookie on a cross-site POST without _xsrf)
+        return None
+
+
+def _errors(fn):
+    """Map the scheduler's exceptions to HTTP statuses with their messages."""
+    import functools
+
+    @functools.wraps(fn)
+    async def wrapper(self, *args, **kwargs):
+        try:
+            return await fn(self, *args, **kwargs)
+        except NotFound as err:
+            raise APIError(404, str(err)) from None
+        except Forbidden as err:
+            raise APIError(403, str(err)) from None
+        except Conflict as err:
+            raise APIError(409, str(err)) from None
+        except Rejected as err:
+            raise APIError(422, str(err)) from None
+        except (SubmissionError, PlanError, QuantityError) as err:
+            raise APIError(400, str(err)) from None
+
+    return wrapper
+
+
+# -- misc --------------------------------------------------------------------------------------
+class HealthHandler(web.RequestHandler):
+    def get(self) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"ok": True, "cycles": self.settings["wmla_scheduler"].cycles}))
+
+
+class OpenAPIHandler(web.RequestHandler):
+    def get(self) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(openapi_document(self.settings["wmla_prefix"])))
+
+
+class WhoAmIHandler(APIHandler):
+    async def get(self) -> None:
+        caller = self.caller()
+        self.reply(
+            {
+                "name": caller.name,
+                "groups": sorted(caller.groups),
+                "plan_admin": caller.admin,
+                "plans": self.sched.usable_plans(caller),
+                "storage": str(self.service.user_folder(caller.name)),
+                "api": f"{self.settings['wmla_prefix']}api/v1/",
+            }
+        )
+
+
+class IndexHandler(BaseHandler):
+    @web.authenticated
+    def get(self) -> None:
+        user = self.current_user
+        prefix = self.settings["wmla_prefix"]
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.finish(
+            "<!doctype html><title>wmla</title><h1>wmla</h1>"
+            f"<p>Signed in as {web.escape.xhtml_escape(user['name'])}.</p><ul>"
+            f'<li><a href="{prefix}api/v1/plans">plans</a></li>'
+            f'<li><a href="{prefix}api/v1/jobs">your jobs</a></li>'
+            f'<li><a href="{prefix}api/v1/instance">instance</a></li>'
+            f'<li><a href="{prefix}api/v1/openapi.json">OpenAPI document</a></li></ul>'
+        )
+
+
+# -- plans ---------------------------------------------------------------------------------------
+def plan_tree_json(sched: Scheduler) -> dict:
+    nodes: dict[str, dict] = {}
+    root = _figures(sched, ROOT)
+    root.update({"path": ROOT, "children": []})
+    nodes[ROOT] = root
+    for plan in sched.plans:  # sorted by path, so parents come first
+        users, groups = sched.members.get(plan.path, ([], []))
+        node = {
+            "path": plan.path,
+            "name": plan.name,
+            "share": plan.share,
+            "limit": plan.limit.to_dict(),
+            "user_leaf": plan.user_leaf,
+            "members": {"users": users, "groups": groups},
+            **_figures(sched, plan.path),
+            "children": [],
+        }
+        nodes[plan.path] = node
+        nodes[plan.parent]["children"].append(node)
+    flat = [{k: v for k, v in n.items() if k != "children"} for n in nodes.values()]
+    return {"root": root, "plans": flat[1:]}
+
+
+def _figures(sched: Scheduler, path: str) -> dict:
+    fig = sched.figures.get(path)
+    if fig is None:
+        zero = Resources().to_dict()
+        return {"deserved": zero, "allocated": zero, "demand": zero, "pending": 0, "running": 0}
+    return {
+        "deserved": fig.deserved.to_dict(),
+        "allocated": fig.allocated.to_dict(),
+        "demand": fig.demand.to_dict(),
+        "pending": fig.pending,
+        "running": fig.running,
+    }
+
+
+def parse_plan(body: Any, path: str | None, old: PlanRecord | None) -> PlanRecord:
+    if not isinstance(body, dict):
+        raise APIError(400, 'the body must be a JSON object such as {"path": "/p", "share": 1}')
+    unknown = sorted(set(body) - PLAN_KEYS)
+    if unknown:
+        raise APIError(
+            400, f"unknown field {unknown[0]!r}; the fields are {', '.join(sorted(PLAN_KEYS))}"
+        )
+    if path is None:
+        path = body.get("path")
+        if not isinstance(path, str):
+            raise APIError(400, "path is required, e.g. /project1/dev-team")
+    elif "path" in body and body["path"] != path:
+        raise APIError(400, "a plan cannot be renamed; create the new path and delete the old")
+    share = body.get("share", old.share if old else 1)
+    if "limit" in body:
+        limit = body["limit"]
+        if limit is not None and not isinstance(limit, dict):
+            raise APIError(400, 'limit must be an object such as {"gpu": 4, "cpu": "8"}')
+        limit = Resources.from_mapping(limit, UNLIMITED, where=f"{path} limit")
+    else:
+        limit = old.limit if old else Resources(UNLIMITED, UNLIMITED, UNLIMITED)
+    users = old.users if old else []
+    groups = old.groups if old else []
+    if "members" in body:
+        members = body["members"]
+        if not isinstance(members, dict) or set(members) - {"users", "groups"}:
+            raise APIError(400, 'members must be {"users": [names], "groups": [names]}')
+        users = _names(members.get("users", []), "members.users")
+        groups = _names(members.get("groups", []), "members.groups")
+    return PlanRecord(path, share, limit, False, users, groups)
+
+
+def _names(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list) or len(value) > MAX_MEMBERS:
+        raise APIError(400, f"{where} must be a list of names")
+    for name in value:
+        if not isinstance(name, str) or not MEMBER.match(name):
+            raise APIError(400, f"{where}: {name!r} is not a hub user or group name")
+    return sorted(set(value))
+
+
+class PlansHandler(APIHandler):
+    async def get(self) -> None:
+        self.caller()
+        self.reply(plan_tree_json(self.sched))
+
+    @_errors
+    async def post(self) -> None:
+        self.admin_caller()
+        record = parse_plan(self.body(), None, None)
+        if record.path in self.sched.plans:
+            raise Conflict(f"plan {record.path} already exists; PATCH it to change it")
+        await self.sched.change_plans([record], create=True)
+        self.reply(_one_plan(self.sched, record.path), 201)
+
+
+class PlanHandler(APIHandler):
+    def _path(self, path: str) -> str:
+        if path not in self.sched.plans:
+            raise NotFound(f"there is no plan {path!r}")
+        return path
+
+    @_errors
+    async def get(self, path: str) -> None:
+        self.caller()
+        self.reply(_one_plan(self.sched, self._path(path)))
+
+    @_errors
+    async def patch(self, path: str) -> None:
+        self.admin_caller()
+        old = self.sched.record(self._path(path))
+        if old.user_leaf and "members" in (self.body() or {}):
+            raise PlanError(f"{path} is a user leaf; members belong on its parent plan")
+        record = parse_plan(self.body(), path, old)
+        record.user_leaf = old.user_leaf
+        await self.sched.change_plans([record], create=False)
+        self.reply(_one_plan(self.sched, path))
+
+    @_errors
+    async def delete(self, path: str) -> None:
+        self.admin_caller()
+        self._path(path)
+        live = self.sched.live_jobs_under(path)
+        if live:
+            raise Conflict(
+                f"cannot delete {path}: {len(live)} pending or running job(s) are charged to "
+                f"it ({', '.join(sorted(j.id for j in live)[:5])}); cancel them first"
+            )
+        # the plan's own user leaves go with it; real child plans must be deleted first
+        leaves = [p.path for p in self.sched.plans.children(path) if p.user_leaf]
+        await self.sched.change_plans([], create=False, delete=[*leaves, path])
+        self.set_status(204)
+        self.finish()
+
+
+def _one_plan(sched: Scheduler, path: str) -> dict:
+    for plan in plan_tree_json(sched)["plans"]:
+        if plan["path"] == path:
+            return plan
+    raise NotFound(f"there is no plan {path!r}")
+
+
+# -- jobs ----------------------------------------------------------------------------------------
+def job_json(row: JobRow) -> dict:
+    placement = list(row.placement or [])
+    return {
+        "id": row.id,
+        "name": row.name,
+        "user": row.user,
+        "plan": row.plan,
+        "leaf": row.leaf,
+        "kind": row.kind,
+        "state": row.state,
+        "reason": row.reason,
+        "workers": {"min": row.min_workers, "max": row.max_workers, "running": len(placement)},
+        "resources": Resources(row.gpu, row.cpu, row.memory).to_dict(),
+        "limits": row.limits,
+        "priority": row.priority,
+        "preemptible": row.preemptible,
+        "command": list(row.command or []),
+        "workdir": row.workdir,
+        "submitted": row.submitted,
+        "started": row.started,
+        "ended": row.ended,
+        "placement": placement,
+        "terminating": row.terminating,
+        "cancel_requested": row.cancel_requested,
+        "exit_code": row.exit_code,
+        "preemptions": row.preemptions,
+    }
+
+
+class JobsHandler(APIHandler):
+    async def get(self) -> None:
+        caller = self.caller()
+        user = self.get_argument("user", None)
+        if not caller.admin:
+            if user not in (None, caller.name):
+                raise APIError(403, "only plan admins may list other users' jobs")
+            user = caller.name
+        states = self.get_argument("state", None)
+        wanted = [s.strip().upper() for s in states.split(",")] if states else None
+        rows = self.sched.store.jobs(user=user, states=wanted)
+        self.reply({"jobs": [job_json(r) for r in rows]})
+
+    @_errors
+    async def post(self) -> None:
+        caller = self.caller()
+        sub = parse_submission(
+            self.body(),
+            user=caller.name,
+            storage_root=self.service.storage_root,
+            limit_range=self.service.limit_range_obj,
+            max_workers=self.service.max_workers_per_job,
+        )
+        row = await self.sched.submit(caller, sub)
+        self.set_header("Location", f"{self.settings['wmla_prefix']}api/v1/jobs/{row.id}")
+        self.reply(job_json(row), 201)
+
+
+class JobHandler(APIHandler):
+    @_errors
+    async def get(self, job_id: str) -> None:
+        self.reply(job_json(self.sched.visible_job(self.caller(), job_id)))
+
+    @_errors
+    async def delete(self, job_id: str) -> None:
+        self.reply(job_json(await self.sched.cancel(self.caller(), job_id)))
+
+
+class JobLogsHandler(APIHandler):
+    @_errors
+    async def get(self, job_id: str) -> None:
+        row = self.sched.visible_job(self.caller(), job_id)
+        worker = _int_arg(self, "worker", 0, 100_000)
+        tail = _int_arg(self, "tail", 1, 1_000_000)
+        text = ""
+        backend = self.sched.backend
+        try:
+            text = backend.logs(job_id, worker=worker, tail=tail) if backend else ""
+        except Exception:  # the backend forgot the job (ended, or a restart): read the files
+            text = ""
+        if not text:
+            text = read_log_files(Path(row.workdir), worker, tail)
+        self.reply({"job": job_id, "worker": worker, "logs": text})
+
+
+class JobMetricsHandler(APIHandler):
+    @_errors
+    async def get(self, job_id: str) -> None:
+        row = self.sched.visible_job(self.caller(), job_id)
+        since = _int_arg(self, "since", 0, 10**9) or 0
+        metrics, next_line = read_metrics(Path(row.workdir) / "metrics.jsonl", since)
+        self.reply({"job": job_id, "metrics": metrics, "next": next_line})
+
+
+class JobHistoryHandler(APIHandler):
+    @_errors
+    async def get(self, job_id: str) -> None:
+        self.sched.visible_job(self.caller(), job_id)
+        rows = self.sched.store.transitions(job_id)
+        self.reply(
+            {
+                "job": job_id,
+                "transitions": [
+                    {
+                        "at": t.at,
+                        "event": t.event,
+                        "state": t.state,
+                        "leaf": t.leaf,
+                        "workers": t.workers,
+                        "per_worker": Resources(t.gpu, t.cpu, t.memory).to_dict(),
+                        "placement": t.placement,
+                        "reason": t.reason,
+                    }
+                    for t in rows
+                ],
+            }
+        )
+
+
+def _int_arg(handler: APIHandler, name: str, low: int, high: int) -> int | None:
+    value = handler.get_argument(name, None)
+    if value is None or value == "":
+        return None
+    if not re.fullmatch(r"\d{1,10}", value) or not low <= int(value) <= high:
+        raise APIError(400, f"{name} must be a whole number from {low} to {high}, got {value!r}")
+    return int(value)
+
+
+def read_log_files(workdir: Path, worker: int | None, tail: int | None) -> str:
+    logs = workdir / "logs"
+    if worker is not None:
+        files = [logs / f"worker-{worker}.log"]
+    else:
+        files = sorted(logs.glob("worker-*.log"), key=lambda p: _rank(p.name))
+    lines: list[str] = []
+    for path in files:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        prefix = "" if worker is not None else f"[{path.stem}] "
+        lines.extend(prefix + line for line in text.splitlines())
+    if tail:
+        lines = lines[-tail:]
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _rank(name: str) -> int:
+    match = re.search(r"(\d+)", name)
+    return int(match.group(1)) if match else 0
+
+
+def read_metrics(path: Path, since: int) -> tuple[list[dict], int]:
+    """JSON lines from line ``since`` on; a partial last line is left for the next read."""
+    try:
+        data = path.read_text(errors="replace")
+    except OSError:
+        return [], since
+    lines = data.split("\n")
+    complete = lines[:-1]  # the text after the last newline may still be being written
+    out = []
+    for line in complete[since:]:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            out.append(value)
+    return out, max(since, len(complete))
+
+
+# -- instance ------------------------------------------------------------------------------------
+class InstanceHandler(APIHandler):
+    async def get(self) -> None:
+        self.caller()
+        sched = self.sched
+        inst = sched.instance
+        root = _figures(sched, ROOT)
+        self.reply(
+            {
+                "nodes": [{"name": n.name, "capacity": n.capacity.to_dict()} for n in inst.nodes],
+                "capacity": inst.capacity.to_dict(),
+                "quota": {**inst.quota.to_dict(), "jobs": inst.max_jobs},
+                "limit_range": self.service.limit_range_obj.to_dict(),
+                "allocated": root["allocated"],
+                "demand": root["demand"],
+                "running_jobs": root["running"],
+                "pending_jobs": root["pending"],
+                "backend": self.service.backend_class,
+                "scheduler": {
+                    "grace": sched.config.grace,
+                    "min_runtime": sched.config.min_runtime,
+                    "tick": sched.tick,
+                },
+                "max_workers_per_job": self.service.max_workers_per_job,
+                "units": {"gpu": "devices", "cpu": "millicores", "memory": "bytes"},
+            }
+        )
+
+
+def routes(prefix: str) -> list[tuple]:
+    api = prefix + "api/v1"
+    return [
+        (api + r"/?", WhoAmIHandler),
+        (api + r"/health", HealthHandler),
+        (api + r"/openapi\.json", OpenAPIHandler),
+        (api + r"/plans/?", PlansHandler),
+        (api + r"/plans(/.+?)/?", PlanHandler),
+        (api + r"/jobs/?", JobsHandler),
+        (api + r"/jobs/([^/]+)/?", JobHandler),
+        (api + r"/jobs/([^/]+)/logs", JobLogsHandler),
+        (api + r"/jobs/([^/]+)/metrics", JobMetricsHandler),
+        (api + r"/jobs/([^/]+)/history", JobHistoryHandler),
+        (api + r"/instance", InstanceHandler),
+    ]

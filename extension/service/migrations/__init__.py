@@ -1,0 +1,1 @@
+"""Alembic migrations of the wmla service store (run by ``Store.open``)."""

@@ -1,0 +1,626 @@
+"""The scheduling loop: the store, the pure core and a backend, tied together.
+
+One task runs cycles, so everything it does is serialized: a cycle (1) folds in the events the
+backend emitted, (2) runs ``schedule(snapshot, now)`` on the plans and live jobs, (3) writes what
+the decisions change to the store, one transition row per change of state or of workers held,
+and only then (4) carries the decisions out through the backend protocol. Decisions are never
+made while a backend call is in progress; what a backend reports arrives as events for the next
+cycle. Cycles run on every submission, cancel, plan change and backend event, and on a steady
+tick (``tick`` seconds) so waiting reasons and reservations stay current.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from extension.backends.base import Backend, BackendEvent, JobSpec
+from extension.scheduler import (
+    Grow,
+    Instance,
+    Job,
+    JobState,
+    PlanError,
+    PlanFigures,
+    PlanTree,
+    Preempt,
+    Reject,
+    Resources,
+    SchedulerConfig,
+    Shrink,
+    Snapshot,
+    Start,
+    Wait,
+    check_submission,
+    schedule,
+)
+from extension.scheduler.plans import ROOT, parent_of
+
+from .store import JobRow, PlanRecord, Store
+from .submission import Rejected, Submission, SubmissionError, user_root
+
+LIVE = (JobState.PENDING.value, JobState.RUNNING.value)
+Clock = Callable[[], float]
+
+
+class NotFound(LookupError):
+    pass
+
+
+class Forbidden(PermissionError):
+    pass
+
+
+class Conflict(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is asking: a hub user (or service) name, its hub groups, whether a plan admin."""
+
+    name: str
+    groups: frozenset[str] = frozenset()
+    admin: bool = False
+
+
+class Scheduler:
+    """Plans, jobs and the loop. The REST handlers call the public methods."""
+
+    def __init__(
+        self,
+        store: Store,
+        instance_bounds: dict[str, Any],
+        config: SchedulerConfig,
+        storage_root: str | Path,
+        python: str,
+        tick: float = 5.0,
+        clock: Clock = time.time,
+        log: logging.Logger | None = None,
+    ) -> None:
+        self.store = store
+        self.bounds = instance_bounds  # {"quota": Resources, "max_jobs": int | None}
+        self.config = config
+        self.storage_root = Path(storage_root)
+        self.python = python
+        self.tick = tick
+        self.clock = clock
+        self.log = log or logging.getLogger("wmla.service")
+        self.backend: Backend | None = None
+        self.instance = Instance(())
+        self.plans = PlanTree()
+        self.members: dict[str, tuple[list[str], list[str]]] = {}
+        self.jobs: dict[str, Job] = {}  # live (pending and running) jobs, in the core's terms
+        self.figures: dict[str, PlanFigures] = {}
+        self.cycles = 0
+        self._events: list[BackendEvent] = []
+        self._calls: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        self._resize_to: dict[str, tuple[str, ...]] = {}
+        self._reasons: dict[str, str] = {}  # last waiting reason written, per job
+        self.kinds: dict[str, str] = {}  # job id -> train | notebook
+        self._wake = asyncio.Event()
+        self._waiters: list[asyncio.Future] = []
+        self._task: asyncio.Task | None = None
+        self._job_tasks: dict[str, asyncio.Task] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+
+    # -- start and stop -----------------------------------------------------------------------
+    def load(self, default_plans: dict[str, dict] | None = None) -> None:
+        """Read plans and live jobs from the store; seed the default plans on the first start."""
+        records = self.store.plans()
+        if not records and default_plans and self.store.get_meta("seeded") is None:
+            tree = PlanTree.from_dict(default_plans)
+            records = [
+                PlanRecord(
+                    p.path,
+                    p.share,
+                    p.limit,
+                    p.user_leaf,
+                    list((default_plans.get(p.path) or {}).get("members", {}).get("users", [])),
+                    list((default_plans.get(p.path) or {}).get("members", {}).get("groups", [])),
+                )
+                for p in tree
+            ]
+            self.store.save_plans(records, self.clock())
+            self.store.set_meta("seeded", "1")
+        self.plans = PlanTree()
+        for rec in sorted(records, key=lambda r: (r.path.count("/"), r.path)):
+            self.plans.add(rec.path, rec.share, rec.limit, user_leaf=rec.user_leaf)
+            self.members[rec.path] = (rec.users, rec.groups)
+        for row in self.store.jobs(states=LIVE):
+            self.jobs[row.id] = _core_job(row)
+            self.kinds[row.id] = row.kind
+
+    async def start(self, backend: Backend, run_loop: bool = True) -> None:
+        """Attach the backend, re-adopt running jobs, and start the loop task (tests may drive
+        ``cycle()`` themselves with ``run_loop=False``)."""
+        self._loop = asyncio.get_running_loop()
+        self.backend = backend
+        self.instance = Instance(
+            tuple(backend.capacity()), self.bounds["quota"], self.bounds.get("max_jobs")
+        )
+        running = [
+            r for r in self.store.jobs(states=[JobState.RUNNING.value]) if r.kind != "notebook"
+        ]
+        if running:
+            await backend.recover([_spec(r) for r in running])
+            for row in running:  # a stop that was under way when the service went away
+                if row.cancel_requested or row.terminating:
+                    self._queue_stop(row.id, self.config.grace, "stop resumed after restart")
+        if run_loop:
+            self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, 30)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+        tasks = list(self._job_tasks.values())
+        if tasks:  # a stop in its grace period finishes; the workers outlive us anyway
+            await asyncio.wait(tasks, timeout=5)
+        if self.backend is not None:
+            await self.backend.close()
+
+    # -- events from the backend (any thread) ------------------------------------------------------
+    def emit(self, event: BackendEvent) -> None:
+        """The ``emit`` callable given to the backend; safe to call from any thread."""
+        loop = self._loop
+        if loop is None or _in_loop(loop):
+            self._events.append(event)
+            self._wake.set()
+        else:
+            loop.call_soon_threadsafe(self._events.append, event)
+            loop.call_soon_threadsafe(self._wake.set)
+
+    async def kick(self) -> None:
+        """Ask for a cycle and wait until one that started after this call has finished."""
+        if self._task is None or self._task.done():
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        self._wake.set()
+        await future
+
+    # -- the loop -----------------------------------------------------------------------
+    async def _run(self) -> None:
+        while not self._stopping:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.tick)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            waiters, self._waiters = self._waiters, []
+            try:
+                await self.cycle()
+            except Exception:  # one bad cycle must not end the loop; the next one retries
+                self.log.exception("scheduling cycle failed")
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+
+    async def cycle(self) -> None:
+        """One pass: events, decisions, store, then backend calls (in that order)."""
+        now = self.clock()
+        self._fold_events(now)
+        snapshot = Snapshot(self.plans, self.instance, list(self.jobs.values()), self.config)
+        result = schedule(snapshot, now)
+        self.cycles += 1
+        self._apply(result.decisions, now)
+        self.figures = result.plans
+        calls, self._calls = self._calls, []
+        for job_id, call in calls:
+            self._dispatch(job_id, call)
+
+    def _dispatch(self, job_id: str, call: Callable[[], Awaitable[None]]) -> None:
+        """Run a backend call as its own task, after the job's earlier calls (a stop waits for
+        the start before it); the loop goes on deciding while a grace period runs."""
+        previous = self._job_tasks.get(job_id)
+
+        async def run() -> None:
+            if previous is not None:
+                with contextlib.suppress(Exception):
+                    await previous
+            try:
+                await call()
+            except Exception as err:  # the backend could not do it: the job fails, visibly
+                self.log.exception("backend call for %s failed", job_id)
+                self.emit(
+                    BackendEvent(job_id, "failed", self.clock(), message=f"backend error: {err}")
+                )
+
+        task = asyncio.ensure_future(run())
+        self._job_tasks[job_id] = task
+        task.add_done_callback(
+            lambda t: self._job_tasks.get(job_id) is t and self._job_tasks.pop(job_id)
+        )
+
+    async def drain(self) -> None:
+        """Wait for every backend call under way (tests, shutdown)."""
+        while self._job_tasks:
+            await asyncio.gather(*list(self._job_tasks.values()), return_exceptions=True)
+
+    def _fold_events(self, now: float) -> None:
+        events, self._events = self._events, []
+        for ev in events:
+            job = self.jobs.get(ev.job_id)
+            row = None if job is None else self.store.job(ev.job_id)
+            if job is None or row is None:
+                continue  # a late event for a job that already ended
+            change = self._event_change(job, row, ev)
+            if change is not None:  # stamped with when it happened, not when it is read
+                self.store.update_jobs([(job.id, *change)], ev.at or now)
+
+    def _event_change(self, job: Job, row: JobRow, ev: BackendEvent):
+        at = ev.at or self.clock()
+        if ev.kind == "running":
+            if ev.placement:
+                job.placement = tuple(ev.placement)
+            return {"placement": list(job.placement)}, "running", ""
+        if ev.kind == "resized":
+            target = self._resize_to.pop(job.id, None)
+            job.placement = tuple(ev.placement) if ev.placement else (target or job.placement)
+            job.terminating = False
+            return {"placement": list(job.placement), "terminating": False}, "resized", ""
+        if ev.kind in ("finished", "failed", "lost"):
+            state = JobState.FINISHED if ev.kind == "finished" else JobState.FAILED
+            if row.cancel_requested and ev.kind != "finished":
+                state = JobState.CANCELLED
+            reason = ev.message
+            if ev.kind == "lost":
+                reason = ev.message or "the job's workers were lost after a service restart"
+            if ev.kind == "failed" and not reason:
+                reason = f"a worker exited with code {ev.exit_code}"
+            if state is JobState.CANCELLED:
+                reason = row.reason or "cancelled"
+            self._end(job, state)
+            values = {
+                "state": state.value,
+                "placement": [],
+                "terminating": False,
+                "ended": at,
+                "exit_code": ev.exit_code,
+                "reason": reason,
+            }
+            return values, ev.kind, reason
+        if ev.kind == "released":
+            if row.cancel_requested:
+                self._end(job, JobState.CANCELLED)
+                reason = row.reason or "cancelled"
+                values = {
+                    "state": JobState.CANCELLED.value,
+                    "placement": [],
+                    "terminating": False,
+                    "ended": at,
+                    "reason": reason,
+                }
+                return values, "cancelled", reason
+            # preempted: back to the queue; it resumes from its checkpoint when started again
+            job.state, job.placement, job.started = JobState.PENDING, (), None
+            job.terminating = False
+            values = {
+                "state": JobState.PENDING.value,
+                "placement": [],
+                "terminating": False,
+                "preemptions": row.preemptions + 1,
+            }
+            return values, "released", row.reason
+        self.log.warning("unknown backend event %r for %s", ev.kind, ev.job_id)
+        return None
+
+    def _end(self, job: Job, state: JobState) -> None:
+        job.state = state
+        job.placement = ()
+        self.jobs.pop(job.id, None)
+        self.kinds.pop(job.id, None)
+        self._reasons.pop(job.id, None)
+        self._resize_to.pop(job.id, None)
+
+    def _apply(self, decisions: Iterable, now: float) -> None:
+        changes: list[tuple[str, dict, str | None, str]] = []
+        log: list[tuple[str, str, dict]] = []
+        for d in decisions:
+            job = self.jobs.get(d.job_id)
+            if job is None:
+                continue
+            if isinstance(d, Start):
+                job.state, job.placement, job.started = JobState.RUNNING, d.placement, now
+                values = {
+                    "state": JobState.RUNNING.value,
+                    "placement": list(d.placement),
+                    "started": now,
+                    "reason": "",
+                }
+                changes.append((job.id, values, "started", ""))
+                log.append((job.id, "start", {"placement": list(d.placement)}))
+                if self.kinds.get(job.id) != "notebook":  # the spawner runs notebook servers
+                    self._queue_backend(job.id, "start", tuple(d.placement))
+            elif isinstance(d, Grow):
+                job.placement = job.placement + d.add
+                changes.append((job.id, {"placement": list(job.placement)}, "grown", ""))
+                log.append((job.id, "grow", {"add": list(d.add), "workers": d.workers}))
+                self._queue_backend(job.id, "resize", job.placement)
+            elif isinstance(d, Shrink):
+                job.terminating = True
+                target = _without(job.placement, d.release)
+                self._resize_to[job.id] = target
+                values = {"terminating": True, "reason": d.reason}
+                changes.append((job.id, values, "shrinking", d.reason))
+                log.append((job.id, "shrink", {"release": list(d.release), "reason": d.reason}))
+                self._queue_backend(job.id, "resize", target, d.grace)
+            elif isinstance(d, Preempt):
+                job.terminating = True
+                values = {"terminating": True, "reason": d.reason}
+                changes.append((job.id, values, "preempting", d.reason))
+                log.append((job.id, "preempt", {"reason": d.reason, "for": d.for_job}))
+                self._queue_stop(job.id, d.grace, d.reason)
+            elif isinstance(d, Reject):
+                self._end(job, JobState.REJECTED)
+                values = {"state": JobState.REJECTED.value, "ended": now, "reason": d.reason}
+                changes.append((job.id, values, "rejected", d.reason))
+                log.append((job.id, "reject", {"reason": d.reason}))
+            elif isinstance(d, Wait):
+                if self._reasons.get(job.id) != d.reason:  # write only what changed
+                    changes.append((job.id, {"reason": d.reason}, None, ""))
+            if not isinstance(d, Wait):
+                self._reasons.pop(d.job_id, None)
+            else:
+                self._reasons[d.job_id] = d.reason
+        if changes or log:
+            self.store.update_jobs(changes, now, log)
+
+    def _queue_backend(self, job_id: str, what: str, placement: tuple, grace: float = 0) -> None:
+        row = self.store.job(job_id)
+        assert row is not None and self.backend is not None
+        spec = _spec(row)
+        backend = self.backend
+        if what == "start":
+            self._calls.append((job_id, lambda: backend.start(spec, placement)))
+        else:
+            grace = grace or self.config.grace
+            self._calls.append((job_id, lambda: backend.resize(spec, placement, grace)))
+
+    def _queue_stop(self, job_id: str, grace: float, reason: str) -> None:
+        backend = self.backend
+        assert backend is not None
+        self._calls.append((job_id, lambda: backend.stop(job_id, grace, reason)))
+
+    # -- jobs -----------------------------------------------------------------------
+    def may_submit(self, caller: Caller, plan: str) -> bool:
+        if caller.admin:
+            return True
+        listed = False
+        path = plan
+        while path != ROOT:
+            users, groups = self.members.get(path, ([], []))
+            if users or groups:
+                listed = True
+                if caller.name in users or caller.groups & set(groups):
+                    return True
+            path = parent_of(path)
+        return not listed  # a plan nobody on its path restricts is open to every hub user
+
+    def usable_plans(self, caller: Caller) -> list[str]:
+        return [p.path for p in self.plans if not p.user_leaf and self.may_submit(caller, p.path)]
+
+    async def submit(self, caller: Caller, sub: Submission) -> JobRow:
+        """Validate against the plans and the instance, store the job, and run a cycle."""
+        if sub.plan not in self.plans:
+            raise NotFound(
+                f"there is no plan {sub.plan!r}; plans you may use: "
+                f"{', '.join(self.usable_plans(caller)) or 'none (ask an admin)'}"
+            )
+        if self.plans.get(sub.plan).user_leaf:
+            raise SubmissionError(
+                f"{sub.plan} is a user leaf; submit to its parent {parent_of(sub.plan)}"
+            )
+        if not self.may_submit(caller, sub.plan):
+            raise Forbidden(
+                f"you may not submit to {sub.plan}; plans you may use: "
+                f"{', '.join(self.usable_plans(caller)) or 'none (ask an admin to add you)'}"
+            )
+        now = self.clock()
+        job_id = new_job_id()
+        job = Job(
+            id=job_id,
+            user=caller.name,
+            plan=sub.plan,
+            per_worker=sub.per_worker,
+            min_workers=sub.min_workers,
+            max_workers=sub.max_workers,
+            priority=sub.priority,
+            submitted=now,
+            preemptible=sub.preemptible,
+        )
+        try:
+            problem = check_submission(
+                Snapshot(self.plans, self.instance, list(self.jobs.values()), self.config), job
+            )
+        except PlanError as err:
+            raise SubmissionError(str(err)) from None
+        if problem:
+            raise Rejected(problem)
+        # the user leaf is created on first use (SCHEDULING.md "User leaf")
+        tree = self.plans.copy()
+        leaf = tree.ensure_user_leaf(sub.plan, caller.name)
+        workdir = user_root(self.storage_root, caller.name) / "jobs" / job_id
+        command = [] if sub.kind == "notebook" else [self.python, sub.model_main, *sub.args]
+        env = {
+            **sub.env,
+            "WMLA_JOB_ID": job_id,
+            "WMLA_JOB_DIR": str(workdir),
+            "WMLA_USER": caller.name,
+            "WMLA_PLAN": sub.plan,
+            "WMLA_LEAF": leaf.path,
+            "WMLA_MODEL_DIR": sub.model_dir,
+        }
+        row = JobRow(
+            id=job_id,
+            user=caller.name,
+            plan=sub.plan,
+            leaf=leaf.path,
+            kind=sub.kind,
+            state=JobState.PENDING.value,
+            gpu=sub.per_worker.gpu,
+            cpu=sub.per_worker.cpu,
+            memory=sub.per_worker.memory,
+            limits=sub.limits.to_dict(),
+            min_workers=sub.min_workers,
+            max_workers=sub.max_workers,
+            priority=sub.priority,
+            preemptible=sub.preemptible,
+            command=command,
+            request={"name": sub.name, "args": list(sub.args), "model_dir": sub.model_dir},
+            workdir=str(workdir),
+            env=env,
+            name=sub.name,
+            submitted=now,
+            placement=[],
+            terminating=False,
+            cancel_requested=False,
+            reason="",
+            preemptions=0,
+        )
+        if sub.kind == "train":
+            (workdir / "logs").mkdir(parents=True, exist_ok=True)
+        if leaf.path not in self.plans:
+            self.store.save_plans([PlanRecord(leaf.path, 1.0, leaf.limit, True)], now)
+            self.plans = tree
+            self.members[leaf.path] = ([], [])
+        self.store.add_job(row, now)
+        self.jobs[job_id] = job
+        self.kinds[job_id] = sub.kind
+        await self.kick()
+        return self.store.job(job_id) or row
+
+    def visible_job(self, caller: Caller, job_id: str) -> JobRow:
+        """The job if the caller may see it; 404 for everyone else (its existence is private)."""
+        row = self.store.job(job_id) if isinstance(job_id, str) and len(job_id) <= 64 else None
+        if row is None or (row.user != caller.name and not caller.admin):
+            raise NotFound(f"there is no job {job_id!r} of yours")
+        return row
+
+    async def cancel(self, caller: Caller, job_id: str) -> JobRow:
+        row = self.visible_job(caller, job_id)
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise Conflict(f"job {job_id} is already {row.state}; nothing to cancel")
+        now = self.clock()
+        reason = f"cancelled by {caller.name}"
+        if job.state is JobState.PENDING or self.kinds.get(job_id) == "notebook":
+            # nothing runs under the backend: the resources are released at once
+            self._end(job, JobState.CANCELLED)
+            values = {
+                "state": JobState.CANCELLED.value,
+                "ended": now,
+                "reason": reason,
+                "placement": [],
+                "terminating": False,
+            }
+            self.store.update_jobs([(job_id, values, "cancelled", reason)], now)
+        elif not row.cancel_requested:
+            job.terminating = True
+            values = {"cancel_requested": True, "terminating": True, "reason": reason}
+            self.store.update_jobs([(job_id, values, "cancelling", reason)], now)
+            self._queue_stop(job_id, self.config.grace, reason)
+        await self.kick()
+        return self.store.job(job_id) or row
+
+    # -- plans -----------------------------------------------------------------------
+    async def change_plans(
+        self,
+        records: list[PlanRecord],
+        create: bool,
+        delete: Iterable[str] = (),
+    ) -> None:
+        """Validate on a copy of the tree, then write to the store, then swap the tree in."""
+        tree = self.plans.copy()
+        delete = list(delete)
+        for path in delete:
+            tree.remove(path)
+        for rec in records:
+            if create:
+                tree.add(rec.path, rec.share, rec.limit)
+            else:
+                tree.update(rec.path, rec.share, rec.limit)
+        self.store.save_plans(records, self.clock(), delete=delete)
+        self.plans = tree
+        for path in delete:
+            self.members.pop(path, None)
+        for rec in records:
+            self.members[rec.path] = (list(rec.users), list(rec.groups))
+        await self.kick()
+
+    def live_jobs_under(self, path: str) -> list[Job]:
+        return [j for j in self.jobs.values() if j.leaf == path or j.leaf.startswith(path + "/")]
+
+    def record(self, path: str) -> PlanRecord:
+        plan = self.plans.get(path)
+        users, groups = self.members.get(path, ([], []))
+        return PlanRecord(plan.path, plan.share, plan.limit, plan.user_leaf, users, groups)
+
+
+def new_job_id() -> str:
+    return "job-" + secrets.token_hex(5)
+
+
+def _core_job(row: JobRow) -> Job:
+    return Job(
+        id=row.id,
+        user=row.user,
+        plan=row.plan,
+        per_worker=Resources(row.gpu, row.cpu, row.memory),
+        min_workers=row.min_workers,
+        max_workers=row.max_workers,
+        priority=row.priority,
+        submitted=row.submitted,
+        preemptible=row.preemptible,
+        state=JobState(row.state),
+        placement=tuple(row.placement or ()),
+        started=row.started,
+        terminating=bool(row.terminating),
+    )
+
+
+def _spec(row: JobRow) -> JobSpec:
+    return JobSpec(
+        id=row.id,
+        user=row.user,
+        leaf=row.leaf,
+        per_worker=Resources(row.gpu, row.cpu, row.memory),
+        command=tuple(row.command or ()),
+        workdir=row.workdir,
+        min_workers=row.min_workers,
+        max_workers=row.max_workers,
+        env=dict(row.env or {}),
+        kind=row.kind,
+    )
+
+
+def _without(placement: tuple[str, ...], release: tuple[str, ...]) -> tuple[str, ...]:
+    """Drop the released nodes from the highest ranks down (Shrink releases the top ranks)."""
+    out = list(placement)
+    for node in release:
+        for i in range(len(out) - 1, -1, -1):
+            if out[i] == node:
+                del out[i]
+                break
+    return tuple(out)
+
+
+def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return threading.current_thread() is threading.main_thread() and not loop.is_running()

@@ -1,0 +1,333 @@
+"""The service's persistent store: plans, jobs, decisions and transitions (SQLAlchemy 2).
+
+SQLite file by default, PostgreSQL (or anything SQLAlchemy speaks) by URL. The schema is owned by
+the alembic migrations in ``extension/service/migrations``; ``Store.open`` brings any database
+up to the newest revision before it is used, so an upgrade of the service migrates in place.
+
+The ``transitions`` table is the history metering builds on: one row for every change of a job's
+state or of the workers it holds, with the time, the job, the user leaf charged, the per-worker
+request and the number of workers held from that time on. Integrating ``workers x per_worker``
+over time between consecutive rows of a job gives exact requested resource-seconds per leaf.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    create_engine,
+    event,
+    select,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+from extension.scheduler import UNLIMITED, Resources
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class PlanRow(Base):
+    __tablename__ = "plans"
+
+    path: Mapped[str] = mapped_column(String(512), primary_key=True)
+    share: Mapped[float] = mapped_column(Float, default=1.0)
+    # NULL means no limit on that resource
+    limit_gpu: Mapped[float | None] = mapped_column(Float, nullable=True)
+    limit_cpu: Mapped[float | None] = mapped_column(Float, nullable=True)
+    limit_memory: Mapped[float | None] = mapped_column(Float, nullable=True)
+    user_leaf: Mapped[bool] = mapped_column(Boolean, default=False)
+    member_users: Mapped[list] = mapped_column(JSON, default=list)
+    member_groups: Mapped[list] = mapped_column(JSON, default=list)
+    created: Mapped[float] = mapped_column(Float)
+    updated: Mapped[float] = mapped_column(Float)
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user: Mapped[str] = mapped_column(String(255), index=True)
+    plan: Mapped[str] = mapped_column(String(512))
+    leaf: Mapped[str] = mapped_column(String(512), index=True)
+    kind: Mapped[str] = mapped_column(String(32), default="train")
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    gpu: Mapped[float] = mapped_column(Float)
+    cpu: Mapped[float] = mapped_column(Float)
+    memory: Mapped[float] = mapped_column(Float)
+    limits: Mapped[dict] = mapped_column(JSON, default=dict)
+    min_workers: Mapped[int] = mapped_column(Integer)
+    max_workers: Mapped[int] = mapped_column(Integer)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    preemptible: Mapped[bool] = mapped_column(Boolean, default=True)
+    command: Mapped[list] = mapped_column(JSON, default=list)
+    request: Mapped[dict] = mapped_column(JSON, default=dict)  # the body as submitted
+    workdir: Mapped[str] = mapped_column(Text)
+    env: Mapped[dict] = mapped_column(JSON, default=dict)
+    name: Mapped[str] = mapped_column(String(255), default="")
+    submitted: Mapped[float] = mapped_column(Float)
+    started: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ended: Mapped[float | None] = mapped_column(Float, nullable=True)
+    placement: Mapped[list] = mapped_column(JSON, default=list)
+    terminating: Mapped[bool] = mapped_column(Boolean, default=False)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    preemptions: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class TransitionRow(Base):
+    __tablename__ = "transitions"
+    __table_args__ = (Index("ix_transitions_leaf_at", "leaf", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Float, index=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    leaf: Mapped[str] = mapped_column(String(512))
+    event: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(32))
+    workers: Mapped[int] = mapped_column(Integer)  # workers holding resources from ``at`` on
+    gpu: Mapped[float] = mapped_column(Float)  # per-worker request
+    cpu: Mapped[float] = mapped_column(Float)
+    memory: Mapped[float] = mapped_column(Float)
+    placement: Mapped[list] = mapped_column(JSON, default=list)
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class DecisionRow(Base):
+    __tablename__ = "decisions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Float, index=True)
+    job_id: Mapped[str] = mapped_column(String(64), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    detail: Mapped[dict] = mapped_column(JSON, default=dict)
+
+
+class MetaRow(Base):
+    __tablename__ = "meta"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+# -- plain values handed out of the store ---------------------------------------------------------
+@dataclass
+class PlanRecord:
+    path: str
+    share: float = 1.0
+    limit: Resources = Resources(UNLIMITED, UNLIMITED, UNLIMITED)
+    user_leaf: bool = False
+    users: list[str] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+
+
+def _limit_col(value: float) -> float | None:
+    return None if value == UNLIMITED or math.isinf(value) else float(value)
+
+
+def _limit_val(value: float | None) -> float:
+    return UNLIMITED if value is None else value
+
+
+def migrate(url: str) -> None:
+    """Bring the database at ``url`` to the newest schema revision (creates it when new)."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    command.upgrade(cfg, "head")
+
+
+def sqlite_url(path: str | Path) -> str:
+    return f"sqlite:///{Path(path).resolve()}"
+
+
+class Store:
+    """Every read and write of the service's state goes through here (one process owns it)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._session = sessionmaker(engine, expire_on_commit=False)
+
+    @classmethod
+    def open(cls, url: str) -> Store:
+        if url.startswith("sqlite:///"):
+            Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+        migrate(url)
+        engine = create_engine(url, future=True)
+        if engine.dialect.name == "sqlite":
+
+            @event.listens_for(engine, "connect")
+            def _sqlite_pragmas(conn: Any, _record: Any) -> None:
+                cursor = conn.cursor()
+                cursor.execute("PRAGMA foreign_keys=ON")
+                cursor.execute("PRAGMA journal_mode=WAL")  # readers do not block the loop
+                cursor.close()
+
+        return cls(engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """One transaction: committed when the block ends, rolled back on any error."""
+        with self._session() as session:
+            with session.begin():
+                yield session
+
+    # -- meta ------------------------------------------------------------------------------------
+    def get_meta(self, key: str) -> str | None:
+        with self.session() as s:
+            row = s.get(MetaRow, key)
+            return None if row is None else row.value
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self.session() as s:
+            row = s.get(MetaRow, key)
+            if row is None:
+                s.add(MetaRow(key=key, value=value))
+            else:
+                row.value = value
+
+    # -- plans -----------------------------------------------------------------------------------
+    def plans(self) -> list[PlanRecord]:
+        with self.session() as s:
+            rows = s.scalars(select(PlanRow).order_by(PlanRow.path)).all()
+            return [
+                PlanRecord(
+                    path=r.path,
+                    share=r.share,
+                    limit=Resources(
+                        _limit_val(r.limit_gpu), _limit_val(r.limit_cpu), _limit_val(r.limit_memory)
+                    ),
+                    user_leaf=r.user_leaf,
+                    users=list(r.member_users or []),
+                    groups=list(r.member_groups or []),
+                )
+                for r in rows
+            ]
+
+    def save_plans(self, records: Iterable[PlanRecord], now: float, delete: Iterable[str] = ()):
+        """Insert or update ``records`` and delete the ``delete`` paths, in one transaction."""
+        with self.session() as s:
+            for path in delete:
+                row = s.get(PlanRow, path)
+                if row is not None:
+                    s.delete(row)
+            for rec in records:
+                row = s.get(PlanRow, rec.path)
+                if row is None:
+                    row = PlanRow(path=rec.path, created=now)
+                    s.add(row)
+                row.share = rec.share
+                row.limit_gpu = _limit_col(rec.limit.gpu)
+                row.limit_cpu = _limit_col(rec.limit.cpu)
+                row.limit_memory = _limit_col(rec.limit.memory)
+                row.user_leaf = rec.user_leaf
+                row.member_users = list(rec.users)
+                row.member_groups = list(rec.groups)
+                row.updated = now
+
+    # -- jobs ------------------------------------------------------------------------------------
+    def add_job(self, row: JobRow, at: float) -> None:
+        with self.session() as s:
+            s.add(row)
+            s.flush()
+            s.add(_transition(row, at, "submitted", ""))
+
+    def jobs(
+        self, user: str | None = None, states: Iterable[str] | None = None, limit: int = 0
+    ) -> list[JobRow]:
+        with self.session() as s:
+            query = select(JobRow).order_by(JobRow.submitted, JobRow.id)
+            if user is not None:
+                query = query.where(JobRow.user == user)
+            if states is not None:
+                query = query.where(JobRow.state.in_(list(states)))
+            if limit:
+                query = query.limit(limit)
+            return list(s.scalars(query).all())
+
+    def job(self, job_id: str) -> JobRow | None:
+        with self.session() as s:
+            return s.get(JobRow, job_id)
+
+    def update_jobs(
+        self,
+        changes: list[tuple[str, dict, str | None, str]],
+        at: float,
+        decisions: Iterable[tuple[str, str, dict]] = (),
+    ) -> list[JobRow]:
+        """Apply ``(job_id, {column: value}, event or None, reason)`` in one transaction.
+
+        A change with an event writes a transition row with the job's values after the change.
+        Returns the updated rows.
+        """
+        out = []
+        with self.session() as s:
+            for job_id, values, kind, reason in changes:
+                row = s.get(JobRow, job_id)
+                if row is None:
+                    continue
+                for key, value in values.items():
+                    setattr(row, key, value)
+                if kind is not None:
+                    s.add(_transition(row, at, kind, reason))
+                out.append(row)
+            for job_id, kind, detail in decisions:
+                s.add(DecisionRow(at=at, job_id=job_id, kind=kind, detail=detail))
+        return out
+
+    def transitions(self, job_id: str | None = None) -> list[TransitionRow]:
+        with self.session() as s:
+            query = select(TransitionRow).order_by(TransitionRow.at, TransitionRow.id)
+            if job_id is not None:
+                query = query.where(TransitionRow.job_id == job_id)
+            return list(s.scalars(query).all())
+
+    def decisions(self, job_id: str) -> list[DecisionRow]:
+        with self.session() as s:
+            query = select(DecisionRow).where(DecisionRow.job_id == job_id)
+            return list(s.scalars(query.order_by(DecisionRow.id)).all())
+
+
+def _transition(row: JobRow, at: float, kind: str, reason: str) -> TransitionRow:
+    return TransitionRow(
+        at=at,
+        job_id=row.id,
+        leaf=row.leaf,
+        event=kind,
+        state=row.state,
+        workers=len(row.placement or []),
+        gpu=row.gpu,
+        cpu=row.cpu,
+        memory=row.memory,
+        placement=list(row.placement or []),
+        reason=reason or "",
+    )
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)

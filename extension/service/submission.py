@@ -1,0 +1,379 @@
+"""Reading a job submission: the body's shape, the instance limit range, the user's folder.
+
+Everything here is checked by the service itself, whatever the client sends; a refused body
+raises ``SubmissionError`` with a message that says what was wrong and how to fix it, and
+nothing is written before every check passed.
+
+Body (docs/service.md and the OpenAPI document describe it too)::
+
+    {
+      "plan": "/sample-project/training",          # required; charged to <plan>/<user>
+      "name": "mnist",                              # optional label
+      "workers": 2,                                 # rigid gang, or "1:4" / {"min": 1, "max": 4}
+      "resources": {"gpu": 1, "cpu": "500m", "memory": "1Gi"},   # per worker request
+      "limits": {"cpu": "1", "memory": "2Gi"},      # per worker limits (optional)
+      "priority": 0,                                # higher first inside the user's leaf
+      "preemptible": true,
+      "command": {"model_dir": "models/mnist", "model_main": "main.py",
+                  "args": ["--epochs", "4"]},
+      "env": {"MY_SETTING": "1"}
+    }
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from extension.scheduler import QuantityError, Resources, parse_quantity
+from extension.scheduler.resources import RESOURCES, format_amount
+
+KEYS = {
+    "plan",
+    "name",
+    "workers",
+    "resources",
+    "limits",
+    "priority",
+    "preemptible",
+    "command",
+    "env",
+    "kind",
+}
+COMMAND_KEYS = {"model_dir", "model_main", "args"}
+MAX_PRIORITY = 1_000_000
+MAX_ARGS = 256
+MAX_ARG_LEN = 4096
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# what the service and the backend set for every worker; a job may not override them
+RESERVED_ENV = re.compile(
+    r"(WMLA_.*|JUPYTERHUB_.*|MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE|LOCAL_RANK|"
+    r"LOCAL_WORLD_SIZE|CUDA_VISIBLE_DEVICES|PATH|PYTHONPATH|HOME|USER|LD_PRELOAD|LD_LIBRARY_PATH)\Z"
+)
+NAME = re.compile(r"[A-Za-z0-9 ._-]{0,100}\Z")
+USER_NAME = re.compile(r"[A-Za-z0-9._@-]+\Z")
+
+
+class SubmissionError(ValueError):
+    """A submission refused before anything was written."""
+
+
+class Rejected(SubmissionError):
+    """A well-formed job that can never run as asked (over a plan limit, the instance, a node)."""
+
+
+@dataclass(frozen=True)
+class LimitRange:
+    """Per-worker bounds and defaults, as a Kubernetes LimitRange of type Container.
+
+    Amounts are in the scheduler's units (gpu devices, cpu millicores, memory bytes); a missing
+    entry means no bound (min 0, max unlimited) or no default.
+    """
+
+    min: Mapping[str, float] = field(default_factory=dict)
+    max: Mapping[str, float] = field(default_factory=dict)
+    default: Mapping[str, float] = field(default_factory=dict)  # default limits
+    default_request: Mapping[str, float] = field(default_factory=dict)
+    max_limit_request_ratio: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, spec: Mapping[str, Any] | None) -> LimitRange:
+        """Read ``{"min": {"cpu": "100m"}, "max": {...}, "default": {...},
+        "default_request": {...}, "max_limit_request_ratio": {"cpu": 2}}``."""
+        spec = dict(spec or {})
+        aliases = {
+            "defaultRequest": "default_request",
+            "maxLimitRequestRatio": "max_limit_request_ratio",
+        }
+        spec = {aliases.get(k, k): v for k, v in spec.items()}
+        known = {"min", "max", "default", "default_request", "max_limit_request_ratio"}
+        unknown = sorted(set(spec) - known)
+        if unknown:
+            raise ValueError(
+                f"limit_range: unknown entry {unknown[0]!r}; use {', '.join(sorted(known))}"
+            )
+        parsed: dict[str, dict[str, float]] = {}
+        for key in known - {"max_limit_request_ratio"}:
+            amounts = spec.get(key) or {}
+            parsed[key] = {}
+            for name, value in amounts.items():
+                parsed[key][name] = parse_quantity(name, value, where=f"limit_range.{key}")
+        ratios = {}
+        for name, value in (spec.get("max_limit_request_ratio") or {}).items():
+            if name not in RESOURCES or not isinstance(value, (int, float)) or value < 1:
+                raise ValueError(
+                    f"limit_range.max_limit_request_ratio: {name}: give a number >= 1, "
+                    f"got {value!r}"
+                )
+            ratios[name] = float(value)
+        return cls(
+            min=parsed["min"],
+            max=parsed["max"],
+            default=parsed["default"],
+            default_request=parsed["default_request"],
+            max_limit_request_ratio=ratios,
+        )
+
+    def to_dict(self) -> dict:
+        def plain(amounts: Mapping[str, float]) -> dict:
+            return {k: _plain(v) for k, v in amounts.items()}
+
+        return {
+            "min": plain(self.min),
+            "max": plain(self.max),
+            "default": plain(self.default),
+            "default_request": plain(self.default_request),
+            "max_limit_request_ratio": dict(self.max_limit_request_ratio),
+            "units": {"gpu": "devices", "cpu": "millicores", "memory": "bytes"},
+        }
+
+    def apply(self, request: Mapping[str, Any] | None, limits: Mapping[str, Any] | None):
+        """Fill in defaults and check bounds; returns (request, limits) as Resources."""
+        req = _amounts(request, "resources")
+        lim = _amounts(limits, "limits")
+        values = []
+        lim_values = []
+        for name in RESOURCES:
+            if name in req:
+                r = req[name]
+            elif name in self.default_request:
+                r = self.default_request[name]
+            elif name in lim:  # Kubernetes: a limit without a request is also the request
+                r = lim[name]
+            elif name in self.default:
+                r = self.default[name]
+            else:
+                r = 0
+            if name in lim:
+                li = lim[name]
+            elif name in self.default:
+                li = max(self.default[name], r)
+            else:
+                li = r
+            values.append(r)
+            lim_values.append(li)
+        for name, r, li in zip(RESOURCES, values, lim_values):
+            low = self.min.get(name)
+            high = self.max.get(name)
+            if low is not None and r < low:
+                raise SubmissionError(
+                    f"each worker asks for {format_amount(name, r)}, below the instance's "
+                    f"minimum of {format_amount(name, low)} per worker; ask for at least that"
+                )
+            if high is not None and r > high:
+                raise SubmissionError(
+                    f"each worker asks for {format_amount(name, r)}, above the instance's "
+                    f"maximum of {format_amount(name, high)} per worker; ask for at most that"
+                )
+            if high is not None and li > high:
+                raise SubmissionError(
+                    f"the per-worker {name} limit {format_amount(name, li)} is above the "
+                    f"instance's maximum of {format_amount(name, high)}"
+                )
+            if li < r:
+                raise SubmissionError(
+                    f"the per-worker {name} limit {format_amount(name, li)} is below its "
+                    f"request {format_amount(name, r)}; a limit must be at least the request"
+                )
+            ratio = self.max_limit_request_ratio.get(name)
+            if ratio is not None and r > 0 and li / r > ratio + 1e-9:
+                raise SubmissionError(
+                    f"the per-worker {name} limit {format_amount(name, li)} is more than "
+                    f"{_plain(ratio)} times the request {format_amount(name, r)} "
+                    f"(the instance's max limit/request ratio)"
+                )
+        return Resources(*values), Resources(*lim_values)
+
+
+@dataclass(frozen=True)
+class Submission:
+    plan: str
+    name: str
+    min_workers: int
+    max_workers: int
+    per_worker: Resources
+    limits: Resources
+    priority: int
+    preemptible: bool
+    kind: str
+    model_dir: str  # absolute, inside the user's folder ("" for a notebook)
+    model_main: str  # absolute, inside model_dir
+    args: tuple[str, ...]
+    env: dict[str, str]
+
+
+def user_root(storage_root: str | Path, user: str) -> Path:
+    """``<storage_root>/<user>``, refusing user names that would not be one folder."""
+    if not USER_NAME.match(user) or user in (".", ".."):
+        raise SubmissionError(f"user name {user!r} cannot name a storage folder")
+    return Path(storage_root).resolve() / user
+
+
+def inside(root: Path, relative: str, what: str) -> Path:
+    """Resolve ``relative`` against ``root`` (symlinks followed) and refuse any escape."""
+    if not isinstance(relative, str) or not relative.strip():
+        raise SubmissionError(f"{what} must be a non-empty path inside your folder")
+    if "\x00" in relative:
+        raise SubmissionError(f"{what} contains a NUL byte")
+    path = Path(os.path.realpath(root / relative))
+    real_root = Path(os.path.realpath(root))
+    if path != real_root and real_root not in path.parents:
+        raise SubmissionError(
+            f"{what} {relative!r} is outside your folder {real_root}; use a path inside it"
+        )
+    return path
+
+
+def parse_submission(
+    body: Any,
+    *,
+    user: str,
+    storage_root: str | Path,
+    limit_range: LimitRange,
+    max_workers: int,
+) -> Submission:
+    if not isinstance(body, dict):
+        raise SubmissionError("the body must be a JSON object; see GET api/v1/openapi.json")
+    unknown = sorted(set(body) - KEYS)
+    if unknown:
+        raise SubmissionError(
+            f"unknown field {unknown[0]!r}; the fields are {', '.join(sorted(KEYS))}"
+        )
+    plan = body.get("plan")
+    if not isinstance(plan, str) or not plan.startswith("/"):
+        raise SubmissionError(
+            "plan is required: the path of a resource plan such as /sample-project/training"
+        )
+    name = body.get("name", "")
+    if not isinstance(name, str) or not NAME.match(name):
+        raise SubmissionError("name: up to 100 letters, digits, spaces, '.', '_' or '-'")
+    kind = body.get("kind", "train")
+    if kind not in ("train", "notebook"):
+        raise SubmissionError(f"kind must be 'train' or 'notebook', got {kind!r}")
+    lo, hi = _workers(body.get("workers", 1), max_workers)
+    try:
+        per_worker, limits = limit_range.apply(body.get("resources"), body.get("limits"))
+    except QuantityError as err:
+        raise SubmissionError(str(err)) from None
+    priority = body.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_PRIORITY:
+        raise SubmissionError(
+            f"priority must be a whole number from -{MAX_PRIORITY} to "
+            f"{MAX_PRIORITY}, got {priority!r}"
+        )
+    preemptible = body.get("preemptible", kind == "train")
+    if not isinstance(preemptible, bool):
+        raise SubmissionError(f"preemptible must be true or false, got {preemptible!r}")
+    env = _env(body.get("env"))
+    root = user_root(storage_root, user)
+    command = body.get("command")
+    if kind == "notebook":
+        if command not in (None, {}):
+            raise SubmissionError("a notebook job has no command: the spawner starts the server")
+        return Submission(plan, name, lo, hi, per_worker, limits, priority, preemptible, kind,
+                          "", "", (), env)  # fmt: skip
+    if not isinstance(command, dict):
+        raise SubmissionError(
+            'command is required: {"model_dir": "models/x", "model_main": "main.py", '
+            '"args": [...]}, paths inside your folder'
+        )
+    unknown = sorted(set(command) - COMMAND_KEYS)
+    if unknown:
+        raise SubmissionError(
+            f"command: unknown field {unknown[0]!r}; use model_dir, model_main and args"
+        )
+    model_dir = inside(root, command.get("model_dir", "."), "command.model_dir")
+    if not model_dir.is_dir():
+        raise SubmissionError(
+            f"command.model_dir {command.get('model_dir')!r} is not a folder in {root}; "
+            f"upload the model code there first"
+        )
+    main = command.get("model_main")
+    if not isinstance(main, str) or not main:
+        raise SubmissionError("command.model_main is required: the script to run, e.g. main.py")
+    script = inside(model_dir, main, "command.model_main")
+    if root.resolve() not in script.parents:
+        raise SubmissionError(f"command.model_main {main!r} is outside your folder {root}")
+    if not script.is_file():
+        raise SubmissionError(
+            f"command.model_main {main!r} is not a file in {model_dir}; check the name"
+        )
+    args = command.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise SubmissionError('command.args must be a list of strings, e.g. ["--epochs", "4"]')
+    if len(args) > MAX_ARGS or any(len(a) > MAX_ARG_LEN or "\x00" in a for a in args):
+        raise SubmissionError(
+            f"command.args: at most {MAX_ARGS} arguments of {MAX_ARG_LEN} characters, no NUL"
+        )
+    return Submission(
+        plan, name, lo, hi, per_worker, limits, priority, preemptible, kind,
+        str(model_dir), str(script), tuple(args), env,
+    )  # fmt: skip
+
+
+def _workers(value: Any, most: int) -> tuple[int, int]:
+    """``2`` (rigid), ``"1:4"`` or ``{"min": 1, "max": 4}`` (elastic)."""
+    if isinstance(value, str) and re.fullmatch(r"\s*\d{1,9}\s*(:\s*\d{1,9}\s*)?", value):
+        parts = [int(p) for p in value.split(":")]
+        lo, hi = parts[0], parts[-1]
+    elif isinstance(value, dict) and set(value) <= {"min", "max"} and "min" in value:
+        lo, hi = value.get("min"), value.get("max", value.get("min"))
+    elif isinstance(value, int) and not isinstance(value, bool):
+        lo = hi = value
+    else:
+        raise SubmissionError(
+            f'workers must be a whole number, "MIN:MAX" or {{"min": .., "max": ..}}, got {value!r}'
+        )
+    for v in (lo, hi):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise SubmissionError(f"workers must be whole numbers, got {value!r}")
+    if lo < 1:
+        raise SubmissionError(f"workers must be at least 1, got {lo}")
+    if hi < lo:
+        raise SubmissionError(f"workers: max {hi} is below min {lo}; write it as MIN:MAX")
+    if hi > most:
+        raise SubmissionError(f"workers: at most {most} workers per job on this instance, got {hi}")
+    return lo, hi
+
+
+def _amounts(mapping: Any, where: str) -> dict[str, float]:
+    if mapping is None:
+        return {}
+    if not isinstance(mapping, dict):
+        raise SubmissionError(
+            f'{where} must be an object such as {{"gpu": 1, "cpu": "500m", "memory": "1Gi"}}'
+        )
+    out = {}
+    for name, value in mapping.items():
+        if name not in RESOURCES:
+            raise SubmissionError(f"{where}: unknown resource {name!r}; use gpu, cpu or memory")
+        if value is None:
+            continue
+        try:
+            out[name] = parse_quantity(name, value, where=where)
+        except QuantityError as err:
+            raise SubmissionError(str(err)) from None
+    return out
+
+
+def _env(env: Any) -> dict[str, str]:
+    if env is None:
+        return {}
+    if not isinstance(env, dict) or len(env) > 100:
+        raise SubmissionError('env must be an object of at most 100 {"NAME": "value"} pairs')
+    out = {}
+    for key, value in env.items():
+        if not ENV_NAME.match(key) or not isinstance(value, str) or len(value) > MAX_ARG_LEN:
+            raise SubmissionError(f"env: {key!r} must be a NAME with a string value")
+        if RESERVED_ENV.match(key):
+            raise SubmissionError(f"env: {key} is set by the service and cannot be overridden")
+        out[key] = value
+    return out
+
+
+def _plain(value: float) -> float:
+    return int(value) if value == int(value) else round(value, 4)

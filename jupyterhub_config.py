@@ -1,0 +1,77 @@
+"""The embedded default: JupyterHub on http://127.0.0.1:8000 with the wmla service.
+
+`make run` starts it. One machine: a local spawner, a shared password generated on the first run
+(printed at every start, kept in var/hub-passwords.json), admin users from $WMLA_ADMIN_USERS
+(comma-separated, default "admin"), and the wmla managed service at /services/wmla/ with the
+machine's GPUs (or 1x4 virtual devices; $WMLA_DEVICE_LAYOUT, e.g. 4x8). Runtime state lives in
+var/ (hub database, cookie secret, proxy pid, service store, user folders in var/storage).
+"""
+
+import os
+import shutil
+from pathlib import Path
+
+from hub_config import custom_scopes, embedded_passwords, roles, server_token_scopes, services
+
+c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
+
+ROOT = Path(__file__).resolve().parent
+VAR = Path(os.environ.get("WMLA_VAR", ROOT / "var")).resolve()
+VAR.mkdir(parents=True, exist_ok=True)
+STORAGE = Path(os.environ.get("WMLA_STORAGE_ROOT", VAR / "storage")).resolve()
+ADMINS = [u.strip() for u in os.environ.get("WMLA_ADMIN_USERS", "admin").split(",") if u.strip()]
+
+c.JupyterHub.ip = os.environ.get("WMLA_HUB_IP", "127.0.0.1")
+c.JupyterHub.port = int(os.environ.get("WMLA_HUB_PORT", "8000"))
+c.JupyterHub.hub_port = int(os.environ.get("WMLA_HUB_API_PORT", "8081"))
+c.JupyterHub.db_url = f"sqlite:///{VAR / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(VAR / "jupyterhub_cookie_secret")
+
+proxy = ROOT / "node_modules" / ".bin" / "configurable-http-proxy"
+c.ConfigurableHTTPProxy.command = [
+    str(proxy) if proxy.exists() else shutil.which("configurable-http-proxy") or str(proxy)
+]
+PROXY_API_PORT = os.environ.get("WMLA_PROXY_API_PORT", "8001")
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{PROXY_API_PORT}"
+c.ConfigurableHTTPProxy.pid_file = str(VAR / "jupyterhub-proxy.pid")
+
+# -- who may log in ------------------------------------------------------------------------
+user_password, admin_password, created = embedded_passwords(VAR)
+c.JupyterHub.authenticator_class = "shared-password"
+c.SharedPasswordAuthenticator.user_password = user_password
+c.SharedPasswordAuthenticator.admin_password = admin_password
+c.Authenticator.admin_users = set(ADMINS)
+c.Authenticator.allow_all = True
+print(
+    f"\n  wmla: {'new passwords generated' if created else 'passwords'} "
+    f"(kept in {VAR / 'hub-passwords.json'}):\n"
+    f"    any user name  -> password {user_password}\n"
+    f"    admin users {', '.join(ADMINS)} -> password {admin_password}\n"
+    f"  open http://{c.JupyterHub.ip}:{c.JupyterHub.port}/ and /services/wmla/\n",
+    flush=True,
+)
+
+# -- notebook servers: local processes, each user's home is their storage folder -------------
+c.JupyterHub.spawner_class = "simple"
+c.SimpleLocalProcessSpawner.home_dir_template = str(STORAGE / "{username}")
+c.Spawner.http_timeout = 60
+c.Spawner.server_token_scopes = server_token_scopes()
+c.Spawner.environment = {"WMLA_STORAGE_ROOT": str(STORAGE)}
+if hasattr(os, "geteuid") and os.geteuid() == 0:
+    c.Spawner.args = ["--allow-root"]
+
+# -- the wmla service ------------------------------------------------------------------------
+service_config = {
+    "state_dir": str(VAR / "wmla"),
+    "storage_root": str(STORAGE),
+}
+for env, trait in (("WMLA_DEVICE_LAYOUT", "device_layout"), ("WMLA_BACKEND", "backend_class")):
+    if os.environ.get(env):
+        service_config[trait] = os.environ[env]
+c.JupyterHub.services = services(
+    port=int(os.environ.get("WMLA_SERVICE_PORT", "10101")),
+    config={"WmlaService": service_config},
+    cwd=ROOT,
+)
+c.JupyterHub.custom_scopes = custom_scopes()
+c.JupyterHub.load_roles = roles(admin_users=ADMINS)

@@ -1,0 +1,209 @@
+"""A real JupyterHub in a subprocess, from the repository's own jupyterhub_config.py.
+
+It runs with the real configurable-http-proxy and starts the real wmla service as a managed
+service; only ports, the runtime folder and a few service traits are changed for the test. Every
+process it starts (hub, proxy, service, job workers) is stopped by PID in ``stop()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import requests
+
+REPO = Path(__file__).resolve().parents[2]
+PROXY = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+TEST_CONFIG = """
+import json
+load_subconfig({base!r})
+c = get_config()
+service = c.JupyterHub.services[0]
+extra = json.loads({service_traits!r})
+config = json.loads(service["environment"]["WMLA_SERVICE_CONFIG"])
+config["WmlaService"].update(extra)
+service["environment"]["WMLA_SERVICE_CONFIG"] = json.dumps(config)
+c.JupyterHub.services.append({{"name": "tester", "api_token": {token!r}}})
+c.JupyterHub.load_roles.append(
+    {{"name": "tester", "scopes": ["admin:users", "admin:groups", "tokens"], "services": ["tester"]}}
+)
+for role in c.JupyterHub.load_roles:
+    if role["name"] == "wmla-plan-admin":
+        role["users"] = sorted(set(role["users"]) | {{"padmin"}})
+c.Authenticator.allowed_users = {{"padmin", "user1", "user2"}}
+c.JupyterHub.log_level = "INFO"
+"""
+
+
+class Hub:
+    def __init__(self, tmp: Path, service_traits: dict | None = None) -> None:
+        self.tmp = tmp
+        self.var = tmp / "var"
+        self.storage = self.var / "storage"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.api = f"{self.url}/services/wmla/api/v1"
+        self.token = secrets.token_hex(16)
+        self.env = {
+            **os.environ,
+            "WMLA_VAR": str(self.var),
+            "WMLA_HUB_PORT": str(self.port),
+            "WMLA_HUB_API_PORT": str(free_port()),
+            "WMLA_PROXY_API_PORT": str(free_port()),
+            "WMLA_SERVICE_PORT": str(free_port()),
+            "WMLA_ADMIN_USERS": "admin",
+            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        }
+        self.env.pop("WMLA_SERVICE_CONFIG", None)
+        self.config = tmp / "test_jupyterhub_config.py"
+        self.config.write_text(
+            TEST_CONFIG.format(
+                base=str(REPO / "jupyterhub_config.py"),
+                service_traits=json.dumps(service_traits or {}),
+                token=self.token,
+            )
+        )
+        self.proc: subprocess.Popen | None = None
+        self.pids: set[int] = set()
+        self.log_path = tmp / "hub.log"
+
+    # -- processes ---------------------------------------------------------------------------
+    def start(self, timeout: float = 60) -> None:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(self.config)],
+            cwd=self.tmp,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        self.pids.add(self.proc.pid)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the hub exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if requests.get(self.api + "/health", timeout=2).status_code == 200:
+                    self._collect()
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"the hub or the wmla service did not come up:\n{self.log()}")
+
+    def _collect(self) -> None:
+        """Remember every descendant of the hub (proxy, service, workers) to stop it by PID."""
+        if self.proc is None:
+            return
+        try:
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                self.pids.add(child.pid)
+        except psutil.Error:
+            pass
+
+    def service_pid(self) -> int:
+        assert self.proc is not None
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            if "extension.service" in " ".join(child.cmdline()):
+                return child.pid
+        raise RuntimeError("no wmla service process under the hub")
+
+    def stop(self) -> None:
+        self._collect()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        for pid in sorted(self.pids):
+            try:
+                proc = psutil.Process(pid)
+                proc.terminate()
+                proc.wait(5)
+            except psutil.TimeoutExpired:
+                proc.kill()
+            except psutil.Error:
+                pass
+        self.pids.clear()
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-6000:]
+        except OSError:
+            return ""
+
+    # -- hub API -------------------------------------------------------------------------------
+    def hub_api(self, method: str, path: str, **kwargs) -> requests.Response:
+        headers = {"Authorization": f"token {self.token}"}
+        return requests.request(
+            method, f"{self.url}/hub/api{path}", headers=headers, timeout=30, **kwargs
+        )
+
+    def user_token(self, name: str) -> str:
+        r = self.hub_api("POST", f"/users/{name}")
+        assert r.status_code in (201, 409), r.text
+        r = self.hub_api("POST", f"/users/{name}/tokens", json={"note": "wmla test"})
+        assert r.status_code == 201, r.text
+        return r.json()["token"]
+
+
+class Client:
+    """requests against the wmla API as one hub user."""
+
+    def __init__(self, hub: Hub, token: str | None) -> None:
+        self.hub = hub
+        self.headers = {"Authorization": f"token {token}"} if token else {}
+
+    def __call__(self, method: str, path: str, **kwargs) -> requests.Response:
+        return requests.request(
+            method, self.hub.api + path, headers=self.headers, timeout=30, **kwargs
+        )
+
+    def get(self, path: str, **kwargs) -> requests.Response:
+        return self("GET", path, **kwargs)
+
+    def post(self, path: str, **kwargs) -> requests.Response:
+        return self("POST", path, **kwargs)
+
+    def patch(self, path: str, **kwargs) -> requests.Response:
+        return self("PATCH", path, **kwargs)
+
+    def delete(self, path: str, **kwargs) -> requests.Response:
+        return self("DELETE", path, **kwargs)
+
+    def wait_state(self, job_id: str, states: set[str], timeout: float = 60) -> dict:
+        deadline = time.monotonic() + timeout
+        job: dict = {}
+        while time.monotonic() < deadline:
+            r = self.get(f"/jobs/{job_id}")
+            assert r.status_code == 200, r.text
+            job = r.json()
+            if job["state"] in states:
+                return job
+            time.sleep(0.3)
+        raise AssertionError(f"job {job_id} never reached {states}: {job}\n{self.hub.log()}")
