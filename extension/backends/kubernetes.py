@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -477,18 +478,20 @@ class KubernetesBackend:
     def __init__(
         self,
         emit: Emit,
+        nodes: Sequence[Node] | None = None,
+        state_dir: str | None = None,
         *,
-        namespace: str = "default",
+        namespace: str | None = None,
         api_factory: ApiFactory | None = None,
-        instance: str = "wmla",
-        name_prefix: str = "wmla",
-        job_kind: str = "pytorchjob",
-        image: str = "pytorch/pytorch:2.3.1-cuda12.1-cudnn8-runtime",
+        instance: str | None = None,
+        name_prefix: str | None = None,
+        job_kind: str | None = None,
+        image: str | None = None,
         image_pull_policy: str | None = None,
-        storage_claim: str = "wmla-user-data",
-        storage_root: str = "/gpfs/myresultfs",
-        mount_path: str = "/gpfs/myresultfs/{user}",
-        gpu_resource: str = m.DEFAULT_GPU_RESOURCE,
+        storage_claim: str | None = None,
+        storage_root: str | None = None,
+        mount_path: str | None = None,
+        gpu_resource: str | None = None,
         priority_class: str | None = None,
         grace: float = 30.0,
         service_account: str | None = None,
@@ -501,24 +504,29 @@ class KubernetesBackend:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """``nodes`` and ``state_dir`` are accepted for the service's ``Backend(emit, nodes,
+        state_dir)`` call and ignored: the cluster is the source of truth for both. Options left
+        at None come from ``WMLA_K8S_<OPTION>`` environment variables (set them in the Helm
+        values), then from the defaults documented in docs/kubernetes.md."""
+        job_kind = _option("job_kind", job_kind, "pytorchjob")
         if job_kind not in ("pytorchjob", "volcanojob"):
             raise ValueError(f"job_kind {job_kind!r} must be 'pytorchjob' or 'volcanojob'")
-        m.queue_name("/", name_prefix)  # validates the prefix now, not at the first job
+        self.prefix = _option("name_prefix", name_prefix, "wmla")
+        m.queue_name("/", self.prefix)  # validates the prefix now, not at the first job
         self.emit = emit
-        self.namespace = namespace
+        self.namespace = _option("namespace", namespace, _current_namespace())
         self.api_factory = api_factory or default_api_factory
-        self.instance = instance
-        self.prefix = name_prefix
+        self.instance_name = _option("instance", instance, "wmla")
         self.job_kind = PYTORCHJOBS if job_kind == "pytorchjob" else VOLCANO_JOBS
-        self.image = image
-        self.image_pull_policy = image_pull_policy
-        self.storage_claim = storage_claim
-        self.storage_root = storage_root
-        self.mount_path = mount_path
-        self.gpu_resource = gpu_resource
-        self.priority_class = priority_class
+        self.image = _option("image", image, "pytorch/pytorch:2.3.1-cuda12.1-cudnn8-runtime")
+        self.image_pull_policy = _option("image_pull_policy", image_pull_policy, None)
+        self.storage_claim = _option("storage_claim", storage_claim, "wmla-user-data")
+        self.storage_root = _option("storage_root", storage_root, "/gpfs/myresultfs")
+        self.mount_path = _option("mount_path", mount_path, "/gpfs/myresultfs/{user}")
+        self.gpu_resource = _option("gpu_resource", gpu_resource, m.DEFAULT_GPU_RESOURCE)
+        self.priority_class = _option("priority_class", priority_class, None)
         self.grace = grace
-        self.service_account = service_account
+        self.service_account = _option("service_account", service_account, None)
         self.node_selector = dict(node_selector or {})
         self.tolerations = list(tolerations)
         self.ttl = ttl_seconds_after_finished
@@ -537,12 +545,13 @@ class KubernetesBackend:
         self._background: set[asyncio.Task] = set()
         self._closed = False
         self._opening: asyncio.Lock | None = None
+        self._change: asyncio.Event | None = None
         self.api_failures = 0  # calls and watches that met an unreachable or failing server
 
     # -- lifecycle ------------------------------------------------------------------------------
     @property
     def _selector(self) -> str:
-        return f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY},{m.LABEL_INSTANCE}={self.instance}"
+        return f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY},{m.LABEL_INSTANCE}={self.instance_name}"
 
     def _watched(self) -> list[tuple[str, str | None]]:
         return [
@@ -777,7 +786,7 @@ class KubernetesBackend:
             workdir=spec.workdir, storage_root=self.storage_root, user=user, mount_path=mount
         )
         labels = m.make_labels(
-            instance=self.instance,
+            instance=self.instance_name,
             job_id=spec.id,
             user=user,
             queue=queue,
@@ -819,9 +828,11 @@ class KubernetesBackend:
             priority_class=self.priority_class,
             ttl_seconds_after_finished=self.ttl,
         )
+        elastic = spec.max_workers > spec.min_workers
         if self.job_kind == VOLCANO_JOBS:
-            return m.make_volcano_job(min_workers=min(spec.min_workers, workers), **common)
-        if spec.max_workers > spec.min_workers:
+            gang = min(spec.min_workers, workers) if elastic else workers
+            return m.make_volcano_job(min_workers=gang, **common)
+        if elastic:
             return m.make_pytorchjob(
                 min_workers=spec.min_workers, max_workers=spec.max_workers, **common
             )
@@ -991,7 +1002,7 @@ class KubernetesBackend:
     def desired_queues(self, plans: Iterable[Any]) -> list[dict]:
         return m.make_plan_queues(
             list(plans),
-            instance=self.instance,
+            instance=self.instance_name,
             prefix=self.prefix,
             instance_capability=self.quota() if self.cache.all(QUOTAS) else None,
             gpu_resource=self.gpu_resource,
@@ -1018,12 +1029,22 @@ class KubernetesBackend:
             if _queue_differs(live, body):
                 await self._replace_queue(name, body)
                 result.updated.append(name)
-        parents = {(q.get("spec") or {}).get("parent") for q in desired.values()}
+        # Keep what live jobs use and every queue above those (a queue's parent must exist).
+        protected = {(q.get("spec") or {}).get("parent") for q in desired.values()}
+        todo = [q for q in in_use if q]
+        while todo:
+            name = todo.pop()
+            if name in protected:
+                continue
+            protected.add(name)
+            live = self.cache.get(QUEUES, name)
+            if live is not None:
+                todo.append((live.get("spec") or {}).get("parent"))
         for live in self.cache.all(QUEUES):
             name = _name(live)
             if name in desired:
                 continue
-            if name in in_use or name in parents:
+            if name in protected:
                 result.kept.append(name)
                 continue
             try:
@@ -1098,7 +1119,7 @@ class KubernetesBackend:
                 name=name,
                 parent=parent,
                 weight=m.share_to_weight(1.0) if path != "/" else 1,
-                labels=m.make_labels(instance=self.instance),
+                labels=m.make_labels(instance=self.instance_name),
                 annotations=m.make_annotations(plan=path),
                 gpu_resource=self.gpu_resource,
             )
@@ -1108,6 +1129,19 @@ class KubernetesBackend:
     def _changed(self) -> None:
         for job_id in list(self._jobs):
             self._derive(job_id)
+        waiter, self._change = self._change, None
+        if waiter is not None:
+            waiter.set()
+
+    async def _next_change(self, timeout: float) -> bool:
+        """Wait for the next cache change; False when none came within ``timeout``."""
+        if self._change is None:
+            self._change = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._change.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
     def _placement(self, pods: Sequence[dict]) -> tuple[str, ...]:
         return tuple((p.get("spec") or {}).get("nodeName", "") for p in sorted(pods, key=pod_rank))
@@ -1164,7 +1198,19 @@ class KubernetesBackend:
         self, job_id: str, tracked: _Tracked, obj: dict, pods: list[dict], failed: bool
     ) -> None:
         """Fetch the logs (best effort) and report the end of the job."""
+        if failed:
+            # The failing pod's exit code may arrive on the pod watch after the job's condition.
+            for _ in range(20):
+                pods = self._pods_of(tracked.name)
+                if any(pod_exit(p) for p in pods):
+                    break
+                if not await self._next_change(timeout=0.25):
+                    break
         placement = tracked.placement or self._placement(pods)
+        now = self._clock()
+        if tracked.phase == "starting":
+            # Finished before every pod was seen ready: still report that it ran, and where.
+            self.emit(BackendEvent(job_id, "running", now, placement=placement))
         with contextlib.suppress(Exception):
             await self.fetch_logs(job_id, tail=200)
         now = self._clock()
@@ -1204,6 +1250,21 @@ def _normal_list(resources: Mapping | None) -> dict[str, float]:
         except ValueError:
             out[key] = math.nan
     return out
+
+
+def _option(name: str, given: Any, default: Any) -> Any:
+    if given is not None:
+        return given
+    return os.environ.get(f"WMLA_K8S_{name.upper()}", default) or default
+
+
+def _current_namespace() -> str:
+    """The pod's own namespace in a cluster, else ``default``."""
+    path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+    with contextlib.suppress(OSError):
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip() or "default"
+    return "default"
 
 
 # -- the real API, through kubernetes_asyncio -----------------------------------------------------
