@@ -12,7 +12,9 @@ def init_distributed(timeout_s: float = 300.0) -> Any:
     """Initialise torch.distributed (``env://``) once and return this worker's ``torch.device``.
 
     On ``nccl`` (real GPUs) the worker uses the first of the devices it was given
-    (``CUDA_VISIBLE_DEVICES`` holds exactly its own); on ``gloo`` it uses the CPU.
+    (``CUDA_VISIBLE_DEVICES`` holds exactly its own); on ``gloo`` it uses the CPU. Under the
+    backend the group is created even for a world of one, so code that calls collectives
+    unconditionally still runs after an elastic job shrank to one worker.
     """
     import torch
     import torch.distributed as dist
@@ -28,6 +30,8 @@ def init_distributed(timeout_s: float = 300.0) -> Any:
         device = torch.device("cuda", 0)
     else:
         device = torch.device("cpu")
+    if me.world_size == 1 and not me.job_id:
+        return device  # run by hand: a world of one needs no process group (nor a free port)
     if not dist.is_initialized():
         kwargs: dict[str, Any] = {}
         if me.backend == "nccl":
