@@ -155,7 +155,8 @@ class Scheduler:
             await backend.recover([_spec(r) for r in running])
             for row in running:  # a stop that was under way when the service went away
                 if row.cancel_requested or row.terminating:
-                    self._queue_stop(row.id, self.config.grace, "stop resumed after restart")
+                    reason = row.reason or "stop resumed after restart"
+                    self._queue_stop(row.id, self.config.grace, reason, now=True)
         if run_loop:
             self._task = asyncio.ensure_future(self._run())
 
@@ -391,10 +392,15 @@ class Scheduler:
             grace = grace or self.config.grace
             self._calls.append((job_id, lambda: backend.resize(spec, placement, grace)))
 
-    def _queue_stop(self, job_id: str, grace: float, reason: str) -> None:
+    def _queue_stop(self, job_id: str, grace: float, reason: str, now: bool = False) -> None:
+        """A stop for the next dispatch, or at once (``now``) for a user's cancel."""
         backend = self.backend
         assert backend is not None
-        self._calls.append((job_id, lambda: backend.stop(job_id, grace, reason)))
+        call = (job_id, lambda: backend.stop(job_id, grace, reason))
+        if now:
+            self._dispatch(*call)
+        else:
+            self._calls.append(call)
 
     # -- jobs -----------------------------------------------------------------------
     def may_submit(self, caller: Caller, plan: str) -> bool:
@@ -533,7 +539,7 @@ class Scheduler:
             job.terminating = True
             values = {"cancel_requested": True, "terminating": True, "reason": reason}
             self.store.update_jobs([(job_id, values, "cancelling", reason)], now)
-            self._queue_stop(job_id, self.config.grace, reason)
+            self._queue_stop(job_id, self.config.grace, reason, now=True)
         await self.kick()
         return self.store.job(job_id) or row
 

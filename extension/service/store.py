@@ -302,7 +302,8 @@ class Store:
 
     def transitions(self, job_id: str | None = None) -> list[TransitionRow]:
         with self.session() as s:
-            query = select(TransitionRow).order_by(TransitionRow.at, TransitionRow.id)
+            # by id: the order they were written, which per job is the order they happened
+            query = select(TransitionRow).order_by(TransitionRow.id)
             if job_id is not None:
                 query = query.where(TransitionRow.job_id == job_id)
             return list(s.scalars(query).all())

@@ -41,7 +41,11 @@ config["WmlaService"].update(extra)
 service["environment"]["WMLA_SERVICE_CONFIG"] = json.dumps(config)
 c.JupyterHub.services.append({{"name": "tester", "api_token": {token!r}}})
 c.JupyterHub.load_roles.append(
-    {{"name": "tester", "scopes": ["admin:users", "admin:groups", "tokens"], "services": ["tester"]}}
+    {{
+        "name": "tester",
+        "scopes": ["admin:users", "admin:groups", "tokens"],
+        "services": ["tester"],
+    }}
 )
 for role in c.JupyterHub.load_roles:
     if role["name"] == "wmla-plan-admin":
@@ -126,7 +130,12 @@ class Hub:
                 return child.pid
         raise RuntimeError("no wmla service process under the hub")
 
-    def stop(self) -> None:
+    def stop(self, keep_workers: bool = False) -> None:
+        """Stop the hub (it stops the proxy and the service), then every PID seen under it.
+
+        ``keep_workers``: leave job workers running (they outlive the service, as in a real
+        restart); their PIDs are kept and stopped by the final ``stop()``.
+        """
         self._collect()
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -135,20 +144,24 @@ class Hub:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+        kept = set()
         for pid in sorted(self.pids):
             try:
                 proc = psutil.Process(pid)
+                if keep_workers and _is_worker(proc):
+                    kept.add(pid)
+                    continue
                 proc.terminate()
                 proc.wait(5)
             except psutil.TimeoutExpired:
                 proc.kill()
             except psutil.Error:
                 pass
-        self.pids.clear()
+        self.pids = kept
         self.proc = None
 
     def restart(self) -> None:
-        self.stop()
+        self.stop(keep_workers=True)
         self.start()
 
     def log(self) -> str:
@@ -170,6 +183,17 @@ class Hub:
         r = self.hub_api("POST", f"/users/{name}/tokens", json={"note": "wmla test"})
         assert r.status_code == 201, r.text
         return r.json()["token"]
+
+
+def _is_worker(proc: psutil.Process) -> bool:
+    """A job worker: the backend's launcher or anything under it."""
+    for p in [proc, *proc.parents()]:
+        try:
+            if "local_launch" in " ".join(p.cmdline()):
+                return True
+        except psutil.Error:
+            continue
+    return False
 
 
 class Client:

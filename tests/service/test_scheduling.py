@@ -1,0 +1,276 @@
+"""The scheduling loop over a real SQLite store and the in-process test double backend.
+
+Cycles are driven by hand (``run_loop=False``) with an injected clock, so every step is
+deterministic: submit, cycle, backend events, cycle, and the transitions written for each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from extension.scheduler import UNLIMITED, Node, Resources, SchedulerConfig
+from extension.service.scheduling import Caller, Conflict, Forbidden, NotFound, Scheduler
+from extension.service.store import PlanRecord, Store, sqlite_url
+from extension.service.submission import LimitRange, Rejected, parse_submission
+
+from .backend_double import InProcessBackend
+
+GPU = Resources(1, 250, 2**29)
+PLANS = {
+    "/sample-project": {},
+    "/sample-project/training": {},
+    "/project1": {},
+    "/project1/dev-team": {"share": 4, "limit": {"gpu": 4}},
+    "/project1/qa-team": {"share": 2, "limit": {"gpu": 2}, "members": {"users": ["user2"]}},
+}
+
+
+class Clock:
+    """Wall-clock time plus what a test added (the double stamps events with time.time())."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+class Rig:
+    """A scheduler, its store, the test double backend and a clock, in a temp folder."""
+
+    def __init__(self, tmp: Path, gpus: int = 4) -> None:
+        self.tmp = tmp
+        self.clock = Clock()
+        self.url = sqlite_url(tmp / "wmla.sqlite")
+        self.storage = tmp / "storage"
+        self.gpus = gpus
+        self.open()
+
+    def open(self) -> None:
+        self.store = Store.open(self.url)
+        self.sched = Scheduler(
+            self.store,
+            {"quota": Resources(UNLIMITED, UNLIMITED, UNLIMITED), "max_jobs": None},
+            SchedulerConfig(grace=0.0),
+            storage_root=self.storage,
+            python="python3",
+            clock=self.clock,
+        )
+        self.sched.load(PLANS)
+        nodes = [Node("local", Resources(self.gpus, 8000, 64 * 2**30))]
+        self.backend = InProcessBackend(self.sched.emit, nodes, str(self.tmp / "backend"))
+
+    async def start(self) -> None:
+        await self.sched.start(self.backend, run_loop=False)
+
+    async def cycle(self) -> None:
+        await self.sched.cycle()
+        await self.sched.drain()
+
+    async def submit(self, user: str, plan: str, workers="1", cpu="250m", **extra) -> str:
+        folder = self.storage / user / "models"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "main.py").write_text("print('hi')\n")
+        body = {
+            "plan": plan,
+            "workers": workers,
+            "resources": {"gpu": 1, "cpu": cpu},
+            "command": {"model_dir": "models", "model_main": "main.py"},
+            **extra,
+        }
+        sub = parse_submission(
+            body,
+            user=user,
+            storage_root=self.storage,
+            limit_range=LimitRange.from_config({"default_request": {"cpu": "250m"}}),
+            max_workers=64,
+        )
+        row = await self.sched.submit(Caller(user), sub)
+        return row.id
+
+    def state(self, job_id: str) -> str:
+        return self.store.job(job_id).state
+
+    def events(self, job_id: str) -> list[tuple[str, int]]:
+        return [(t.event, t.workers) for t in self.store.transitions(job_id)]
+
+
+@pytest.fixture
+async def rig(tmp_path: Path):
+    rig = Rig(tmp_path)
+    await rig.start()
+    yield rig
+    await rig.sched.stop()
+    rig.store.close()
+
+
+async def test_submit_start_finish_records_every_transition(rig: Rig) -> None:
+    job = await rig.submit("user1", "/project1/dev-team", "2", env={"DOUBLE_RUN_SECONDS": "0"})
+    assert rig.state(job) == "PENDING"
+    assert "/project1/dev-team/user1" in rig.sched.plans  # the user leaf, created on first use
+    await rig.cycle()  # Start -> backend.start -> running event queued
+    assert rig.state(job) == "RUNNING"
+    assert rig.backend.calls[-1] == ("start", job, ("local", "local"))
+    await asyncio.sleep(0.01)  # the double's zero-second run ends
+    rig.clock.offset += 5
+    await rig.cycle()
+    row = rig.store.job(job)
+    assert row.state == "FINISHED" and row.placement == []
+    assert rig.events(job) == [("submitted", 0), ("started", 2), ("running", 2), ("finished", 0)]
+    history = rig.store.transitions(job)
+    assert history[1].leaf == "/project1/dev-team/user1"
+    assert (history[1].gpu, history[1].cpu) == (1, 250)
+    assert [d.kind for d in rig.store.decisions(job)] == ["start"]
+
+
+async def test_failed_worker_fails_the_job_with_the_message(rig: Rig) -> None:
+    env = {"DOUBLE_RUN_SECONDS": "0", "DOUBLE_EXIT_CODE": "3"}
+    job = await rig.submit("user1", "/sample-project/training", env=env)
+    await rig.cycle()
+    await asyncio.sleep(0.01)
+    await rig.cycle()
+    row = rig.store.job(job)
+    assert (row.state, row.exit_code) == ("FAILED", 3)
+    assert "exited with code 3" in row.reason
+
+
+async def test_elastic_reclaim_shrinks_then_starts_the_other_user(rig: Rig) -> None:
+    """S4 through the loop: user1's elastic job holds 4, user2's arrives, user1 shrinks to 2."""
+    first = await rig.submit("user1", "/sample-project/training", "1:4")
+    await rig.cycle()
+    assert len(rig.store.job(first).placement) == 4  # started at 1 and grown to 4 at once
+    second = await rig.submit("user2", "/sample-project/training", "1:4")
+    for _ in range(4):
+        await rig.cycle()
+    assert len(rig.store.job(first).placement) == 2
+    assert len(rig.store.job(second).placement) == 2
+    assert ("shrinking", 4) in rig.events(first) and ("resized", 2) in rig.events(first)
+    resize = [c for c in rig.backend.calls if c[0] == "resize" and c[1] == first]
+    assert resize[-1][2] == ("local", "local")
+
+
+async def test_rigid_preemption_requeues_and_restarts(rig: Rig) -> None:
+    """A borrower's rigid gang is stopped whole, goes back to the queue, and runs again."""
+    big = await rig.submit("user1", "/sample-project/training", "4")  # borrows /project1's half
+    await rig.cycle()
+    assert rig.state(big) == "RUNNING"
+    # more cpu, so that when both are pending the core's tie-break (equal GPU shares: who
+    # deserves more of the instance) does not hand the freed GPUs straight back to ``big``
+    small = await rig.submit("user2", "/project1/qa-team", "2", cpu="1")
+    for _ in range(3):
+        await rig.cycle()
+    row = rig.store.job(big)
+    assert row.preemptions == 1 and row.state == "PENDING"
+    assert rig.state(small) == "RUNNING"
+    assert [e for e, _ in rig.events(big)][-2:] == ["preempting", "released"]
+    await rig.sched.cancel(Caller("user2"), small)
+    await rig.sched.drain()
+    for _ in range(2):
+        await rig.cycle()
+    assert rig.state(small) == "CANCELLED"
+    assert rig.state(big) == "RUNNING"
+
+
+async def test_cancel_pending_and_running(rig: Rig) -> None:
+    running = await rig.submit("user1", "/sample-project/training", "4")
+    await rig.cycle()
+    waiting = await rig.submit("user1", "/sample-project/training", "4")
+    await rig.cycle()
+    assert rig.state(waiting) == "PENDING"
+    assert "waiting" in rig.store.job(waiting).reason
+    await rig.sched.cancel(Caller("user1"), waiting)
+    assert rig.state(waiting) == "CANCELLED"
+    with pytest.raises(NotFound):
+        await rig.sched.cancel(Caller("user2"), running)  # not yours: as if it did not exist
+    await rig.sched.cancel(Caller("user1"), running)  # the stop goes out at once
+    await rig.sched.drain()
+    await rig.cycle()
+    assert rig.state(running) == "CANCELLED"
+    assert rig.store.job(running).reason == "cancelled by user1"
+    with pytest.raises(Conflict):
+        await rig.sched.cancel(Caller("user1"), running)
+
+
+async def test_rejected_at_submit_names_plan_resource_limit_request(rig: Rig) -> None:
+    with pytest.raises(Rejected) as err:
+        await rig.submit("user2", "/project1/qa-team", "4")
+    message = str(err.value)
+    assert "/project1/qa-team" in message and "gpu limit of 2" in message
+    assert "asks for 4" in message
+    assert rig.store.jobs() == []  # nothing written
+
+
+async def test_membership_refusal_names_usable_plans(rig: Rig) -> None:
+    with pytest.raises(Forbidden) as err:
+        await rig.submit("user1", "/project1/qa-team", "1")
+    message = str(err.value)
+    assert "/project1/qa-team" in message and "/project1/dev-team" in message
+    assert "/sample-project/training" in message
+    usable = rig.sched.usable_plans(Caller("user1"))
+    assert "/project1/qa-team" not in usable
+    assert "/project1/qa-team" in rig.sched.usable_plans(Caller("someone", admin=True))
+    assert "/project1/qa-team" in rig.sched.usable_plans(Caller("user2"))
+
+
+async def test_group_membership_on_an_ancestor_admits(rig: Rig) -> None:
+    rec = rig.sched.record("/project1")
+    rec.groups = ["ml"]
+    await rig.sched.change_plans([rec], create=False)
+    assert not rig.sched.may_submit(Caller("user3"), "/project1/dev-team")
+    assert rig.sched.may_submit(Caller("user3", frozenset({"ml"})), "/project1/dev-team")
+
+
+async def test_restart_keeps_plans_jobs_and_readopts_running(rig: Rig) -> None:
+    running = await rig.submit("user1", "/project1/dev-team", "2")
+    await rig.cycle()
+    waiting = await rig.submit("user1", "/project1/dev-team", "4")
+    await rig.cycle()
+    rec = PlanRecord("/project2", 3.0, Resources(2, UNLIMITED, UNLIMITED))
+    await rig.sched.change_plans([rec], create=True)
+    await rig.sched.stop()
+    rig.store.close()
+
+    rig.open()  # a new service process over the same database
+    await rig.start()
+    assert rig.backend.calls[0] == ("recover", (running,))
+    assert rig.state(running) == "RUNNING" and rig.state(waiting) == "PENDING"
+    assert rig.sched.plans.get("/project2").share == 3.0
+    assert rig.sched.plans.get("/project2").limit.gpu == 2
+    assert rig.sched.plans.get("/project1/dev-team/user1").user_leaf
+    assert rig.sched.members["/project1/qa-team"] == (["user2"], [])
+    assert set(rig.sched.jobs) == {running, waiting}
+    await rig.cycle()
+    assert rig.state(running) == "RUNNING"  # nothing restarted twice
+    assert [c for c in rig.backend.calls if c[0] == "start"] == []
+
+
+async def test_plan_changes_validate_on_a_copy(rig: Rig) -> None:
+    from extension.scheduler import PlanError
+
+    before = [p.to_dict() for p in rig.sched.plans]
+    bad = PlanRecord("/project1/dev-team", 1.0, Resources(8, UNLIMITED, UNLIMITED))
+    rec = rig.sched.record("/project1")
+    rec.limit = Resources(2, UNLIMITED, UNLIMITED)  # below dev-team's 4: refused
+    with pytest.raises(PlanError):
+        await rig.sched.change_plans([rec], create=False)
+    with pytest.raises(PlanError):
+        await rig.sched.change_plans([bad], create=True)  # exists already
+    assert [p.to_dict() for p in rig.sched.plans] == before
+    assert {p.path for p in rig.store.plans()} == {p["path"] for p in before}
+
+
+def test_alembic_schema_matches_the_models(tmp_path: Path) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from extension.service.store import Base
+
+    store = Store.open(sqlite_url(tmp_path / "m.sqlite"))
+    with store.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    store.close()
+    assert diff == []
