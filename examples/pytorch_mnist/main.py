@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                 mean /= me.world_size
             running += float(mean)
             batches += 1
-            runtime.report(step=step, epoch=epoch, loss=float(mean))
+            runtime.report(step=step, epoch=epoch, loss=float(mean), world_size=me.world_size)
             if args.step_delay:
                 time.sleep(args.step_delay)
             if runtime.should_stop():

@@ -112,6 +112,7 @@ class Rig:
         self.backends: list[LocalBackend] = []
         self.counter = base / "counter.py"
         self.counter.write_text(COUNTER)
+        self.example = EXAMPLE
 
     def backend(self, layout: str = "1x4", events: Events | None = None, **options) -> LocalBackend:
         options.setdefault("poll_interval", 0.05)
