@@ -798,7 +798,12 @@ class KubernetesBackend:
         container = m.make_container(
             name=m.PYTORCH_CONTAINER,
             image=self.image,
-            command=spec.command,
+            command=m.pod_command(
+                command=spec.command,
+                storage_root=self.storage_root,
+                user=user,
+                mount_path=mount,
+            ),
             per_worker=spec.per_worker,
             workdir=workdir,
             env=env,

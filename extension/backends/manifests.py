@@ -228,6 +228,22 @@ def pod_workdir(*, workdir: str, storage_root: str, user: str, mount_path: str) 
     return posixpath.join(mount_path, rest) if rest else mount_path
 
 
+def pod_command(
+    *, command: Sequence[str], storage_root: str, user: str, mount_path: str
+) -> list[str]:
+    """The worker's argv with paths inside the user's folder (as the service sees them) moved
+    to where the pod mounts that folder; every other argument is left as it is."""
+    validate_username(user)
+    home = posixpath.join(posixpath.normpath(storage_root), user)
+    out = []
+    for arg in command:
+        if arg == home or arg.startswith(home + "/"):
+            rest = arg[len(home) :].lstrip("/")
+            arg = posixpath.join(mount_path, rest) if rest else mount_path
+        out.append(arg)
+    return out
+
+
 def make_user_volume(
     *, claim_name: str, user: str, mount_path: str, volume_name: str = "user-data"
 ) -> tuple[dict, dict]:

@@ -567,3 +567,66 @@ def test_shipped_example_manifests_match_the_seed():
     assert _round_trip(limit_range, "V1LimitRange") == limit_range
     assert quota["spec"]["hard"] == SEED_QUOTA["spec"]["hard"]
     assert limit_range["spec"] == SEED_LIMIT_RANGE["spec"]
+
+
+def test_paths_in_the_users_folder_are_moved_to_the_pods_mount():
+    job = backend(storage_root="/srv/wmla/storage", mount_path="/home/{user}").build_job(
+        spec(
+            command=["python", "/srv/wmla/storage/alice/models/m/main.py", "--out", "/tmp/x"],
+            workdir="/srv/wmla/storage/alice/jobs/job-7",
+        ),
+        1,
+    )
+    container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["python", "/home/alice/models/m/main.py", "--out", "/tmp/x"]
+    assert container["workingDir"] == "/home/alice/jobs/job-7"
+    assert container["volumeMounts"][0] == {
+        "name": "user-data",
+        "mountPath": "/home/alice",
+        "subPath": "alice",
+    }
+
+
+def test_the_shipped_queues_are_what_sync_queues_makes_for_the_default_plans():
+    import pathlib
+
+    import yaml
+
+    from hub_config import DEFAULT_PLANS
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "hub_config" / "k8s" / "queues.yaml"
+    shipped = [q for q in yaml.safe_load_all(path.read_text()) if q]
+    assert shipped == backend().desired_queues([Plan(p) for p in DEFAULT_PLANS])
+
+
+@needs_crds
+@pytest.mark.parametrize("mode", ["plain", "volcano"])
+def test_the_seed_002_experiment_manifests_are_valid(mode):
+    import pathlib
+    import subprocess
+    import sys
+
+    import yaml
+
+    script = pathlib.Path(__file__).resolve().parents[2] / "hub_config/k8s/seed002/six_jobs.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--mode", mode, "--dry-run"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        cwd=script.parents[3],
+    ).stdout
+    jobs = list(yaml.safe_load_all(out))
+    assert [j["metadata"]["name"] for j in jobs] == [f"pytorch-t{i}" for i in range(6)]
+    for job in jobs:
+        assert crd_errors("pytorchjobs", job) == []
+        replicas = job["spec"]["pytorchReplicaSpecs"]
+        assert replicas["Master"]["replicas"] + replicas["Worker"]["replicas"] == 2
+        policy = job["spec"]["runPolicy"].get("schedulingPolicy")
+        pod = replicas["Worker"]["template"]["spec"]
+        if mode == "volcano":
+            assert policy == {"minAvailable": 2, "queue": "default"}
+            assert pod["schedulerName"] == "volcano"
+        else:
+            assert policy is None and "schedulerName" not in pod
