@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+NPM ?= npm
+# configurable-http-proxy, the hub's proxy: npm installs it (package.json) into node_modules/
+NODE_STAMP := node_modules/.installed
 
 .PHONY: install run test lint bench clean
 
@@ -13,10 +16,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[k8s,train,test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+$(NODE_STAMP): package.json
+	$(NPM) install --no-audit --no-fund --loglevel=error
+	touch $(NODE_STAMP)
 
+install: $(STAMP) $(NODE_STAMP)
+
+# JupyterHub on http://127.0.0.1:8000 with the wmla service (jupyterhub_config.py); runtime
+# state in var/. Ctrl-C stops the hub, which stops the proxy and the service.
 run: install
-	@echo "the hub service arrives with issue 10; for now: $(BIN)/wmla simulate --scenario tests/scenarios/s1_shares_4_2_2.yaml --json"
+	PATH="$(abspath $(BIN)):$$PATH" exec $(BIN)/jupyterhub -f jupyterhub_config.py
 
 test: install
 	$(BIN)/ruff check .
@@ -31,4 +40,4 @@ bench: install
 	$(BIN)/python benchmarks/bench_scheduler.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info node_modules

@@ -9,6 +9,7 @@ var/ (hub database, cookie secret, proxy pid, service store, user folders in var
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from hub_config import custom_scopes, embedded_passwords, roles, server_token_scopes, services
@@ -53,6 +54,9 @@ print(
 
 # -- notebook servers: local processes, each user's home is their storage folder -------------
 c.JupyterHub.spawner_class = "simple"
+singleuser = Path(sys.executable).with_name("jupyterhub-singleuser")
+if singleuser.exists():  # the project's environment, wherever the hub was started from
+    c.Spawner.cmd = [str(singleuser)]
 c.SimpleLocalProcessSpawner.home_dir_template = str(STORAGE / "{username}")
 c.Spawner.http_timeout = 60
 c.Spawner.server_token_scopes = server_token_scopes()

@@ -43,6 +43,10 @@ class WmlaService(Application):
     name = "wmla-service"
     description = "Resource plans, gang scheduling and metering for JupyterHub (hub service)."
 
+    @default("log_level")
+    def _log_level(self) -> int:
+        return logging.INFO
+
     config_file = Unicode(
         "",
         config=True,

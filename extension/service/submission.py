@@ -132,7 +132,14 @@ class LimitRange:
         }
 
     def apply(self, request: Mapping[str, Any] | None, limits: Mapping[str, Any] | None):
-        """Fill in defaults and check bounds; returns (request, limits) as Resources."""
+        """Fill in defaults and check bounds; returns (request, limits) as Resources.
+
+        As in Kubernetes, a missing request takes ``default_request`` (else the limit) and a
+        missing limit takes ``default`` (at least the request). One choice of ours: a limit that
+        was defaulted is capped at request x ``max_limit_request_ratio``, so the seed's own
+        LimitRange (default 900m over a 200m request, ratio 2) does not refuse a body that asked
+        for nothing; a limit the user gave is checked as given.
+        """
         req = _amounts(request, "resources")
         lim = _amounts(limits, "limits")
         values = []
@@ -148,10 +155,13 @@ class LimitRange:
                 r = self.default[name]
             else:
                 r = 0
+            ratio = self.max_limit_request_ratio.get(name)
             if name in lim:
                 li = lim[name]
             elif name in self.default:
                 li = max(self.default[name], r)
+                if ratio is not None and r > 0:  # a defaulted limit never breaks the ratio
+                    li = min(li, int(r * ratio))
             else:
                 li = r
             values.append(r)

@@ -351,6 +351,15 @@ def test_malformed_json_and_wrong_body_types(hub: Hub) -> None:
     assert r.status_code in (400, 404)
 
 
+def test_browser_page_goes_through_hub_oauth(hub: Hub) -> None:
+    import requests
+
+    r = requests.get(f"{hub.url}/services/wmla/", allow_redirects=False, timeout=30)
+    assert r.status_code == 302
+    assert "/hub/api/oauth2/authorize" in r.headers["Location"]
+    assert "client_id=service-wmla" in r.headers["Location"]
+
+
 def test_restart_of_the_service_loses_nothing(hub: Hub) -> None:
     admin, user1 = hub.clients["admin"], hub.clients["user1"]
     r = user1.post("/jobs", json=job_body("/project1/dev-team", seconds=30))

@@ -1,0 +1,178 @@
+"""Submission bodies, the instance limit range (seed 000's) and the hub config helpers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from extension.scheduler import UNLIMITED, Resources
+from extension.service.app import WmlaService
+from extension.service.submission import LimitRange, SubmissionError, parse_submission
+from hub_config import (
+    ADMIN_SCOPE,
+    custom_scopes,
+    default_plans,
+    embedded_passwords,
+    roles,
+    server_token_scopes,
+    services,
+)
+
+Mi, Gi = 2**20, 2**30
+
+# seed 000_e3bbfd5fbfa67fae: the LimitRange of type Container
+SEED_LIMIT_RANGE = {
+    "max": {"cpu": "1", "memory": "1Gi"},
+    "min": {"cpu": "100m", "memory": "100Mi"},
+    "default": {"cpu": "900m", "memory": "800Mi"},
+    "defaultRequest": {"cpu": "200m", "memory": "200Mi"},
+    "maxLimitRequestRatio": {"cpu": 2, "memory": 1.5},
+}
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> Path:
+    (tmp_path / "user1" / "models" / "mnist").mkdir(parents=True)
+    (tmp_path / "user1" / "models" / "mnist" / "main.py").write_text("print('hi')\n")
+    (tmp_path / "user2").mkdir()
+    (tmp_path / "user2" / "secret.py").write_text("print('secret')\n")
+    return tmp_path
+
+
+def parse(storage: Path, limit_range=None, **body):
+    base = {
+        "plan": "/sample-project/training",
+        "command": {"model_dir": "models/mnist", "model_main": "main.py"},
+    }
+    return parse_submission(
+        {**base, **body},
+        user="user1",
+        storage_root=storage,
+        limit_range=LimitRange.from_config(limit_range or SEED_LIMIT_RANGE),
+        max_workers=64,
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "per_worker", "limits"),
+    [
+        # defaulted limits capped at request x ratio: cpu 200m x 2, memory 200Mi x 1.5
+        ({}, Resources(0, 200, 200 * Mi), Resources(0, 400, 300 * Mi)),
+        ({"resources": {"cpu": "500m"}}, Resources(0, 500, 200 * Mi), Resources(0, 900, 300 * Mi)),
+        ({"limits": {"cpu": "400m"}}, Resources(0, 200, 200 * Mi), Resources(0, 400, 300 * Mi)),
+        (
+            {"resources": {"cpu": "1", "memory": "1Gi"}},
+            Resources(0, 1000, Gi),
+            Resources(0, 1000, Gi),
+        ),
+    ],
+    ids=["defaults", "cpu-request", "cpu-limit", "at-max"],
+)
+def test_limit_range_fills_defaults(storage, body, per_worker, limits) -> None:
+    sub = parse(storage, **body)
+    assert (sub.per_worker, sub.limits) == (per_worker, limits)
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"resources": {"cpu": "50m"}}, "below the instance's minimum of 0.1 cpu"),
+        ({"resources": {"cpu": "2"}}, "above the instance's maximum of 1 cpu"),
+        ({"limits": {"memory": "2Gi"}}, "above the instance's maximum of 1Gi memory"),
+        ({"resources": {"cpu": "300m"}, "limits": {"cpu": "900m"}}, "more than 2 times"),
+        ({"resources": {"memory": "500Mi"}, "limits": {"memory": "400Mi"}}, "below its request"),
+    ],
+    ids=["under-min", "over-max", "limit-over-max", "ratio", "limit-below-request"],
+)
+def test_limit_range_refuses_out_of_range(storage, body, words) -> None:
+    with pytest.raises(SubmissionError, match=words):
+        parse(storage, **body)
+
+
+@pytest.mark.parametrize(
+    ("workers", "expected"),
+    [(3, (3, 3)), ("2", (2, 2)), ("1:4", (1, 4)), ({"min": 2, "max": 8}, (2, 8))],
+)
+def test_worker_forms(storage, workers, expected) -> None:
+    sub = parse(storage, workers=workers)
+    assert (sub.min_workers, sub.max_workers) == expected
+
+
+def test_paths_resolve_inside_the_users_folder(storage) -> None:
+    sub = parse(storage, command={"model_dir": "models/mnist", "model_main": "main.py"})
+    assert sub.model_main == str(storage.resolve() / "user1" / "models" / "mnist" / "main.py")
+    for command in (
+        {"model_dir": "..", "model_main": "user2/secret.py"},
+        {"model_dir": "models", "model_main": "../../user2/secret.py"},
+        {"model_dir": str(storage / "user2"), "model_main": "secret.py"},
+    ):
+        with pytest.raises(SubmissionError, match="outside your folder"):
+            parse(storage, command=command)
+
+
+def test_limit_range_config_errors_are_clear() -> None:
+    with pytest.raises(ValueError, match="unknown entry 'maximum'"):
+        LimitRange.from_config({"maximum": {"cpu": 1}})
+    with pytest.raises(ValueError, match="number >= 1"):
+        LimitRange.from_config({"max_limit_request_ratio": {"cpu": 0.5}})
+
+
+def test_service_traits_quota_and_limit_range(tmp_path: Path, monkeypatch) -> None:
+    config = {
+        "WmlaService": {
+            "state_dir": str(tmp_path / "state"),
+            "storage_root": str(tmp_path / "storage"),
+            "quota": {"gpu": 4, "cpu": "2", "memory": "2Gi", "jobs": 3},
+            "limit_range": SEED_LIMIT_RANGE,
+        }
+    }
+    monkeypatch.setenv("WMLA_SERVICE_CONFIG", json.dumps(config))
+    app = WmlaService()
+    app.initialize(["--WmlaService.tick=2"])
+    assert app.tick == 2  # the command line over $WMLA_SERVICE_CONFIG
+    assert app._quota == Resources(4, 2000, 2 * Gi) and app._max_jobs == 3
+    assert app.limit_range_obj.default_request == {"cpu": 200, "memory": 200 * Mi}
+    assert (tmp_path / "storage").is_dir()
+    WmlaService.clear_instance()
+
+
+def test_every_service_trait_has_help_with_a_config_line() -> None:
+    for name, trait in WmlaService.class_traits(config=True).items():
+        if name in ("log_level", "log_datefmt", "log_format", "logging_config", "show_config",
+                    "show_config_json"):  # fmt: skip
+            continue
+        assert f"c.WmlaService.{name} = " in (trait.help or ""), name
+
+
+def test_hub_config_helpers(tmp_path: Path) -> None:
+    (entry,) = services(port=10123, config={"WmlaService": {"device_layout": "4x8"}})
+    assert entry["name"] == "wmla" and entry["url"] == "http://127.0.0.1:10123"
+    assert entry["command"][1:] == ["-m", "extension.service"]
+    assert json.loads(entry["environment"]["WMLA_SERVICE_CONFIG"]) == {
+        "WmlaService": {"device_layout": "4x8"}
+    }
+    assert ADMIN_SCOPE in custom_scopes()
+    user, admin = roles(admin_users=["alice"])
+    assert "access:services!service=wmla" in user["scopes"] and "self" in user["scopes"]
+    assert admin["users"] == ["alice"] and ADMIN_SCOPE in admin["scopes"]
+    assert "access:services!service=wmla" in server_token_scopes()
+    assert set(default_plans()) == {
+        "/sample-project",
+        "/sample-project/training",
+        "/sample-project/inference",
+        "/sample-project/notebooks",
+    }
+    first = embedded_passwords(tmp_path)
+    again = embedded_passwords(tmp_path)
+    assert first[2] is True and again[2] is False and first[:2] == again[:2]
+    assert len(first[0]) >= 8 and len(first[1]) >= 32
+    assert (tmp_path / "hub-passwords.json").stat().st_mode & 0o077 == 0
+
+
+def test_quota_caps_the_instance() -> None:
+    from extension.scheduler import Instance, Node
+
+    inst = Instance((Node("local", Resources(4, 2000, 8 * Gi)),), Resources(2, UNLIMITED, Gi), 3)
+    assert inst.capacity == Resources(2, 2000, Gi)
