@@ -1384,7 +1384,16 @@ class KubernetesAsyncioApi:
             if kind in CLUSTER_SCOPED
             else self.custom.patch_namespaced_custom_object
         )
-        return await self._wrap(fn(*self._custom_args(kind, namespace), name, body))
+        # A dict body would otherwise go out as application/json-patch+json (the client's
+        # first choice), which the API server refuses: this is a JSON merge patch.
+        return await self._wrap(
+            fn(
+                *self._custom_args(kind, namespace),
+                name,
+                body,
+                _content_type="application/merge-patch+json",
+            )
+        )
 
     async def delete(self, kind, namespace, name, grace_seconds=None, propagation=None):
         kwargs: dict[str, Any] = {}

@@ -583,3 +583,64 @@ async def test_removed_plans_lose_their_queues_unless_a_job_still_uses_one(setup
     assert sorted(result.kept) == sorted(
         [queue_name("/project1/qa-team"), queue_name("/project1/qa-team/alice")]
     )
+
+
+# -- RBAC ------------------------------------------------------------------------------------------
+_VERBS = {"replace": "update", "read_log": "get"}
+_RESOURCES = {
+    "nodes": ("", "nodes"),
+    "pods": ("", "pods"),
+    "resourcequotas": ("", "resourcequotas"),
+    "limitranges": ("", "limitranges"),
+    "pytorchjobs": ("kubeflow.org", "pytorchjobs"),
+    "volcanojobs": ("batch.volcano.sh", "jobs"),
+    "queues": ("scheduling.volcano.sh", "queues"),
+}
+
+
+def _granted(path) -> set[tuple[str, str, str, bool]]:
+    import yaml
+
+    granted = set()
+    for doc in yaml.safe_load_all(path.read_text()):
+        if doc["kind"] not in ("Role", "ClusterRole"):
+            continue
+        for rule in doc["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        granted.add((group, resource, verb, doc["kind"] == "ClusterRole"))
+    return granted
+
+
+@pytest.mark.parametrize("job_kind", ["pytorchjob", "volcanojob"])
+async def test_the_shipped_rbac_grants_every_call_the_backend_makes(job_kind):
+    import pathlib
+
+    fake, events = cluster(quota={"pods": "50"}), Recorder()
+    backend = make_backend(fake, events, job_kind=job_kind)
+    await backend.open()
+    kind = PYTORCHJOBS if job_kind == "pytorchjob" else VOLCANO_JOBS
+    try:
+        job = spec(workers=(1, 2) if job_kind == "pytorchjob" else (1, 1))
+        await backend.start(job, ("gpu-1",))
+        name = job_object_name("job-1")
+        fake.make_pods(name, ["gpu-1"], namespace=NS, kind=kind)
+        await until(lambda: events.kinds("job-1") == ["running"], "running")
+        if job_kind == "pytorchjob":
+            await backend.resize(job, ("gpu-1", "gpu-2"), grace=1)
+        await backend.fetch_logs("job-1")
+        await backend.sync_queues(s1_tree())
+        await until(lambda: len(backend.cache.all(QUEUES)) >= 5, "queues cached")
+        fake.fail_next("replace", QUEUES, ApiError(409, "Conflict", "modified"))
+        await backend.sync_queues(s1_tree(dev_share=1))
+        await backend.sync_queues(PlanTree([Plan("/project1")]))
+        await backend.stop("job-1", 1, "cancelled")
+    finally:
+        await backend.close()
+    used = {(*_RESOURCES[k], _VERBS.get(v, v), k in ("nodes", "queues")) for v, k, *_ in fake.calls}
+    used = {(g, r + "/log" if v == "get" and r == "pods" else r, v, c) for g, r, v, c in used}
+    granted = _granted(pathlib.Path(__file__).resolve().parents[2] / "hub_config/k8s/rbac.yaml")
+    missing = {u for u in used if u not in granted and (*u[:3], True) not in granted}
+    assert missing == set()
+    assert {v for _, _, v, _ in used} >= {"list", "watch", "create", "delete", "get", "update"}
