@@ -30,7 +30,7 @@ from .decisions import (
     Wait,
 )
 from .model import Job, JobState, Snapshot
-from .placement import fit_count, max_workers_on, place_gang
+from .placement import fit_count, gang_room, max_workers_on, place_gang
 from .plans import ROOT, PlanError, leaf_path
 from .resources import RESOURCES, UNLIMITED, Resources, format_amount
 from .shares import dominant_ratio, water_fill
@@ -107,6 +107,33 @@ def check_submission(snapshot: Snapshot, job: Job) -> str | None:
     return cycle.impossible(job)
 
 
+class _NodeFigures:
+    """What a cycle derives from an instance's nodes alone (names, capacity rows, totals)."""
+
+    def __init__(self, inst) -> None:
+        self.names = [n.name for n in inst.nodes]
+        self.node_at = {name: i for i, name in enumerate(self.names)}
+        self.capacity = [list(n.capacity) for n in inst.nodes]  # never written by a cycle
+        self.total = tuple(inst.capacity)  # quota applied
+        self.largest = [max((row[r] for row in self.capacity), default=0) for r in range(3)]
+        self.machines = tuple(sum(row[r] for row in self.capacity) for r in range(3))
+        self.most_on_empty: dict[tuple, float] = {}  # worker shape -> max_workers_on
+
+
+_last_nodes: tuple = (None, None)  # (instance, its _NodeFigures), swapped in one assignment
+
+
+def _nodes(inst) -> _NodeFigures:
+    """An Instance is immutable, so the last one's figures are kept: a simulator passes the same
+    one every cycle and would otherwise pay O(nodes) of Python per cycle for them."""
+    global _last_nodes
+    held, figures = _last_nodes
+    if held is not inst:
+        figures = _NodeFigures(inst)
+        _last_nodes = (inst, figures)
+    return figures
+
+
 class _Cycle:
     def __init__(self, snapshot: Snapshot, now: float) -> None:
         self.snap = snapshot
@@ -123,15 +150,15 @@ class _Cycle:
     # 1. index ----------------------------------------------------------------------------------
     def index(self, extra: Iterable[Job] = ()) -> None:
         inst = self.snap.instance
-        self.names = [n.name for n in inst.nodes]
-        self.node_at = {name: i for i, name in enumerate(self.names)}
-        self.capacity = [list(n.capacity) for n in inst.nodes]
-        self.free = [list(n.capacity) for n in inst.nodes]
+        nodes = _nodes(inst)
+        self.names, self.node_at, self.capacity = nodes.names, nodes.node_at, nodes.capacity
+        self.largest, self.most_on_empty = nodes.largest, nodes.most_on_empty
+        self.free = [row[:] for row in self.capacity]
         self.incoming = [[0, 0, 0] for _ in inst.nodes]  # held by terminating jobs
-        self.total_capacity = list(inst.capacity)
-        self.largest = [max((row[r] for row in self.capacity), default=0) for r in range(3)]
+        self.total_capacity = list(nodes.total)
         root = _Plan(ROOT, 1.0, inst.quota, None, False)
         root.chain = [root]
+        root.limited = [root] if any(v != UNLIMITED for v in root.limit) else []
         self.root = root
         self.plans: dict[str, _Plan] = {ROOT: root}
         for plan in sorted(self.snap.plans, key=lambda p: (p.path.count("/"), p.path)):
@@ -155,9 +182,9 @@ class _Cycle:
                         inc[1] += w[1]
                         inc[2] += w[2]
                 self._charge(leaf, job.per_worker, job.workers)
-        self.total_free = [sum(row[r] for row in self.free) for r in range(3)]
+        self.total_free = [sum(column) for column in zip(*self.free)] or [0, 0, 0]
         for r in range(3):  # the quota can be below the machines
-            used = sum(row[r] for row in self.capacity) - self.total_free[r]
+            used = nodes.machines[r] - self.total_free[r]
             self.total_free[r] = min(self.total_free[r], self.total_capacity[r] - used)
 
     def _add_plan(self, path: str, share: float, limit: Resources, user_leaf: bool) -> _Plan:
@@ -165,7 +192,8 @@ class _Cycle:
         plan = _Plan(path, share, limit, parent, user_leaf)
         parent.children.append(plan)
         plan.chain = [plan, *parent.chain]
-        plan.limited = [p for p in plan.chain if any(v != UNLIMITED for v in p.limit)]
+        own = any(v != UNLIMITED for v in plan.limit)
+        plan.limited = [plan, *parent.limited] if own else parent.limited
         self.plans[path] = plan
         return plan
 
@@ -257,14 +285,21 @@ class _Cycle:
                         f"smaller workers"
                     )
                     break
-        if answer is None and max_workers_on(self.capacity, w) < n:
-            most = int(max_workers_on(self.capacity, w))
+        if answer is None and self._most(w) < n:
+            most = int(self._most(w))
             answer = (
                 f"rejected: the gang of {size} cannot be placed: the nodes hold at most "
                 f"{most} such workers at once"
             )
         cache[key] = answer
         return answer
+
+    def _most(self, w: tuple) -> float:
+        """max_workers_on the empty nodes, kept per worker shape with the instance's figures."""
+        most = self.most_on_empty.get(tuple(w))
+        if most is None:
+            most = self.most_on_empty[tuple(w)] = max_workers_on(self.capacity, w)
+        return most
 
     # 3. demand ---------------------------------------------------------------------------------
     def compute_demand(self) -> None:
@@ -328,10 +363,7 @@ class _Cycle:
                 plan.active = 1
             if plan.active and plan.parent is not None:
                 plan.parent.active += 1
-                heapq.heappush(
-                    plan.parent.heap,
-                    (round(plan.ratio, 9), plan.weight, plan.path, plan.version, plan),
-                )
+                self._enqueue(plan)
         while self.root.active:
             leaf = self._pick()
             while leaf.pos < len(leaf.queue):
@@ -369,10 +401,13 @@ class _Cycle:
             plan.ratio = dominant_ratio(plan.alloc, plan.deserved)
             plan.version += 1
             if plan.parent is not None and plan.active:
-                heapq.heappush(
-                    plan.parent.heap,
-                    (round(plan.ratio, 9), plan.weight, plan.path, plan.version, plan),
-                )
+                self._enqueue(plan)
+
+    def _enqueue(self, plan: _Plan) -> None:
+        """(Re)queue a plan in its parent's order; stale entries are skipped by version. The
+        ratio is rounded so that equal ratios computed two ways tie."""
+        entry = (round(plan.ratio, 9), plan.weight, plan.path, plan.version, plan)
+        heapq.heappush(plan.parent.heap, entry)
 
     def _try_start(self, job: Job, leaf: _Plan) -> bool:
         w, n = job.per_worker, job.min_workers
@@ -472,17 +507,28 @@ class _Cycle:
         """Reclaim: for each capacity-blocked job whose leaf (and ancestors up to where the
         borrowing happened) stays within its deserved share, take back from borrowers."""
         self.delta: dict[str, list[float]] = {}  # plan path -> alloc change promised this cycle
-        self.candidates = [
-            (job, leaf)
-            for job, leaf in self.live
-            if job.state is JobState.RUNNING
-            and job.preemptible
-            and not job.terminating
-            and job.started is not None
-            and self.now - job.started >= self.config.min_runtime
-        ]
-        if not self.candidates:
+        if not self.blocked:  # nothing to reclaim for: skip the O(jobs) victim list
             return
+        # victims-to-be by plan subtree, so a reclaimer looks only under borrowing siblings
+        self.under: dict[int, list[tuple[Job, _Plan]]] = {}
+        for job, leaf in self.live:
+            if (
+                job.state is JobState.RUNNING
+                and job.preemptible
+                and not job.terminating
+                and job.started is not None
+                and self.now - job.started >= self.config.min_runtime
+            ):
+                for p in leaf.chain:
+                    self.under.setdefault(id(p), []).append((job, leaf))
+        if not self.under:
+            return
+        self.total_incoming = [sum(row[r] for row in self.incoming) for r in range(3)]
+        # per node: free now plus what terminating jobs (and this cycle's victims) will free;
+        # kept up to date by _commit_victims and _claim for the rest of the phase
+        self.pool = [
+            [f[0] + i[0], f[1] + i[1], f[2] + i[2]] for f, i in zip(self.free, self.incoming)
+        ]
         tried: set[tuple] = set()
         for job, leaf in self.blocked:
             key = (leaf.path, tuple(job.per_worker), job.min_workers, job.max_workers)
@@ -520,63 +566,86 @@ class _Cycle:
         k, height = self._within_deserved(leaf, job)
         if not k:
             return
-        self._reclaimer_ancestors = {id(p) for p in leaf.chain}
-        lca_ok = {id(p.parent) for p in leaf.chain[:height]}
         w = job.per_worker
-        pool = [
-            [self.free[i][r] + self.incoming[i][r] for r in range(3)]
-            for i in range(len(self.names))
-        ]
+        need = [w[r] * job.min_workers for r in range(3)]
         # What terminating jobs will free is enough: wait for it, claim it, preempt no more.
-        if place_gang(pool, self.names, w, job.min_workers) is not None:
-            self._claim(job, pool, k)
-            self.waits[job.id] = "waiting: resources being released by preempted jobs go to it"
+        on_its_way = "waiting: resources being released by preempted jobs go to it"
+        if any(need) and all(need[r] <= self.total_incoming[r] for r in range(3)):
+            # Claimed by amount: where it lands is checked when it has landed. This keeps a
+            # busy tick O(1) per waiting gang instead of O(nodes).
+            for r in range(3):
+                self.total_incoming[r] -= need[r]
+            self.waits[job.id] = on_its_way
             return
-        eligible = []
-        for victim, vleaf in self.candidates:
-            if victim.id in self.victims:
-                continue
-            side = self._borrower_side(vleaf, lca_ok, w)
-            if side is not None:
-                eligible.append((victim, vleaf, side))
+        if all(need[r] <= self.total_free[r] + self.total_incoming[r] for r in range(3)):
+            if gang_room(self.pool, w, job.min_workers) >= job.min_workers:
+                self._claim(job, k)
+                self.waits[job.id] = on_its_way
+                return
+        eligible = self._eligible(leaf, height, w)
         if not eligible:
             return
+        could_free = [sum(v.per_worker[r] * v.workers for v, _, _ in eligible) for r in range(3)]
+        if any(
+            need[r] > self.total_free[r] + self.total_incoming[r] + could_free[r] for r in range(3)
+        ):
+            return  # even every borrower's job would not make room: preempt nothing
         steps = self._victim_steps(eligible, w)
         chosen: list[tuple] = []  # (victim, vleaf, nodes released)
-        released = [row[:] for row in pool]
+        gained = [0.0, 0.0, 0.0]
+        want = [w[r] * k for r in range(3)]
+        base = gang_room(self.pool, w, k)
         for victim, vleaf, nodes in steps:
-            for i in nodes:
-                for r in range(3):
-                    released[i][r] += victim.per_worker[r]
+            for r in range(3):
+                gained[r] += victim.per_worker[r] * len(nodes)
             chosen.append((victim, vleaf, nodes))
-            if place_gang(released, self.names, w, k) is not None:
+            if (
+                all(
+                    want[r] <= self.total_free[r] + self.total_incoming[r] + gained[r]
+                    for r in range(3)
+                )
+                and self._room_with(chosen, w, k, base) >= k
+            ):
                 break
         target = k
-        while target >= job.min_workers and place_gang(released, self.names, w, target) is None:
+        while target >= job.min_workers:
+            if self._room_with(chosen, w, target, gang_room(self.pool, w, target)) >= target:
+                break
             target -= 1
         if target < job.min_workers:
             return  # never preempt for nothing
-        chosen = self._prune(chosen, pool, w, target)
+        chosen = self._prune(chosen, w, target)
+        if not chosen:  # what is free or on its way already makes room
+            self._claim(job, target)
+            self.waits[job.id] = on_its_way
+            return
         self._commit_victims(job, leaf, chosen)
-        self._claim(job, self._pool_with(pool, chosen), target)
+        self._claim(job, target)
         names = ", ".join(sorted({v.id for v, _, _ in chosen}))
         self.waits[job.id] = f"waiting: reclaiming from {names} (grace {self.config.grace:g} s)"
 
-    def _borrower_side(self, vleaf: _Plan, lca_ok: set[int], w: tuple) -> _Plan | None:
-        """The child of the common ancestor on the victim's side when it holds more than it
-        deserves in a resource the reclaimer needs (a borrower), and the reclaimer's side up to
-        that ancestor stays within its share (``lca_ok``); else None."""
-        for p in vleaf.chain:
-            parent = p.parent
+    def _eligible(self, leaf: _Plan, height: int, w: tuple) -> list[tuple]:
+        """Victims for a reclaimer: running jobs under a sibling that borrows (holds more than
+        it deserves in a resource the reclaimer needs), at each level where the reclaimer's
+        side stays within its share (the first ``height`` plans of its chain)."""
+        out = []
+        for mine in leaf.chain[:height]:
+            parent = mine.parent
             if parent is None:
-                return None
-            if id(parent) in self._reclaimer_ancestors:
-                if id(parent) not in lca_ok:
-                    return None
-                if any(w[r] and self._alloc(p, r) > p.deserved[r] + EPS for r in range(3)):
-                    return p
-                return None
-        return None
+                break
+            for sibling in parent.children:
+                if sibling is mine or id(sibling) not in self.under:
+                    continue
+                if not any(
+                    w[r] and self._alloc(sibling, r) > sibling.deserved[r] + EPS for r in range(3)
+                ):
+                    continue
+                out.extend(
+                    (victim, vleaf, sibling)
+                    for victim, vleaf in self.under[id(sibling)]
+                    if victim.id not in self.victims
+                )
+        return out
 
     def _victim_steps(self, eligible: list[tuple], w: tuple) -> list[tuple]:
         """Reclaim: elastic shrink first, then whole gangs; victims that stay at or above their
@@ -617,14 +686,32 @@ class _Cycle:
         # A gang stop replaces any shrink steps of the same job taken before it.
         return steps + [s for _, s in gangs]
 
-    def _prune(self, chosen: list[tuple], pool: list, w: tuple, target: int) -> list[tuple]:
+    def _prune(self, chosen: list[tuple], w: tuple, target: int) -> list[tuple]:
         """Least loss: drop any whole-gang victim, newest choice first, that is not needed."""
         merged = self._merge(chosen)
+        base = gang_room(self.pool, w, target)
         for item in reversed(list(merged)):
             trial = [c for c in merged if c is not item]
-            if place_gang(self._pool_with(pool, trial), self.names, w, target) is not None:
+            if self._room_with(trial, w, target, base) >= target:
                 merged = trial
         return merged
+
+    def _room_with(self, chosen: list[tuple], w: tuple, count: int, base: float) -> float:
+        """gang_room of the pool once ``chosen`` let go; ``base`` is the pool's own room. Only
+        the nodes the victims free are recounted, so a step costs its victims, not the nodes."""
+        touched: dict[int, list] = {}
+        for victim, _, nodes in chosen:
+            vw = victim.per_worker
+            for i in nodes:
+                row = touched.get(i)
+                if row is None:
+                    row = touched[i] = self.pool[i][:]
+                row[0] += vw[0]
+                row[1] += vw[1]
+                row[2] += vw[2]
+        for i, row in touched.items():
+            base += min(fit_count(row, w), count) - min(fit_count(self.pool[i], w), count)
+        return base
 
     def _merge(self, chosen: list[tuple]) -> list[tuple]:
         """Shrink steps and a later stop of the same job become the stop alone."""
@@ -640,18 +727,16 @@ class _Cycle:
                 out[victim.id] = (victim, vleaf, list(nodes))
         return list(out.values())
 
-    def _pool_with(self, pool: list, chosen: list[tuple]) -> list:
-        out = [row[:] for row in pool]
-        for victim, _, nodes in chosen:
-            for i in nodes:
-                for r in range(3):
-                    out[i][r] += victim.per_worker[r]
-        return out
-
     def _commit_victims(self, job: Job, leaf: _Plan, chosen: list[tuple]) -> None:
         for victim, vleaf, nodes in chosen:
             self.victims.add(victim.id)
             count = len(nodes)
+            vw = victim.per_worker
+            for i in nodes:  # freed after the grace period: incoming, like any terminating job
+                for r in range(3):
+                    self.incoming[i][r] += vw[r]
+                    self.total_incoming[r] += vw[r]
+                    self.pool[i][r] += vw[r]
             for p in vleaf.chain:
                 d = self.delta.setdefault(p.path, [0.0, 0.0, 0.0])
                 for r in range(3):
@@ -664,21 +749,25 @@ class _Cycle:
             else:
                 self.decisions.append(Preempt(victim.id, self.config.grace, reason, job.id))
 
-    def _claim(self, job: Job, pool: list, k: int) -> None:
-        """Hold what the reclaimer will use: it is not free for growth in this cycle."""
+    def _claim(self, job: Job, k: int) -> None:
+        """Hold what the reclaimer will use, free capacity first, then what is being released:
+        it is not free for growth or for another reclaimer in this cycle."""
         w = job.per_worker
-        placement = place_gang(pool, self.names, w, k) or place_gang(
-            pool, self.names, w, job.min_workers
+        placement = place_gang(self.pool, self.names, w, k) or place_gang(
+            self.pool, self.names, w, job.min_workers
         )
         if placement is None:
             return
         for i in placement:
-            row, inc = self.free[i], self.incoming[i]
+            row, inc, pool = self.free[i], self.incoming[i], self.pool[i]
             for r in range(3):
                 from_free = max(0, min(row[r], w[r]))
+                from_incoming = min(inc[r], w[r] - from_free)
                 row[r] -= from_free
+                inc[r] -= from_incoming
+                pool[r] -= from_free + from_incoming
                 self.total_free[r] -= from_free
-                inc[r] = max(0, inc[r] - (w[r] - from_free))
+                self.total_incoming[r] -= from_incoming
         d = self.delta.setdefault
         for p in self._leaf_for(job).chain:
             dp = d(p.path, [0.0, 0.0, 0.0])
@@ -741,12 +830,18 @@ class _Cycle:
             job = by_id[job_id]
             added = tuple(self.names[i] for i in nodes)
             out.decisions.append(Grow(job_id, added, job.workers + len(added)))
+        reasons: dict[tuple, str] = {}  # free capacity is fixed now: one message per shape
         for job, _ in self.live:
             if job.state is JobState.PENDING and job.id not in self.started:
                 reason = self.waits.get(job.id)
                 if job.id == self.reserved_for:
                     reason = f"{reason}; {self.reservation}"
-                out.decisions.append(Wait(job.id, reason or self._capacity_reason(job)))
+                if not reason:
+                    shape = (tuple(job.per_worker), job.min_workers)
+                    reason = reasons.get(shape) or reasons.setdefault(
+                        shape, self._capacity_reason(job)
+                    )
+                out.decisions.append(Wait(job.id, reason))
         for plan in self.plans.values():
             out.plans[plan.path] = PlanFigures(
                 path=plan.path,

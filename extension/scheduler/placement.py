@@ -40,10 +40,11 @@ def place_gang(
     """
     placed: list[int] = []
     fits = []
+    w0, w1, w2 = worker
     for i, row in enumerate(free):
-        n = fit_count(row, worker)
-        if n >= 1:
-            fits.append((n, i))
+        if row[0] < w0 or row[1] < w1 or row[2] < w2:
+            continue  # not even one worker: the common case on a busy cluster, kept cheap
+        fits.append((fit_count(row, worker), i))
     if sum(min(n, count) for n, _ in fits) < count:
         return None
     if prefer:
@@ -64,6 +65,16 @@ def place_gang(
         if len(placed) == count:
             return placed
     return None  # pragma: no cover - the sum check above makes this unreachable
+
+
+def gang_room(free: Sequence[Sequence[float]], worker: Sequence[float], count: int) -> float:
+    """How many of a gang's ``count`` workers fit at once (place_gang succeeds iff >= count)."""
+    w0, w1, w2 = worker
+    room = 0.0
+    for row in free:
+        if row[0] >= w0 and row[1] >= w1 and row[2] >= w2:
+            room += min(fit_count(row, worker), count)
+    return room
 
 
 def max_workers_on(capacity: Sequence[Sequence[float]], worker: Sequence[float]) -> float:
