@@ -7,6 +7,7 @@ tree as it was.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -71,6 +72,7 @@ def parent_of(path: str) -> str:
     return head or ROOT
 
 
+@functools.lru_cache(maxsize=4096)  # called for every job in every cycle; names repeat
 def leaf_path(plan: str, user: str) -> str:
     """The user leaf a submission to ``plan`` by ``user`` is charged to."""
     return f"{plan}/{check_name(user, what='user name')}"
