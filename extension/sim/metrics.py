@@ -1,0 +1,102 @@
+"""Figures of a replay, the same for every policy (docs/simulate.md "Metrics").
+
+- ``percentiles``: nearest rank (the smallest value with at least q of the values at or below
+  it), so every reported figure is a value that really occurred.
+- ``deserved_gpus``: the deserved share of every plan from the GPU demand, by the core's own
+  hierarchical weighted water-filling (SCHEDULING.md "Deserved share"), computed outside the
+  policy so that baselines that know nothing of shares are measured against the same yardstick.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from extension.scheduler.shares import water_fill
+
+QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest rank: the ceil(q*n)-th smallest value (1-based); needs a sorted, non-empty list."""
+    rank = max(1, math.ceil(q * len(sorted_values) - 1e-9))
+    return sorted_values[rank - 1]
+
+
+def percentiles(values: Iterable[float]) -> dict:
+    """``{count, mean, p50, p90, p99}`` (seconds, rounded to 3 places); figures are None when
+    there is no value."""
+    data = sorted(values)
+    if not data:
+        return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None}
+    out: dict = {"count": len(data), "mean": num(sum(data) / len(data))}
+    for name, q in QUANTILES:
+        out[name] = num(percentile(data, q))
+    return out
+
+
+def num(value: float | None) -> float | int | None:
+    """Plain JSON numbers: ints where whole, else 3 decimals."""
+    if value is None:
+        return None
+    value = round(value, 3)
+    return int(value) if value == int(value) else value
+
+
+class PlanShape:
+    """The plan tree as the metrics see it: paths, parents, shares, GPU limits, depth."""
+
+    def __init__(self, plans: Iterable[tuple[str, float, float]]) -> None:
+        """``plans``: (path, share, gpu limit) for every plan and user leaf."""
+        self.paths: list[str] = []
+        self.share: dict[str, float] = {}
+        self.limit: dict[str, float] = {}
+        self.children: dict[str, list[str]] = {"/": []}
+        for path, share, limit in sorted(plans, key=lambda p: (p[0].count("/"), p[0])):
+            self.add(path, share, limit)
+
+    def add(self, path: str, share: float = 1.0, limit: float = math.inf) -> None:
+        if path in self.share:
+            return
+        parent = path.rsplit("/", 1)[0] or "/"
+        if parent not in self.children:
+            self.add(parent)
+        self.paths.append(path)
+        self.share[path] = share
+        self.limit[path] = limit
+        self.children.setdefault(path, [])
+        self.children[parent].append(path)
+
+    def depth(self, path: str) -> int:
+        return path.count("/")
+
+
+def deserved_gpus(shape: PlanShape, leaf_demand: dict[str, float], capacity: float) -> dict:
+    """Deserved GPUs of every plan given the GPU demand of the leaves (capped by limits)."""
+    demand: dict[str, float] = {}
+
+    def fill_demand(path: str) -> float:
+        kids = shape.children.get(path, ())
+        total = leaf_demand.get(path, 0.0) if not kids else sum(fill_demand(k) for k in kids)
+        if path != "/":
+            total = min(total, shape.limit[path])
+        demand[path] = total
+        return total
+
+    root = min(fill_demand("/"), capacity)
+    out = {"/": root}
+    stack = ["/"]
+    while stack:
+        path = stack.pop()
+        kids = shape.children.get(path, ())
+        if not kids:
+            continue
+        wants = [demand[k] for k in kids]
+        if sum(wants) <= out[path]:  # enough for all: water-filling gives each its demand
+            got = wants
+        else:
+            got = water_fill(out[path], wants, [shape.share[k] for k in kids])
+        for kid, amount in zip(kids, got):
+            out[kid] = amount
+        stack.extend(kids)
+    return out
