@@ -359,8 +359,18 @@ class JobsHandler(APIHandler):
     @_errors
     async def post(self) -> None:
         caller = self.caller()
+        body = self.body()
+        on_behalf = body.get("user") if isinstance(body, dict) else None
+        if on_behalf is not None and on_behalf != caller.name:
+            # a plan admin (e.g. the spawner's service) submits for a user: the job is the
+            # user's in every way; the admin vouches for membership
+            if not caller.admin:
+                raise APIError(403, "only plan admins may submit jobs for another user")
+            if not isinstance(on_behalf, str) or not MEMBER.match(on_behalf):
+                raise APIError(400, f"user {on_behalf!r} is not a hub user name")
+            caller = Caller(on_behalf, frozenset(), admin=True)
         sub = parse_submission(
-            self.body(),
+            body,
             user=caller.name,
             storage_root=self.service.storage_root,
             limit_range=self.service.limit_range_obj,

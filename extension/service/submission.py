@@ -43,6 +43,7 @@ KEYS = {
     "command",
     "env",
     "kind",
+    "user",  # plan admins only: submit on behalf of this hub user (the spawner does)
 }
 COMMAND_KEYS = {"model_dir", "model_main", "args"}
 MAX_PRIORITY = 1_000_000

@@ -360,9 +360,33 @@ def test_browser_page_goes_through_hub_oauth(hub: Hub) -> None:
     assert "client_id=service-wmla" in r.headers["Location"]
 
 
+def test_plan_admin_submits_a_notebook_for_a_user(hub: Hub) -> None:
+    """The spawner's path: a one-worker, non-preemptible notebook job charged to the user."""
+    padmin, user1, user2 = hub.clients["padmin"], hub.clients["user1"], hub.clients["user2"]
+    body = {
+        "plan": "/sample-project/notebooks",
+        "kind": "notebook",
+        "user": "user1",
+        "resources": {"gpu": 0, "cpu": "100m", "memory": "64Mi"},
+    }
+    r = user2.post("/jobs", json=body)
+    assert r.status_code == 403 and "only plan admins" in error_of(r)
+    r = padmin.post("/jobs", json=body)
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert (job["user"], job["leaf"], job["preemptible"]) == (
+        "user1",
+        "/sample-project/notebooks/user1",
+        False,
+    )
+    assert user1.wait_state(job["id"], {"RUNNING"})["command"] == []
+    r = user1.delete(f"/jobs/{job['id']}")  # stopping the server releases it at once
+    assert r.status_code == 200 and r.json()["state"] == "CANCELLED"
+
+
 def test_restart_of_the_service_loses_nothing(hub: Hub) -> None:
     admin, user1 = hub.clients["admin"], hub.clients["user1"]
-    r = user1.post("/jobs", json=job_body("/project1/dev-team", seconds=30))
+    r = user1.post("/jobs", json=job_body("/sample-project/training", seconds=30))
     assert r.status_code == 201
     running = r.json()["id"]
     user1.wait_state(running, {"RUNNING"})
