@@ -630,3 +630,37 @@ def test_the_seed_002_experiment_manifests_are_valid(mode):
             assert pod["schedulerName"] == "volcano"
         else:
             assert policy is None and "schedulerName" not in pod
+
+
+def test_the_helm_values_configure_the_service_with_this_backend(monkeypatch):
+    """Run the values' extraConfig as the hub would, and build the backend the way the service
+    does (``Backend(emit, nodes, state_dir)`` with the values' environment)."""
+    import importlib
+    import pathlib
+
+    import yaml
+    from traitlets.config import Config
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "hub_config/k8s/jupyterhub-values.yaml"
+    values = yaml.safe_load(path.read_text())
+    c = Config()
+    exec(values["hub"]["extraConfig"]["wmla"], {"c": c})
+    services = c.JupyterHub.services
+    (service,) = services.get_value([]) if hasattr(services, "get_value") else services
+    assert service["name"] == "wmla" and service["url"] == "http://hub:10101"
+    assert service["command"][1:] == ["-m", "extension.service"]
+    config = json.loads(service["environment"]["WMLA_SERVICE_CONFIG"])["WmlaService"]
+    assert (config["ip"], config["port"]) == ("0.0.0.0", 10101)
+    assert values["hub"]["service"]["extraPorts"][0]["port"] == 10101
+    assert values["hub"]["extraVolumeMounts"][0]["mountPath"] == config["storage_root"]
+
+    for name, value in values["hub"]["extraEnv"].items():
+        if isinstance(value, str):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("WMLA_K8S_NAMESPACE", "wmla")
+    module, _, cls = config["backend_class"].rpartition(".")
+    backend_ = getattr(importlib.import_module(module), cls)(lambda e: None, [], "/tmp/unused")
+    assert isinstance(backend_, KubernetesBackend)
+    assert (backend_.namespace, backend_.storage_root) == ("wmla", config["storage_root"])
+    assert backend_.image == values["hub"]["extraEnv"]["WMLA_K8S_IMAGE"]
+    assert backend_.mount_path == "/gpfs/myresultfs/{user}"
