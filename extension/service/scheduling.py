@@ -145,9 +145,11 @@ class Scheduler:
         ``cycle()`` themselves with ``run_loop=False``)."""
         self._loop = asyncio.get_running_loop()
         self.backend = backend
-        self.instance = Instance(
-            tuple(backend.capacity()), self.bounds["quota"], self.bounds.get("max_jobs")
-        )
+        opener = getattr(backend, "open", None)
+        if opener is not None:  # e.g. the Kubernetes backend lists the cluster first
+            await opener()
+        self._refresh_instance()
+        self._sync_queues()
         running = [
             r for r in self.store.jobs(states=[JobState.RUNNING.value]) if r.kind != "notebook"
         ]
@@ -159,6 +161,24 @@ class Scheduler:
                     self._queue_stop(row.id, self.config.grace, reason, now=True)
         if run_loop:
             self._task = asyncio.ensure_future(self._run())
+
+    def _refresh_instance(self) -> None:
+        """The instance the core sees: the backend's nodes now, cut by the configured quota
+        and by the backend's own (a namespace ResourceQuota on Kubernetes) when it has one."""
+        backend = self.backend
+        assert backend is not None
+        quota = self.bounds["quota"]
+        backend_quota = getattr(backend, "quota", None)
+        if backend_quota is not None:
+            quota = quota.cap(backend_quota())
+        self.instance = Instance(tuple(backend.capacity()), quota, self.bounds.get("max_jobs"))
+
+    def _sync_queues(self) -> None:
+        """Backends that mirror the plan tree (Volcano queues) get it after every change."""
+        sync = getattr(self.backend, "sync_queues", None)
+        if sync is not None:
+            plans = self.plans.copy()
+            self._dispatch("plans", lambda: sync(plans))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -215,6 +235,7 @@ class Scheduler:
         """One pass: events, decisions, store, then backend calls (in that order)."""
         now = self.clock()
         self._fold_events(now)
+        self._refresh_instance()
         snapshot = Snapshot(self.plans, self.instance, list(self.jobs.values()), self.config)
         result = schedule(snapshot, now)
         self.cycles += 1
@@ -455,6 +476,12 @@ class Scheduler:
             )
         except PlanError as err:
             raise SubmissionError(str(err)) from None
+        admission = getattr(self.backend, "admission_problem", None)
+        if problem is None and admission is not None:
+            # what the platform itself would refuse for good (a LimitRange on Kubernetes)
+            found = admission(sub.per_worker, sub.min_workers)
+            if found is not None and found[1]:
+                problem = f"rejected: {found[0]}"
         if problem:
             raise Rejected(problem)
         # the user leaf is created on first use (SCHEDULING.md "User leaf")
@@ -504,6 +531,7 @@ class Scheduler:
             self.store.save_plans([PlanRecord(leaf.path, 1.0, leaf.limit, True)], now)
             self.plans = tree
             self.members[leaf.path] = ([], [])
+            self._sync_queues()
         self.store.add_job(row, now)
         self.jobs[job_id] = job
         self.kinds[job_id] = sub.kind
@@ -566,6 +594,7 @@ class Scheduler:
             self.members.pop(path, None)
         for rec in records:
             self.members[rec.path] = (list(rec.users), list(rec.groups))
+        self._sync_queues()
         await self.kick()
 
     def live_jobs_under(self, path: str) -> list[Job]:

@@ -274,3 +274,40 @@ def test_alembic_schema_matches_the_models(tmp_path: Path) -> None:
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     store.close()
     assert diff == []
+
+
+class PlatformBackend(InProcessBackend):
+    """The test double plus the optional hooks a cluster backend has (quota, admission check,
+    queue sync), as the Kubernetes backend offers them."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.synced: list[list[str]] = []
+
+    def quota(self) -> Resources:
+        return Resources(2, UNLIMITED, UNLIMITED)
+
+    def admission_problem(self, per_worker: Resources, workers: int):
+        if per_worker.cpu > 1000:
+            return ("LimitRange lr-test allows at most 1 cpu per container", True)
+        return None
+
+    async def sync_queues(self, plans) -> None:
+        self.synced.append([p.path for p in plans])
+
+
+async def test_optional_platform_hooks(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    nodes = rig.backend.nodes
+    rig.backend = PlatformBackend(rig.sched.emit, nodes, str(tmp_path / "backend"))
+    await rig.start()
+    try:
+        assert rig.sched.instance.capacity.gpu == 2  # the platform's quota cuts the 4 GPUs
+        with pytest.raises(Rejected, match="at most 1 cpu per container"):
+            await rig.submit("user1", "/sample-project/training", "1", cpu="2")
+        await rig.submit("user1", "/sample-project/training", "1")
+        await rig.sched.drain()
+        assert "/sample-project/training/user1" in rig.backend.synced[-1]
+    finally:
+        await rig.sched.stop()
+        rig.store.close()
