@@ -643,6 +643,7 @@ class LocalBackend:
             self._refresh(gang)
             failed = [w for w in gang.workers if w.done and (w.exit_code != 0 or w.vanished)]
             if failed:
+                gang.state = "stopping"  # now, so that no other poll or stop handles it twice
                 self._spawn_task(self._fail(gang, _first_failure(failed)))
             elif all(w.done for w in gang.workers):
                 self._finish(gang)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 
+import pytest
 import torch
 
 from extension.runtime import metrics
@@ -19,29 +21,38 @@ def build_model(example):  # noqa: ANN001, ANN201 - the example's own model defi
     return module.build_model()
 
 
-async def test_the_example_trains_with_two_ddp_workers_to_the_stated_accuracy(local_rig) -> None:
+@pytest.mark.parametrize(
+    "workers, batch_size, epochs",
+    [pytest.param(2, 32, 5, id="2-workers"), pytest.param(4, 16, 4, id="4-workers")],
+)
+async def test_the_example_trains_with_ddp_workers_to_the_stated_accuracy(
+    local_rig, workers: int, batch_size: int, epochs: int
+) -> None:
     backend = local_rig.backend()
-    command = ["python", str(local_rig.example), "--epochs", "5", "--batch-size", "32"]
-    command += ["--target-accuracy", str(TARGET)]
+    command = ["python", str(local_rig.example), "--epochs", str(epochs)]
+    command += ["--batch-size", str(batch_size), "--target-accuracy", str(TARGET)]
     spec = local_rig.spec("mnist", command)
-    await backend.start(spec, ("local", "local"))
+    await backend.start(spec, ("local",) * workers)
     event = await local_rig.events.wait("mnist", "finished", "failed")
     assert event.kind == "finished", event.message
 
     workdir = local_rig.workdir("mnist")
     result = json.loads((workdir / "result.json").read_text())
-    assert result["test_accuracy"] >= TARGET and result["world_size"] == 2
+    assert result["test_accuracy"] >= TARGET and result["world_size"] == workers
     model = build_model(local_rig.example)
     model.load_state_dict(torch.load(workdir / "model.pt", weights_only=True))
     lines = metrics.read(str(workdir / "metrics.jsonl"))
+    epochs_run = epochs
     epochs = [line for line in lines if "test_accuracy" in line]
-    assert [line["epoch"] for line in epochs] == [1, 2, 3, 4, 5]
+    assert [line["epoch"] for line in epochs] == list(range(1, epochs_run + 1))
     assert epochs[-1]["test_accuracy"] >= TARGET
     losses = [line for line in lines if "loss" in line]
     assert [line["step"] for line in losses] == list(range(1, result["steps"] + 1))
-    assert all(line["rank"] == 0 and line["world_size"] == 2 for line in losses)
-    # DDP really split the data: 1437 training images / (2 workers x 32) = 23 steps an epoch
-    assert result["steps"] == 5 * 23
+    assert all(line["rank"] == 0 and line["world_size"] == workers for line in losses)
+    # DDP really split the data: 1437 training images / (workers x batch) steps an epoch
+    shard = math.ceil(1437 / workers)  # DistributedSampler pads every rank to the same share
+    per_epoch = math.ceil(shard / batch_size)
+    assert result["steps"] == epochs_run * per_epoch
     assert (workdir / "checkpoints" / "latest.pt").exists()
     assert "final test accuracy" in backend.logs("mnist", worker=0)
     assert backend.devices_in_use() == {}
