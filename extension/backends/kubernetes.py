@@ -563,19 +563,41 @@ class KubernetesBackend:
             (QUEUES, self._selector),
         ]
 
-    async def open(self) -> None:
-        """Start the list+watch loops and wait until every kind has been listed once."""
+    async def open(self, timeout: float | None = None) -> None:
+        """Start the list+watch loops and wait until every kind has been listed once.
+
+        With ``timeout``, a BackendError says which kinds could not be listed in time (the
+        loops keep trying); without it, this waits for the API server as long as it takes.
+        """
         if self._opening is None:
             self._opening = asyncio.Lock()
         async with self._opening:
             if self._api is None:
-                api = self.api_factory()
-                self._api = await api if asyncio.iscoroutine(api) else api  # type: ignore[assignment]
+                try:
+                    api = self.api_factory()
+                    if asyncio.iscoroutine(api):
+                        api = await api
+                except Exception as exc:
+                    raise BackendError(
+                        f"cannot reach Kubernetes: {exc}; run the service in a pod with a "
+                        "service account (see hub_config/k8s/rbac.yaml) or set KUBECONFIG"
+                    ) from exc
+                self._api = api  # type: ignore[assignment]
+                self._closed = False
                 for kind, selector in self._watched():
                     self._listed[kind] = asyncio.Event()
                     task = asyncio.ensure_future(self._watch_loop(kind, selector))
                     self._tasks.append(task)
-        await asyncio.gather(*(e.wait() for e in self._listed.values()))
+        waiting = asyncio.gather(*(e.wait() for e in self._listed.values()))
+        try:
+            await asyncio.wait_for(waiting, timeout)
+        except asyncio.TimeoutError:
+            missing = sorted(k for k, e in self._listed.items() if not e.is_set())
+            raise BackendError(
+                f"the Kubernetes API server did not list {', '.join(missing)} within "
+                f"{timeout:g}s; check the API server, the RBAC rules and the CRDs "
+                "(Volcano, the training operator)"
+            ) from None
 
     async def close(self) -> None:
         """Stop watching; running jobs are left running (they outlive the service)."""
@@ -639,6 +661,12 @@ class KubernetesBackend:
                 log.warning(
                     "watch of %s lost the API server (%s); retrying in %.1fs", kind, exc, delay
                 )
+                await self._sleep(delay)
+                delay = min(self.backoff_max, delay * 2)
+            except Exception:  # a malformed answer must not stop the cache for good
+                must_list = True
+                self.api_failures += 1
+                log.exception("watch of %s broke; listing again in %.1fs", kind, delay)
                 await self._sleep(delay)
                 delay = min(self.backoff_max, delay * 2)
 
@@ -939,7 +967,7 @@ class KubernetesBackend:
             obj = self.cache.get(self.job_kind, name)
             if obj is None or _annotations(obj).get(m.ANNOTATION_JOB_ID) != job_id:
                 if not self._pods_of(name):
-                    self.emit(BackendEvent(job_id, "released", self._clock(), message=reason))
+                    self._emit(BackendEvent(job_id, "released", self._clock(), message=reason))
                     return
             spec = JobSpec(job_id, "unknown", "/", Resources(), (), "/")
             tracked = self._jobs[job_id] = _Tracked(spec, name, self.job_kind)
@@ -971,7 +999,7 @@ class KubernetesBackend:
             known.add(spec.id)
             obj = by_id.get(spec.id)
             if obj is None:
-                self.emit(
+                self._emit(
                     BackendEvent(
                         spec.id,
                         "lost",
@@ -986,6 +1014,8 @@ class KubernetesBackend:
             )
             if _deleting(obj):
                 tracked.phase = "stopping"
+            elif job_condition(obj, self.job_kind) in ("Succeeded", "Failed"):
+                tracked.phase = "running"  # ended while we were away: report only the end
             else:
                 pods = self._pods_of(tracked.name)
                 ready = [p for p in pods if pod_ready(p)]
@@ -1159,12 +1189,12 @@ class KubernetesBackend:
         if tracked.phase == "stopping":
             if obj is None and not pods:
                 del self._jobs[job_id]
-                self.emit(BackendEvent(job_id, "released", now, message=tracked.reason))
+                self._emit(BackendEvent(job_id, "released", now, message=tracked.reason))
             return
         if obj is None:
             if tracked.seen:
                 del self._jobs[job_id]
-                self.emit(
+                self._emit(
                     BackendEvent(
                         job_id,
                         "failed",
@@ -1188,11 +1218,17 @@ class KubernetesBackend:
         if tracked.phase == "starting" and len(ready) >= tracked.workers:
             tracked.phase = "running"
             tracked.placement = self._placement(ready)
-            self.emit(BackendEvent(job_id, "running", now, placement=tracked.placement))
+            self._emit(BackendEvent(job_id, "running", now, placement=tracked.placement))
         elif tracked.phase == "resizing" and len(ready) == len(pods) == tracked.workers:
             tracked.phase = "running"
             tracked.placement = self._placement(ready)
-            self.emit(BackendEvent(job_id, "resized", now, placement=tracked.placement))
+            self._emit(BackendEvent(job_id, "resized", now, placement=tracked.placement))
+
+    def _emit(self, event: BackendEvent) -> None:
+        try:
+            self.emit(event)
+        except Exception:  # the receiver's problem must not stop the watch that reports it
+            log.exception("emit(%s) raised", event)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -1215,12 +1251,12 @@ class KubernetesBackend:
         now = self._clock()
         if tracked.phase == "starting":
             # Finished before every pod was seen ready: still report that it ran, and where.
-            self.emit(BackendEvent(job_id, "running", now, placement=placement))
+            self._emit(BackendEvent(job_id, "running", now, placement=placement))
         with contextlib.suppress(Exception):
             await self.fetch_logs(job_id, tail=200)
         now = self._clock()
         if not failed:
-            self.emit(BackendEvent(job_id, "finished", now, placement=placement))
+            self._emit(BackendEvent(job_id, "finished", now, placement=placement))
             return
         ordered = sorted(pods, key=pod_rank)
         bad = next((i for i, p in enumerate(ordered) if pod_exit(p)), None)
@@ -1229,7 +1265,7 @@ class KubernetesBackend:
         message = condition_message(obj)
         if tail:
             message = f"{message}\n{tail}" if message else tail
-        self.emit(
+        self._emit(
             BackendEvent(
                 job_id, "failed", now, placement=placement, exit_code=exit_code, message=message
             )

@@ -644,3 +644,64 @@ async def test_the_shipped_rbac_grants_every_call_the_backend_makes(job_kind):
     missing = {u for u in used if u not in granted and (*u[:3], True) not in granted}
     assert missing == set()
     assert {v for _, _, v, _ in used} >= {"list", "watch", "create", "delete", "get", "update"}
+
+
+# -- opening, and receivers that misbehave ------------------------------------------------
+async def test_open_says_what_it_could_not_list_in_time():
+    fake, events = cluster(), Recorder()
+    fake.go_down()
+    backend = make_backend(fake, events)
+    try:
+        with pytest.raises(BackendError, match="did not list limitranges, nodes, pods"):
+            await backend.open(timeout=0.05)
+        fake.come_up()
+        await backend.open(timeout=5)  # the loops kept trying
+        assert [n.name for n in backend.capacity()] == ["cpu-1", "gpu-1", "gpu-2"]
+    finally:
+        await backend.close()
+
+
+async def test_no_cluster_configuration_is_a_clear_error():
+    def factory():
+        raise RuntimeError("Invalid kube-config file. No configuration found.")
+
+    backend = KubernetesBackend(Recorder(), namespace=NS, api_factory=factory)
+    with pytest.raises(BackendError, match="set KUBECONFIG"):
+        await backend.open()
+
+
+async def test_a_receiver_that_raises_does_not_stop_the_watch(setup):
+    fake, backend, events = setup
+    calls = []
+
+    def broken(event):
+        calls.append(event.kind)
+        raise RuntimeError("receiver bug")
+
+    backend.emit = broken
+    name = job_object_name("job-1")
+    await backend.start(spec(), ("gpu-1",))
+    fake.make_pods(name, ["gpu-1"], namespace=NS)
+    await until(lambda: calls == ["running"], "running despite the error")
+    fake.finish_job(name, namespace=NS)
+    await until(lambda: calls == ["running", "finished"], "the watch is still alive")
+
+
+async def test_a_job_that_ended_while_the_service_was_away_reports_only_the_end():
+    fake, events = cluster(), Recorder()
+    first = make_backend(fake, events)
+    await first.open()
+    job = spec(workers=(2, 2))
+    await first.start(job, ("gpu-1", "gpu-2"))
+    fake.make_pods(job_object_name("job-1"), ["gpu-1", "gpu-2"], namespace=NS)
+    await until(lambda: events.kinds("job-1") == ["running"], "running")
+    await first.close()
+    fake.finish_job(job_object_name("job-1"), namespace=NS)
+
+    later = Recorder()
+    second = make_backend(fake, later)
+    try:
+        await second.recover([job])
+        await until(lambda: later.kinds("job-1") == ["finished"], "finished only")
+    finally:
+        await second.close()
