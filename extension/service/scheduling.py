@@ -155,10 +155,18 @@ class Scheduler:
         ]
         if running:
             await backend.recover([_spec(r) for r in running])
-            for row in running:  # a stop that was under way when the service went away
-                if row.cancel_requested or row.terminating:
+            for row in running:  # what was under way when the service went away
+                if not (row.cancel_requested or row.terminating):
+                    continue
+                events = self.store.transitions(row.id)
+                if row.cancel_requested or (events and events[-1].event == "preempting"):
                     reason = row.reason or "stop resumed after restart"
                     self._queue_stop(row.id, self.config.grace, reason, now=True)
+                else:  # a shrink: forget it; the next cycle decides again at today's figures
+                    self.jobs[row.id].terminating = False
+                    self.store.update_jobs(
+                        [(row.id, {"terminating": False}, None, "")], self.clock()
+                    )
         if run_loop:
             self._task = asyncio.ensure_future(self._run())
 
