@@ -4,7 +4,8 @@ Written as numbered phases over one snapshot (the shape of Kueue's ``schedule()`
 cites the section of SCHEDULING.md it implements. No I/O, no clock, no randomness: the same
 snapshot and ``now`` give the same decisions.
 
-1. index      plans (with implicit user leaves), nodes, running allocations
+1. index      plans (with implicit user leaves), nodes, running allocations; in the same pass
+              over the jobs, 2. and the per-leaf part of 3. (one pass: this is the hot loop)
 2. reject     jobs that can never run as asked (Admission 3)
 3. demand     per plan, capped by its limit (Words: Demand)
 4. deserved   hierarchical weighted water-filling per resource (Deserved share)
@@ -91,7 +92,6 @@ def schedule(snapshot: Snapshot, now: float) -> CycleResult:
     """Run one cycle and return what to do; see the module docstring for the phases."""
     cycle = _Cycle(snapshot, now)
     cycle.index()
-    cycle.reject()
     cycle.compute_demand()
     cycle.compute_deserved()
     cycle.admit()
@@ -142,10 +142,12 @@ class _Cycle:
         self.decisions: list[Decision] = []
         self.waits: dict[str, str] = {}
         self.started: dict[str, list[int]] = {}  # job id -> node indexes (Start this cycle)
-        self.grown: dict[str, list[int]] = {}  # job id -> node indexes added (Grow)
+        self.grown: dict[str, tuple[Job, list[int]]] = {}  # job id -> (job, nodes added)
         self.blocked: list[tuple[Job, _Plan]] = []  # capacity-blocked, in fair order
         self.reserved_for: str | None = None
         self.victims: set[str] = set()
+        self._impossible_cache: dict[tuple, str | None] = {}
+        self._leaves: dict[tuple[str, str], tuple[_Plan | None, str | None]] = {}
 
     # 1. index ----------------------------------------------------------------------------------
     def index(self, extra: Iterable[Job] = ()) -> None:
@@ -163,16 +165,30 @@ class _Cycle:
         self.plans: dict[str, _Plan] = {ROOT: root}
         for plan in sorted(self.snap.plans, key=lambda p: (p.path.count("/"), p.path)):
             self._add_plan(plan.path, plan.share, plan.limit, plan.user_leaf)
-        self.jobs: list[tuple[Job, _Plan | None, str | None]] = []
+        self.live: list[tuple[Job, _Plan]] = []  # pending (not rejected) and running
         self.running_jobs = 0
+        cache = self._impossible_cache
+        pending, running = JobState.PENDING, JobState.RUNNING
         for job in [*self.snap.jobs, *extra]:
             leaf, problem = self._leaf_of(job)
-            self.jobs.append((job, leaf, problem))
-            if job.state is JobState.RUNNING and leaf is not None:
+            if job.state is pending:
+                # 2. reject (Admission 3); answers are per leaf and shape, so mostly a lookup
+                if problem is None:
+                    key = (leaf, job.per_worker, job.min_workers)
+                    problem = cache[key] if key in cache else self.impossible(job, leaf)
+                if problem:
+                    self.decisions.append(Reject(job.id, problem))
+                    continue
+                leaf.queue.append(job)
+                leaf.pending += 1
+            elif job.state is not running or leaf is None:
+                continue
+            else:
                 self.running_jobs += 1
                 leaf.running += 1
+                w = job.per_worker
                 for i in self._nodes_of(job):
-                    row, w = self.free[i], job.per_worker
+                    row = self.free[i]
                     row[0] -= w[0]
                     row[1] -= w[1]
                     row[2] -= w[2]
@@ -181,7 +197,12 @@ class _Cycle:
                         inc[0] += w[0]
                         inc[1] += w[1]
                         inc[2] += w[2]
-                self._charge(leaf, job.per_worker, job.workers)
+                self._charge(leaf, w, job.workers)
+            self.live.append((job, leaf))
+            w, k, d = job.per_worker, job.max_workers, leaf.demand  # 3. demand, leaf part
+            d[0] += w[0] * k
+            d[1] += w[1] * k
+            d[2] += w[2] * k
         self.total_free = [sum(column) for column in zip(*self.free)] or [0, 0, 0]
         for r in range(3):  # the quota can be below the machines
             used = nodes.machines[r] - self.total_free[r]
@@ -198,6 +219,13 @@ class _Cycle:
         return plan
 
     def _leaf_of(self, job: Job) -> tuple[_Plan | None, str | None]:
+        key = (job.plan, job.user)
+        found = self._leaves.get(key)
+        if found is None:
+            found = self._leaves[key] = self._find_leaf(job)
+        return found
+
+    def _find_leaf(self, job: Job) -> tuple[_Plan | None, str | None]:
         plan = self.plans.get(job.plan)
         if plan is None or plan is self.root:
             return None, f"there is no plan {job.plan!r}; ask an admin to create it"
@@ -225,28 +253,15 @@ class _Cycle:
             a[1] += c
             a[2] += m
 
-    # 2. reject ---------------------------------------------------------------------------------
-    def reject(self) -> None:
-        self._impossible_cache: dict[tuple, str | None] = {}
-        kept = []
-        for job, leaf, problem in self.jobs:
-            if job.state is JobState.PENDING:
-                problem = problem or self.impossible(job, leaf)
-                if problem:
-                    self.decisions.append(Reject(job.id, problem))
-                    continue
-            if leaf is not None:
-                kept.append((job, leaf))
-        self.live = kept
-
+    # 2. reject (in index's pass) ------------------------------------------------------------
     def impossible(self, job: Job, leaf: _Plan | None = None) -> str | None:
         """Admission 3: over a limit on its path, over the instance, or no node can hold it."""
         if leaf is None:
             leaf, problem = self._leaf_of(job)
             if problem:
                 return problem
-        key = (leaf.path, tuple(job.per_worker), job.min_workers)
-        cache = getattr(self, "_impossible_cache", {})
+        key = (leaf, job.per_worker, job.min_workers)
+        cache = self._impossible_cache
         if key in cache:
             return cache[key]
         w, n = job.per_worker, job.min_workers
@@ -303,16 +318,9 @@ class _Cycle:
 
     # 3. demand ---------------------------------------------------------------------------------
     def compute_demand(self) -> None:
-        for job, leaf in self.live:
-            if job.state is JobState.PENDING:
-                leaf.queue.append(job)
-                leaf.pending += 1
-            w, k = job.per_worker, job.max_workers
-            d = leaf.demand
-            d[0] += w[0] * k
-            d[1] += w[1] * k
-            d[2] += w[2] * k
-        for plan in sorted(self.plans.values(), key=lambda p: -len(p.chain)):
+        """Leaves summed their jobs' max requests while indexing; cap by limits, bottom-up."""
+        self.bottom_up = sorted(self.plans.values(), key=lambda p: -len(p.chain))
+        for plan in self.bottom_up:
             d, lim = plan.demand, plan.limit
             for r in range(3):
                 if d[r] > lim[r]:
@@ -357,7 +365,7 @@ class _Cycle:
         then submission time, then job id.
         """
         self._failed_shapes: set[tuple] = set()
-        for plan in sorted(self.plans.values(), key=lambda p: -len(p.chain)):
+        for plan in self.bottom_up:
             if plan.queue:
                 plan.queue.sort(key=lambda j: (-j.priority, j.submitted, j.id))
                 plan.active = 1
@@ -412,19 +420,16 @@ class _Cycle:
     def _try_start(self, job: Job, leaf: _Plan) -> bool:
         w, n = job.per_worker, job.min_workers
         req = (w[0] * n, w[1] * n, w[2] * n)
-        over = self._over_limit(leaf, req)
-        if over:
-            self.waits[job.id] = over
+        if leaf.limited:
+            over = self._over_limit(leaf, req)
+            if over:
+                self.waits[job.id] = over
+                return False
+        max_jobs = self.snap.instance.max_jobs
+        if max_jobs is not None and self.running_jobs >= max_jobs:
+            self.waits[job.id] = f"waiting: the instance runs at most {max_jobs} jobs at once"
             return False
-        if (
-            self.snap.instance.max_jobs is not None
-            and self.running_jobs >= self.snap.instance.max_jobs
-        ):
-            self.waits[job.id] = (
-                f"waiting: the instance runs at most {self.snap.instance.max_jobs} jobs at once"
-            )
-            return False
-        shape = (tuple(w), n)
+        shape = (w, n)
         tf = self.total_free
         placement = None
         if (
@@ -444,6 +449,8 @@ class _Cycle:
         self._take(placement, w)
         self._charge(leaf, w, n)
         self.running_jobs += 1
+        leaf.pending -= 1
+        leaf.running += 1
         self.started[job.id] = placement
         self._reorder(leaf)
         return True
@@ -544,23 +551,26 @@ class _Cycle:
     def _within_deserved(self, leaf: _Plan, job: Job) -> tuple[int, int]:
         """(workers k this job may take within its deserved share, height of the chain that
         stays within it). k is 0 when even its minimum gang would make its leaf a borrower."""
-        w = job.per_worker
-        best = 0
-        height = 0
+        w0, w1, w2 = job.per_worker
+        chain = leaf.chain[:-1]
+        delta = self.delta
         for k in range(job.max_workers, job.min_workers - 1, -1):
             ok = 0
-            for p in leaf.chain[:-1]:
-                if all(
-                    w[r] == 0 or self._alloc(p, r) + w[r] * k <= p.deserved[r] + EPS
-                    for r in range(3)
+            for p in chain:
+                a, d = p.alloc, p.deserved
+                promised = delta.get(p.path)
+                if promised:
+                    a = (a[0] + promised[0], a[1] + promised[1], a[2] + promised[2])
+                if (
+                    (w0 and a[0] + w0 * k > d[0] + EPS)
+                    or (w1 and a[1] + w1 * k > d[1] + EPS)
+                    or (w2 and a[2] + w2 * k > d[2] + EPS)
                 ):
-                    ok += 1
-                else:
                     break
+                ok += 1
             if ok:
-                best, height = k, ok
-                break
-        return best, height
+                return k, ok
+        return 0, 0
 
     def _reclaim_for(self, job: Job, leaf: _Plan) -> None:
         k, height = self._within_deserved(leaf, job)
@@ -814,35 +824,42 @@ class _Cycle:
                 self.started[job.id].extend(spot)
                 workers = len(self.started[job.id])
             else:
-                self.grown.setdefault(job.id, []).extend(spot)
-                workers = job.workers + len(self.grown[job.id])
+                added = self.grown.setdefault(job.id, (job, []))[1]
+                added.extend(spot)
+                workers = job.workers + len(added)
             if workers < job.max_workers:
                 heapq.heappush(heap, (leaf.ratio, prio, sub, jid, job, leaf))
 
     # result ------------------------------------------------------------------------------------
     def result(self) -> CycleResult:
         out = CycleResult()
-        out.decisions = list(self.decisions)
-        by_id = {job.id: job for job, _ in self.live}
+        decisions = out.decisions
+        decisions.extend(self.decisions)
+        names = self.names
         for job_id, nodes in self.started.items():
-            out.decisions.append(Start(job_id, tuple(self.names[i] for i in nodes)))
-        for job_id, nodes in self.grown.items():
-            job = by_id[job_id]
-            added = tuple(self.names[i] for i in nodes)
-            out.decisions.append(Grow(job_id, added, job.workers + len(added)))
+            decisions.append(Start(job_id, tuple(names[i] for i in nodes)))
+        for job, nodes in self.grown.values():
+            added = tuple(names[i] for i in nodes)
+            decisions.append(Grow(job.id, added, job.workers + len(added)))
         reasons: dict[tuple, str] = {}  # free capacity is fixed now: one message per shape
-        for job, _ in self.live:
-            if job.state is JobState.PENDING and job.id not in self.started:
-                reason = self.waits.get(job.id)
+        started, waits = self.started, self.waits
+        for plan in self.bottom_up:
+            for job in plan.queue:
+                if job.id in started:
+                    continue
+                reason = waits.get(job.id)
                 if job.id == self.reserved_for:
                     reason = f"{reason}; {self.reservation}"
                 if not reason:
-                    shape = (tuple(job.per_worker), job.min_workers)
-                    reason = reasons.get(shape) or reasons.setdefault(
-                        shape, self._capacity_reason(job)
-                    )
-                out.decisions.append(Wait(job.id, reason))
-        for plan in self.plans.values():
+                    shape = (job.per_worker, job.min_workers)
+                    reason = reasons.get(shape)
+                    if reason is None:
+                        reason = reasons[shape] = self._capacity_reason(job)
+                decisions.append(Wait(job.id, reason))
+        for plan in self.bottom_up:  # leaves count their jobs; parents add their children's
+            if plan.parent is not None:
+                plan.parent.pending += plan.pending
+                plan.parent.running += plan.running
             out.plans[plan.path] = PlanFigures(
                 path=plan.path,
                 share=plan.share,
@@ -850,8 +867,8 @@ class _Cycle:
                 deserved=Resources(*plan.deserved),
                 allocated=Resources(*plan.alloc),
                 demand=Resources(*plan.demand),
-                pending=plan.pending - sum(1 for j in plan.queue if j.id in self.started),
-                running=plan.running + sum(1 for j in plan.queue if j.id in self.started),
+                pending=plan.pending,
+                running=plan.running,
             )
         return out
 
