@@ -697,7 +697,12 @@ class KubernetesBackend:
 
     # -- reading (cache only) -------------------------------------------------------------------
     def capacity(self) -> list[Node]:
-        """Schedulable, Ready nodes (matching ``node_selector``) with their allocatable."""
+        """Schedulable, Ready nodes (matching ``node_selector``) with their allocatable.
+
+        Read from the cache: ``await open()`` first, or this is empty.
+        """
+        if NODES not in self._listed or not self._listed[NODES].is_set():
+            log.warning("capacity() before the nodes were listed: await backend.open() first")
         nodes = []
         for obj in self.cache.all(NODES):
             if any(_labels(obj).get(k) != v for k, v in self.node_selector.items()):

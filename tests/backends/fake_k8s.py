@@ -80,7 +80,8 @@ def _strict(schema: object) -> object:
 @functools.cache
 def crd_validator(kind: str) -> jsonschema.protocols.Validator:
     """A strict jsonschema validator for the served version of the CRD of ``kind``."""
-    crd = yaml.safe_load((CRD_DIR / CRD_FILES[kind]).read_text())
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader: 10x faster
+    crd = yaml.load((CRD_DIR / CRD_FILES[kind]).read_text(), Loader=loader)
     version = next(v for v in crd["spec"]["versions"] if v.get("served"))
     schema = _strict(version["schema"]["openAPIV3Schema"])
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)
