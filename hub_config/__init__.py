@@ -114,6 +114,9 @@ def services(
         "environment": env,
         "display": display,
         "oauth_no_confirm": True,
+        # browser (OAuth) tokens of plan admins carry the admin scope too (users who lack it
+        # get the identify scopes only)
+        "oauth_client_allowed_scopes": [ADMIN_SCOPE],
     }
     if cwd is not None:
         entry["cwd"] = str(cwd)

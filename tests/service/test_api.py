@@ -384,6 +384,24 @@ def test_plan_admin_submits_a_notebook_for_a_user(hub: Hub) -> None:
     assert r.status_code == 200 and r.json()["state"] == "CANCELLED"
 
 
+@pytest.mark.parametrize(("user", "plan_admin"), [("user1", False), ("padmin", True)])
+def test_browser_login_reaches_the_service_through_oauth(hub: Hub, user, plan_admin) -> None:
+    import requests
+
+    password = json.loads((hub.var / "hub-passwords.json").read_text())["user_password"]
+    session = requests.Session()
+    session.get(f"{hub.url}/hub/login", timeout=30)
+    r = session.post(
+        f"{hub.url}/hub/login?next=/services/wmla/",
+        data={"username": user, "password": password, "_xsrf": session.cookies["_xsrf"]},
+        timeout=30,
+    )
+    assert r.status_code == 200 and r.url.endswith("/services/wmla/"), (r.url, r.text[:300])
+    assert f"Signed in as {user}" in r.text
+    me = session.get(f"{hub.api}/", timeout=30).json()  # the OAuth cookie works for the API
+    assert me["name"] == user and me["plan_admin"] is plan_admin
+
+
 def test_restart_of_the_service_loses_nothing(hub: Hub) -> None:
     admin, user1 = hub.clients["admin"], hub.clients["user1"]
     r = user1.post("/jobs", json=job_body("/sample-project/training", seconds=30))
