@@ -136,6 +136,10 @@ class Scheduler:
         for rec in sorted(records, key=lambda r: (r.path.count("/"), r.path)):
             self.plans.add(rec.path, rec.share, rec.limit, user_leaf=rec.user_leaf)
             self.members[rec.path] = (rec.users, rec.groups)
+        self._reload_jobs()
+
+    def _reload_jobs(self) -> None:
+        self.jobs, self.kinds, self._reasons = {}, {}, {}
         for row in self.store.jobs(states=LIVE):
             self.jobs[row.id] = _core_job(row)
             self.kinds[row.id] = row.kind
@@ -247,7 +251,14 @@ class Scheduler:
         snapshot = Snapshot(self.plans, self.instance, list(self.jobs.values()), self.config)
         result = schedule(snapshot, now)
         self.cycles += 1
-        self._apply(result.decisions, now)
+        try:
+            self._apply(result.decisions, now)
+        except Exception:
+            # the store refused the cycle's changes: carry out nothing of it, and take the
+            # jobs back as the store has them (the next cycle decides again)
+            self._calls.clear()
+            self._reload_jobs()
+            raise
         self.figures = result.plans
         calls, self._calls = self._calls, []
         for job_id, call in calls:
