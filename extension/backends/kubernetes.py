@@ -1080,7 +1080,12 @@ class KubernetesBackend:
             live = self.cache.get(QUEUES, name)
             if live is not None:
                 todo.append((live.get("spec") or {}).get("parent"))
-        for live in self.cache.all(QUEUES):
+
+        # Children before parents: Volcano refuses to delete a queue that has child queues.
+        def depth(queue: Mapping) -> int:
+            return -_annotations(queue).get(m.ANNOTATION_PLAN, "/").rstrip("/").count("/")
+
+        for live in sorted(self.cache.all(QUEUES), key=lambda q: (depth(q), _name(q))):
             name = _name(live)
             if name in desired:
                 continue

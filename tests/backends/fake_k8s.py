@@ -11,6 +11,8 @@ the backend depends on:
   a stale resourceVersion), merge patch, delete with a grace period and propagation (objects
   get a ``deletionTimestamp`` and go away on ``settle()``, a Foreground-deleted job only after
   its pods), pod logs;
+- custom objects checked against their CRD schemas (422, as the API server does), and Volcano's
+  webhook rule that a queue with child queues cannot be deleted (403);
 - the API server being unreachable (``go_down``/``come_up``): every call and open watch fails
   with status 0, as the real adapter reports a refused connection;
 - ResourceQuota ``status.used`` recomputed from live pods, and quota admission of pods (a pod
@@ -216,6 +218,16 @@ class FakeKube:
     async def delete(self, kind, namespace, name, grace_seconds=None, propagation=None):
         self._check("delete", kind, name, (grace_seconds, propagation))
         current = copy.deepcopy(await self._current(kind, namespace, name))
+        if kind == QUEUES:  # Volcano's webhook: children first
+            children = [
+                q["metadata"]["name"]
+                for q in self.objects.get(QUEUES, {}).values()
+                if (q.get("spec") or {}).get("parent") == name
+            ]
+            if children:
+                raise ApiError(
+                    403, "Forbidden", f"queue {name} can not be deleted: child queues {children}"
+                )
         if kind == PODS or kind in (PYTORCHJOBS, VOLCANO_JOBS):
             if not current["metadata"].get("deletionTimestamp"):
                 current["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"

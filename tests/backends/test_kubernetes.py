@@ -705,3 +705,14 @@ async def test_a_job_that_ended_while_the_service_was_away_reports_only_the_end(
         await until(lambda: later.kinds("job-1") == ["finished"], "finished only")
     finally:
         await second.close()
+
+
+async def test_queues_are_deleted_children_first(setup):
+    fake, backend, _ = setup
+    await backend.sync_queues(s1_tree())
+    await until(lambda: len(backend.cache.all(QUEUES)) == 5, "cache has the queues")
+    result = await backend.sync_queues(PlanTree())
+    project = queue_name("/project1")
+    assert result.deleted[-1] == project and len(result.deleted) == 4  # the instance queue stays
+    deleted = [c[2] for c in fake.calls if c[0] == "delete" and c[1] == QUEUES]
+    assert deleted.index(project) > deleted.index(queue_name("/project1/dev-team"))
