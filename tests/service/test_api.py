@@ -402,6 +402,45 @@ def test_browser_login_reaches_the_service_through_oauth(hub: Hub, user, plan_ad
     assert me["name"] == user and me["plan_admin"] is plan_admin
 
 
+def test_openapi_schemas_describe_what_the_api_takes_and_gives(hub: Hub) -> None:
+    import jsonschema
+
+    doc = hub.clients["user1"].get("/openapi.json").json()
+
+    def nullable(node):  # OpenAPI 3.0 "nullable" -> JSON Schema
+        if isinstance(node, dict):
+            node = {k: nullable(v) for k, v in node.items()}
+            if node.pop("nullable", False) and "type" in node:
+                node["type"] = [node["type"], "null"]
+        elif isinstance(node, list):
+            node = [nullable(v) for v in node]
+        return node
+
+    components = nullable(doc["components"])
+
+    def check(instance, name):
+        schema = {"$ref": f"#/components/schemas/{name}", "components": components}
+        jsonschema.validate(instance, schema)
+
+    user1 = hub.clients["user1"]
+    body = job_body("/sample-project/training", workers="1:2", name="doc")
+    check(body, "JobInput")
+    r = user1.post("/jobs", json=body)
+    assert r.status_code == 201, r.text
+    check(r.json(), "Job")
+    check(user1.wait_state(r.json()["id"], {"FINISHED", "FAILED"}), "Job")
+    check(user1.get("/plans/sample-project").json(), "Plan")
+    check(hub.clients["admin"].get("/plans").json()["root"], "Plan")
+    check(error_of_json(user1.post("/jobs", json={})), "Error")
+    with pytest.raises(jsonschema.ValidationError):
+        check({**body, "colour": "red"}, "JobInput")
+
+
+def error_of_json(r) -> dict:
+    assert r.status_code >= 400
+    return r.json()
+
+
 def test_restart_of_the_service_loses_nothing(hub: Hub) -> None:
     admin, user1 = hub.clients["admin"], hub.clients["user1"]
     r = user1.post("/jobs", json=job_body("/sample-project/training", seconds=30))
