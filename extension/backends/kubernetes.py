@@ -32,6 +32,7 @@ import contextlib
 import logging
 import math
 import os
+import posixpath
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -290,13 +291,15 @@ def quota_problem(
     quotas: Iterable[Mapping],
     in_flight: Mapping[str, float] | None = None,
     gpu_resource: str = m.DEFAULT_GPU_RESOURCE,
+    objects: Mapping[str, float] | None = None,
 ) -> tuple[str, bool] | None:
     """Why a ResourceQuota would refuse one of ``pods`` such pods, and whether for ever.
 
     ``in_flight`` is what our already-created jobs will still charge (pods the operator has not
     created yet), keyed like quota entries; the quota's ``status.used`` does not show it yet.
+    ``objects`` are object counts the job adds, e.g. ``{"count/pytorchjobs.kubeflow.org": 1}``.
     """
-    need: dict[str, float] = {"pods": float(pods)}
+    need: dict[str, float] = {"pods": float(pods), **(objects or {})}
     for name, value in ask.requests.items():
         need[f"requests.{name}"] = value * pods
     for name, value in ask.limits.items():
@@ -494,6 +497,7 @@ class KubernetesBackend:
         gpu_resource: str | None = None,
         priority_class: str | None = None,
         grace: float = 30.0,
+        elastic_launcher: Sequence[str] | None = ("torchrun", "--nproc-per-node=1"),
         service_account: str | None = None,
         node_selector: Mapping[str, str] | None = None,
         tolerations: Sequence[dict] = (),
@@ -526,6 +530,7 @@ class KubernetesBackend:
         self.gpu_resource = _option("gpu_resource", gpu_resource, m.DEFAULT_GPU_RESOURCE)
         self.priority_class = _option("priority_class", priority_class, None)
         self.grace = grace
+        self.elastic_launcher = list(elastic_launcher or ())
         self.service_account = _option("service_account", service_account, None)
         self.node_selector = dict(node_selector or {})
         self.tolerations = list(tolerations)
@@ -723,14 +728,26 @@ class KubernetesBackend:
     def limit_ranges(self) -> list[dict]:
         return self.cache.all(LIMIT_RANGES)
 
-    def admission_problem(self, per_worker: Resources, workers: int) -> tuple[str, bool] | None:
-        """Would the quota or a LimitRange refuse a pod of this gang? (message, permanent)."""
+    def admission_problem(
+        self, per_worker: Resources, workers: int, new_object: bool = True
+    ) -> tuple[str, bool] | None:
+        """Would the quota or a LimitRange refuse a pod of this gang? (message, permanent).
+
+        ``new_object`` false for a grow: the job object exists, only pods are added."""
         ask = effective_pod(per_worker, self.cache.all(LIMIT_RANGES), self.gpu_resource)
         problem = limit_range_problem(ask, self.cache.all(LIMIT_RANGES), self.gpu_resource)
         if problem:
             return problem, True
+        counted = (
+            "pytorchjobs.kubeflow.org" if self.job_kind == PYTORCHJOBS else "jobs.batch.volcano.sh"
+        )
         return quota_problem(
-            ask, workers, self.cache.all(QUOTAS), self._in_flight(), self.gpu_resource
+            ask,
+            workers,
+            self.cache.all(QUOTAS),
+            self._in_flight(),
+            self.gpu_resource,
+            objects={f"count/{counted}": 1} if new_object else None,
         )
 
     def _in_flight(self) -> dict[str, float]:
@@ -831,12 +848,7 @@ class KubernetesBackend:
         container = m.make_container(
             name=m.PYTORCH_CONTAINER,
             image=self.image,
-            command=m.pod_command(
-                command=spec.command,
-                storage_root=self.storage_root,
-                user=user,
-                mount_path=mount,
-            ),
+            command=self._worker_command(spec, user, mount),
             per_worker=spec.per_worker,
             workdir=workdir,
             env=env,
@@ -875,6 +887,23 @@ class KubernetesBackend:
                 min_workers=spec.min_workers, max_workers=spec.max_workers, **common
             )
         return m.make_pytorchjob(**common)
+
+    def _worker_command(self, spec: JobSpec, user: str, mount: str) -> list[str]:
+        command = m.pod_command(
+            command=spec.command, storage_root=self.storage_root, user=user, mount_path=mount
+        )
+        elastic = spec.max_workers > spec.min_workers
+        if (
+            elastic
+            and self.job_kind == PYTORCHJOBS
+            and self.elastic_launcher
+            and command
+            and posixpath.basename(command[0]).startswith("python")
+        ):
+            # The operator gives elastic workers torchrun's settings (PET_NNODES=min:max, the
+            # c10d rendezvous endpoint); torchrun re-forms the group when the size changes.
+            return [*self.elastic_launcher, *command[1:]]
+        return command
 
     # -- decisions ------------------------------------------------------------------------------
     async def start(self, spec: JobSpec, placement: tuple[str, ...]) -> None:
@@ -950,7 +979,7 @@ class KubernetesBackend:
             )
         added = workers - tracked.workers
         if added > 0:
-            problem = self.admission_problem(spec.per_worker, added)
+            problem = self.admission_problem(spec.per_worker, added, new_object=False)
             if problem:
                 raise AdmissionRefused(f"job {spec.id}: {problem[0]}", permanent=problem[1])
         patch = {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": workers}}}}

@@ -50,6 +50,7 @@ from extension.backends.kubernetes import (
 )
 
 _DOWN = object()
+_COUNTED = {PYTORCHJOBS: "pytorchjobs.kubeflow.org", VOLCANO_JOBS: "jobs.batch.volcano.sh"}
 
 # The real CRDs, as the issue asks: ../shared/data/k8s-crds relative to the repository root.
 CRD_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "k8s-crds"
@@ -197,6 +198,8 @@ class FakeKube:
             obj["metadata"]["namespace"] = namespace
         if kind == PODS:
             self._admit_pod(namespace, obj)
+        elif kind in _COUNTED:
+            self._admit_pod(namespace, {}, {f"count/{_COUNTED[kind]}": 1.0})
         self._store(kind, "ADDED", obj)
         return copy.deepcopy(obj)
 
@@ -448,7 +451,7 @@ class FakeKube:
         key = self._key(kind, meta.get("namespace"), meta["name"])
         self.objects.setdefault(kind, {})[key] = obj
         self._publish(kind, event, obj)
-        if kind == PODS:
+        if kind == PODS or kind in _COUNTED:
             self._recount(meta.get("namespace"))
 
     def _remove(self, kind: str, obj: dict) -> None:
@@ -458,7 +461,7 @@ class FakeKube:
         gone = copy.deepcopy(obj)
         gone["metadata"]["resourceVersion"] = str(self.version)
         self._publish(kind, "DELETED", gone)
-        if kind == PODS:
+        if kind == PODS or kind in _COUNTED:
             self._recount(meta.get("namespace"))
 
     def _publish(self, kind: str, event: str, obj: dict) -> None:
@@ -490,11 +493,16 @@ class FakeKube:
                 continue
             for key, value in self._pod_charges(pod).items():
                 used[key] = used.get(key, 0) + value
+        for kind, resource in _COUNTED.items():
+            count = sum(1 for (ns, _) in self.objects.get(kind, {}) if ns == namespace)
+            used[f"count/{resource}"] = float(count)
         return used
 
-    def _admit_pod(self, namespace: str | None, pod: Mapping) -> None:
+    def _admit_pod(
+        self, namespace: str | None, pod: Mapping, charges: Mapping[str, float] | None = None
+    ) -> None:
         used = self._usage(namespace)
-        charges = self._pod_charges(pod)
+        charges = charges if charges is not None else self._pod_charges(pod)
         for (ns, name), quota in self.objects.get(QUOTAS, {}).items():
             if ns != namespace:
                 continue

@@ -716,3 +716,21 @@ async def test_queues_are_deleted_children_first(setup):
     assert result.deleted[-1] == project and len(result.deleted) == 4  # the instance queue stays
     deleted = [c[2] for c in fake.calls if c[0] == "delete" and c[1] == QUEUES]
     assert deleted.index(project) > deleted.index(queue_name("/project1/dev-team"))
+
+
+async def test_an_object_count_quota_is_respected():
+    fake = cluster(quota={"count/pytorchjobs.kubeflow.org": "1"})
+    events = Recorder()
+    backend = make_backend(fake, events)
+    await backend.open()
+    try:
+        await backend.start(spec("a"), ("gpu-1",))
+        await until(
+            lambda: backend.cache.get(QUOTAS, "quota-test").get("status", {}).get("used"),
+            "the quota counts the job",
+        )
+        with pytest.raises(AdmissionRefused, match="count/pytorchjobs.kubeflow.org 1 in use"):
+            await backend.start(spec("b"), ("gpu-1",))
+        assert len(creates(fake, PYTORCHJOBS)) == 1
+    finally:
+        await backend.close()

@@ -139,6 +139,14 @@ def test_elastic_pytorchjob_golden():
     job = backend(priority_class="wmla-train").build_job(spec(min_workers=1, max_workers=4), 3)
     template = copy.deepcopy(TEMPLATE)
     template["spec"]["priorityClassName"] = "wmla-train"
+    # torchrun takes the operator's PET_* settings (min:max nodes, c10d rendezvous)
+    template["spec"]["containers"][0]["command"] = [
+        "torchrun",
+        "--nproc-per-node=1",
+        "main.py",
+        "--epochs",
+        "4",
+    ]
     assert job["spec"] == {
         "pytorchReplicaSpecs": {
             "Worker": {"replicas": 3, "restartPolicy": "Never", "template": template}
