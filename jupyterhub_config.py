@@ -60,7 +60,11 @@ if singleuser.exists():  # the project's environment, wherever the hub was start
 c.SimpleLocalProcessSpawner.home_dir_template = str(STORAGE / "{username}")
 c.Spawner.http_timeout = 60
 c.Spawner.server_token_scopes = server_token_scopes()
-c.Spawner.environment = {"WMLA_STORAGE_ROOT": str(STORAGE)}
+# what the client in a notebook needs besides $JUPYTERHUB_API_TOKEN (see docs/service.md)
+c.Spawner.environment = {
+    "WMLA_STORAGE_ROOT": str(STORAGE),
+    "WMLA_API_URL": f"http://{c.JupyterHub.ip}:{c.JupyterHub.port}/services/wmla/api/v1",
+}
 if hasattr(os, "geteuid") and os.geteuid() == 0:
     c.Spawner.args = ["--allow-root"]
 
