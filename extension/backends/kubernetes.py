@@ -789,8 +789,9 @@ class KubernetesBackend:
             return f"pod {_name(waiting[0])} not ready: {pod_wait_reason(waiting[0])}"
         if len(pods) < tracked.workers:
             return (
-                f"{len(pods)} of {tracked.workers} pods created; Volcano creates none of a gang "
-                f"until all fit (queue {m.queue_name(tracked.spec.leaf, self.prefix)})"
+                f"{len(pods)} of {tracked.workers} pods created so far by the "
+                f"{'training operator' if self.job_kind == PYTORCHJOBS else 'Volcano controller'}"
+                f" (queue {m.queue_name(tracked.spec.leaf, self.prefix)})"
             )
         return "starting"
 

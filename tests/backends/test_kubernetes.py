@@ -226,10 +226,10 @@ async def test_a_pod_that_never_becomes_ready_keeps_the_job_pending_and_says_why
     fake, backend, events = setup
     name = job_object_name("job-1")
     await backend.start(spec(workers=(2, 2)), ("gpu-1", "gpu-2"))
-    assert backend.describe("job-1") in (
-        "waiting for the job object to appear",
-        f"0 of 2 pods created; Volcano creates none of a gang until all fit "
-        f"(queue {queue_name('/project1/dev-team/alice')})",
+    await until(lambda: backend.cache.get(PYTORCHJOBS, name) is not None, "job seen")
+    assert backend.describe("job-1") == (
+        f"0 of 2 pods created so far by the training operator "
+        f"(queue {queue_name('/project1/dev-team/alice')})"
     )
     fake.make_pods(name, [], namespace=NS, ready=False)
     await until(lambda: len(backend._pods_of(name)) == 2, "pods seen")
