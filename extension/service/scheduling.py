@@ -112,6 +112,8 @@ class Scheduler:
         self._job_tasks: dict[str, asyncio.Task] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
+        # called as hook(result, now, seconds) after every cycle (metering); must not raise
+        self.cycle_hooks: list[Callable[[Any, float, float], None]] = []
 
     # -- start and stop -----------------------------------------------------------------------
     def load(self, default_plans: dict[str, dict] | None = None) -> None:
@@ -246,6 +248,7 @@ class Scheduler:
     async def cycle(self) -> None:
         """One pass: events, decisions, store, then backend calls (in that order)."""
         now = self.clock()
+        began = time.perf_counter()
         self._fold_events(now)
         self._refresh_instance()
         snapshot = Snapshot(self.plans, self.instance, list(self.jobs.values()), self.config)
@@ -263,6 +266,8 @@ class Scheduler:
         calls, self._calls = self._calls, []
         for job_id, call in calls:
             self._dispatch(job_id, call)
+        for hook in self.cycle_hooks:
+            hook(result, now, time.perf_counter() - began)
 
     def _dispatch(self, job_id: str, call: Callable[[], Awaitable[None]]) -> None:
         """Run a backend call as its own task, after the job's earlier calls (a stop waits for
