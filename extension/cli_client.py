@@ -1,0 +1,344 @@
+"""The ``wmla`` client subcommands, with dlicmd's spellings.
+
+======================================  ==============================================
+wmla                                    dlicmd
+======================================  ==============================================
+``wmla logon --url URL --username U``   ``--logon --username U --password P``
+``wmla exec-start PyTorch [options]``   ``--exec-start PyTorch --consumer /p ...``
+``wmla exec-get [JOB]``                 ``--exec-get [JOB]``
+``wmla exec-stop JOB``                  ``--exec-stop JOB`` (also ``--exec-delete``)
+``wmla exec-outLogs JOB``               ``--exec-outLogs JOB``
+``wmla plans``, ``wmla usage``          (none)
+======================================  ==============================================
+
+Training options are those of ``%wmla_train`` (``extension/magics/options.py``); the script's own
+arguments follow ``--``. Every command prints a table, or JSON with ``--json``. Bad flags exit 2
+with a message; a refusal by the service exits 1 with the service's explanation.
+
+``extension/cli.py`` calls :func:`add_commands` from ``build_parser``, :func:`dlicmd_argv` on the
+arguments, and :func:`run` for the commands in :data:`COMMANDS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+from extension.client import FINAL_STATES, WmlaClient, WmlaError, api_url, save_config
+from extension.magics.options import OptionsError, inside_folder, parse_train, submission_body
+
+COMMANDS = frozenset(
+    {"logon", "exec-start", "exec-get", "exec-stop", "exec-outLogs", "plans", "usage"}
+)
+# dlicmd's spellings: ``dlicmd --exec-start PyTorch ...`` -> ``wmla exec-start PyTorch ...``
+DLICMD = {
+    "--logon": "logon",
+    "--exec-start": "exec-start",
+    "--exec-get": "exec-get",
+    "--exec-stop": "exec-stop",
+    "--exec-delete": "exec-stop",
+    "--exec-outLogs": "exec-outLogs",
+    "--exec-outlogs": "exec-outLogs",
+    "--plans": "plans",
+    "--usage": "usage",
+}
+
+
+def dlicmd_argv(argv: Sequence[str] | None) -> list[str]:
+    """Rewrite a leading dlicmd-style ``--exec-start`` into the subcommand ``exec-start``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DLICMD:
+        argv[0] = DLICMD[argv[0]]
+    elif argv and argv[0].lower() == "exec-outlogs":
+        argv[0] = "exec-outLogs"
+    return argv
+
+
+def add_commands(sub: Any) -> None:
+    """Register the client subcommands on ``build_parser``'s subparsers."""
+    logon = sub.add_parser("logon", help="remember the hub's address and your token")
+    logon.add_argument("--url", help="the hub's address, e.g. http://127.0.0.1:8000")
+    logon.add_argument("--username", help="hub user name (asks for the password)")
+    logon.add_argument("--password", help="password (prompted when left out)")
+    logon.add_argument("--token", help="an existing hub API token instead of a password")
+    logon.add_argument("--json", action="store_true")
+
+    start = sub.add_parser(
+        "exec-start",
+        help="submit a training job: exec-start PyTorch --consumer PLAN --workerDeviceNum N "
+        "--model-dir DIR --model-main main.py -- ARGS",
+        add_help=True,
+    )
+    start.add_argument("rest", nargs=argparse.REMAINDER, help="options, then -- script args")
+
+    get = sub.add_parser("exec-get", help="show one job, or list your jobs")
+    get.add_argument("job", nargs="?")
+    get.add_argument("--state", help="only these states, e.g. RUNNING,PENDING")
+    get.add_argument("--json", action="store_true")
+
+    stop = sub.add_parser("exec-stop", help="cancel a job")
+    stop.add_argument("job")
+    stop.add_argument("--json", action="store_true")
+
+    logs = sub.add_parser("exec-outLogs", help="print a job's worker logs")
+    logs.add_argument("job")
+    logs.add_argument("--worker", type=int, help="one worker's log (rank)")
+    logs.add_argument("--tail", type=int, help="only the last N lines")
+    logs.add_argument("--json", action="store_true")
+
+    plans = sub.add_parser("plans", help="the resource plans and their figures")
+    plans.add_argument("--json", action="store_true")
+
+    usage = sub.add_parser("usage", help="requested vs used resources and GPU-hours")
+    usage.add_argument("--plan", help="plan subtree, e.g. /project1")
+    usage.add_argument("--user", help="one user's usage")
+    usage.add_argument("--hours", type=float, default=24.0, help="how far back (default 24)")
+    usage.add_argument("--step", type=float, help="seconds between points")
+    usage.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    name = args.command
+    try:
+        if name == "logon":
+            return _logon(args, out)
+        if name == "exec-start":
+            return _exec_start(args.rest, out, err)
+        client = WmlaClient()
+        if name == "exec-get":
+            return _exec_get(client, args, out)
+        if name == "exec-stop":
+            job = client.cancel(args.job)
+            _emit(out, args.json, job, lambda: f"job {job['id']} is {job['state']}")
+            return 0
+        if name == "exec-outLogs":
+            text = client.logs(args.job, tail=args.tail, worker=args.worker)
+            if args.json:
+                json.dump({"job": args.job, "logs": text}, out)
+                out.write("\n")
+            else:
+                out.write(text)
+            return 0
+        if name == "plans":
+            tree = client.plans()
+            _emit(out, args.json, tree, lambda: plans_table(tree))
+            return 0
+        if name == "usage":
+            end = time.time()
+            answer = client.usage(
+                plan=args.plan,
+                user=args.user,
+                start=end - args.hours * 3600,
+                end=end,
+                step=args.step,
+            )
+            _emit(out, args.json, answer, lambda: usage_table(answer))
+            return 0
+    except OptionsError as e:
+        print(f"wmla {name}: {e}", file=err)
+        return 2
+    except WmlaError as e:
+        print(f"wmla {name}: {e}", file=err)
+        return 1
+    return 2  # pragma: no cover - argparse refuses unknown commands
+
+
+def _emit(out: TextIO, as_json: bool, data: Any, text: Any) -> None:
+    if as_json:
+        json.dump(data, out, indent=1, sort_keys=True)
+        out.write("\n")
+    else:
+        out.write(text() + "\n")
+
+
+# -- commands ----------------------------------------------------------------------------------
+def _logon(args: argparse.Namespace, out: TextIO) -> int:
+    import requests
+
+    url = args.url or os.environ.get("WMLA_URL")
+    if not url:
+        raise OptionsError("--url is required: the hub's address, e.g. http://127.0.0.1:8000")
+    api = api_url(url)
+    hub = api.split("/services/", 1)[0]
+    token = args.token
+    if not token:
+        if not args.username:
+            raise OptionsError("give --username NAME (and --password, or type it) or --token")
+        password = args.password if args.password is not None else getpass.getpass()
+        try:
+            r = requests.post(
+                f"{hub}/hub/api/users/{args.username}/tokens",
+                json={
+                    "auth": {"username": args.username, "password": password},
+                    "note": "wmla logon",
+                },
+                timeout=30,
+            )
+        except requests.RequestException:
+            raise WmlaError(f"cannot reach the hub at {hub}; check --url") from None
+        if r.status_code == 403:
+            raise WmlaError(f"the hub at {hub} refused user {args.username!r} or the password")
+        if r.status_code != 201:
+            raise WmlaError(f"the hub at {hub} answered {r.status_code}: {r.text[:200]}")
+        token = r.json()["token"]
+    me = WmlaClient(url=api, token=token).whoami()  # check before writing anything
+    path = save_config({"url": api, "token": token, "user": me["name"]})
+    info = {"user": me["name"], "url": api, "config": str(path), "plans": me.get("plans", [])}
+    _emit(out, args.json, info, lambda: f"logged on as {me['name']} at {api} (saved in {path})")
+    return 0
+
+
+def _exec_start(rest: Sequence[str], out: TextIO, err: TextIO) -> int:
+    rest = list(rest)
+    if rest and rest[0] in ("-h", "--help"):
+        out.write(__doc__ or "")
+        return 0
+    if not rest or rest[0].startswith("-"):
+        raise OptionsError(
+            "say the framework first: wmla exec-start PyTorch --consumer PLAN "
+            "--model-dir DIR --model-main main.py -- ARGS"
+        )
+    opts = parse_train(rest, prog="wmla exec-start", framework=True, cli=True)
+    if not opts.model_dir or not opts.model_main:
+        raise OptionsError(
+            "--model-dir and --model-main are required: the folder with your code (inside your "
+            "folder on the hub) and the script in it, e.g. --model-dir models/mnist "
+            "--model-main main.py"
+        )
+    client = WmlaClient()
+    model_dir = opts.model_dir
+    if os.path.isabs(model_dir):
+        model_dir = inside_folder(client.whoami()["storage"], model_dir)
+    body = submission_body(opts, model_dir, opts.model_main)
+    job = client.submit(body)
+    if opts.wait:
+        job = client.wait(job["id"], FINAL_STATES)
+    _emit(out, opts.json, job, lambda: f"job {job['id']} submitted to {job['plan']}: "
+          f"{job['state']}" + (f" ({job['reason']})" if job.get("reason") else ""))  # fmt: skip
+    if opts.wait and job["state"] != "FINISHED":
+        return 1
+    return 0
+
+
+def _exec_get(client: WmlaClient, args: argparse.Namespace, out: TextIO) -> int:
+    if args.job:
+        job = client.job(args.job)
+        _emit(out, args.json, job, lambda: job_details(job))
+        return 0
+    states = [s.strip().upper() for s in args.state.split(",")] if args.state else None
+    jobs = client.jobs(states)
+    _emit(out, args.json, {"jobs": jobs}, lambda: jobs_table(jobs))
+    return 0
+
+
+# -- tables ------------------------------------------------------------------------------------
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(c) for c in header]] + [[("" if c is None else str(c)) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _time(t: Any) -> str:
+    if not isinstance(t, (int, float)):
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _workers(job: Mapping[str, Any]) -> str:
+    w = job.get("workers") or {}
+    wanted = f"{w.get('min')}" if w.get("min") == w.get("max") else f"{w.get('min')}:{w.get('max')}"
+    return f"{w.get('running', 0)}/{wanted}"
+
+
+def jobs_table(jobs: Sequence[Mapping[str, Any]]) -> str:
+    if not jobs:
+        return "no jobs"
+    rows = [
+        (
+            j["id"],
+            j.get("name") or "",
+            j["state"],
+            j["plan"],
+            _workers(j),
+            _time(j.get("submitted")),
+            j.get("reason") or "",
+        )  # fmt: skip
+        for j in jobs
+    ]
+    return table(("JOB", "NAME", "STATE", "PLAN", "WORKERS", "SUBMITTED", "REASON"), rows)
+
+
+def job_details(job: Mapping[str, Any]) -> str:
+    from widgets.figures import workers_text
+
+    rows = [
+        ("job", job["id"]),
+        ("name", job.get("name") or ""),
+        ("user", job.get("user")),
+        ("plan", job.get("plan")),
+        ("state", job["state"]),
+        ("reason", job.get("reason") or ""),
+        ("workers", workers_text(job)),
+        ("submitted", _time(job.get("submitted"))),
+        ("started", _time(job.get("started"))),
+        ("ended", _time(job.get("ended"))),
+        ("exit code", job.get("exit_code")),
+        ("preemptions", job.get("preemptions")),
+        ("command", " ".join(job.get("command") or [])),
+        ("job folder", job.get("workdir")),
+    ]
+    return "\n".join(f"{k + ':':<13}{'' if v is None else v}" for k, v in rows)
+
+
+def _amount(res: Mapping[str, Any] | None, key: str) -> str:
+    if not isinstance(res, Mapping) or key not in res:
+        return "-"
+    v = res[key]
+    if not isinstance(v, (int, float)):
+        return str(v)
+    if key == "cpu":
+        return f"{v / 1000:g}"
+    if key == "memory":
+        return f"{v / (1 << 30):.3g}Gi"
+    return f"{v:g}"
+
+
+def plans_table(tree: Mapping[str, Any]) -> str:
+    rows = []
+    for p in tree.get("plans", []):
+        limit = p.get("limit") or {}
+        rows.append(
+            (
+                p["path"] + (" (user)" if p.get("user_leaf") else ""),
+                p.get("share"),
+                _amount(limit, "gpu"),
+                _amount(p.get("deserved"), "gpu"),
+                _amount(p.get("allocated"), "gpu"),
+                _amount(p.get("allocated"), "cpu"),
+                p.get("running", 0),
+                p.get("pending", 0),
+            )
+        )
+    header = ("PLAN", "SHARE", "GPU LIMIT", "GPU DESERVED", "GPU USED", "CPU USED", "RUN", "PEND")
+    return table(header, rows)
+
+
+def usage_table(answer: Mapping[str, Any]) -> str:
+    from widgets.figures import normalise_usage
+
+    norm = normalise_usage(answer)
+    rows = [(c["name"], f"{c['gpu_hours']:.3f}", f"{c['cpu_hours']:.3f}") for c in norm["children"]]
+    rows.append(
+        ("total", f"{norm['totals']['gpu_hours']:.3f}", f"{norm['totals']['cpu_hours']:.3f}")
+    )
+    return table(("CHILD", "GPU-HOURS", "CPU-HOURS"), rows)

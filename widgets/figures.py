@@ -1,0 +1,364 @@
+"""Pure functions from API answers to plotly figure dicts and display texts.
+
+No widgets, no network: the job monitor and the metering widget call these and assign the
+results, and tests compare them with literal values. Figures are plain dicts
+(``{"data": [...], "layout": {...}}``) that ``plotly.graph_objects.FigureWidget`` accepts.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+# Keys of a runtime.report() line that are bookkeeping, not metrics to plot.
+BOOKKEEPING = frozenset({"step", "time", "rank", "epoch", "world_size", "progress"})
+FINAL = frozenset({"FINISHED", "FAILED", "CANCELLED", "REJECTED"})
+STATE_COLOURS = {
+    "PENDING": "#b58900",
+    "RUNNING": "#268bd2",
+    "FINISHED": "#2e7d32",
+    "FAILED": "#c62828",
+    "REJECTED": "#c62828",
+    "CANCELLED": "#6c757d",
+}
+
+
+# -- job monitor -------------------------------------------------------------------------------
+def metric_names(metrics: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Numeric metrics in first-seen order, losses first."""
+    seen: dict[str, None] = {}
+    for line in metrics:
+        for key, value in line.items():
+            if key in BOOKKEEPING or isinstance(value, bool):
+                continue
+            if isinstance(value, (int, float)):
+                seen.setdefault(key, None)
+    names = list(seen)
+    return sorted(names, key=lambda n: (0 if "loss" in n else 1, names.index(n)))
+
+
+def metric_series(
+    metrics: Sequence[Mapping[str, Any]], name: str
+) -> tuple[list[float], list[float]]:
+    """(steps, values) of one metric; lines without it or with a null (diverged) value skipped.
+
+    Lines without a step are numbered by their position so they still plot in order.
+    """
+    xs: list[float] = []
+    ys: list[float] = []
+    for i, line in enumerate(metrics):
+        value = line.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if not math.isfinite(value):
+            continue
+        step = line.get("step")
+        xs.append(step if isinstance(step, (int, float)) and not isinstance(step, bool) else i)
+        ys.append(value)
+    return xs, ys
+
+
+def metrics_figure(metrics: Sequence[Mapping[str, Any]], title: str = "") -> dict:
+    """Loss-like metrics on the left axis, accuracy-like (0..1, named ``*acc*``) on the right."""
+    data = []
+    right = False
+    for name in metric_names(metrics):
+        xs, ys = metric_series(metrics, name)
+        on_right = "acc" in name.lower()
+        right = right or on_right
+        data.append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers" if len(xs) < 30 else "lines",
+                "name": name,
+                "x": xs,
+                "y": ys,
+                "yaxis": "y2" if on_right else "y",
+            }
+        )
+    layout: dict[str, Any] = {
+        "title": {"text": title or "training metrics"},
+        "height": 280,
+        "margin": {"l": 50, "r": 50, "t": 40, "b": 40},
+        "xaxis": {"title": {"text": "step"}},
+        "yaxis": {"title": {"text": "loss"}},
+        "legend": {"orientation": "h"},
+    }
+    if right:
+        layout["yaxis2"] = {
+            "title": {"text": "accuracy"},
+            "overlaying": "y",
+            "side": "right",
+            "range": [0, 1],
+        }
+    return {"data": data, "layout": layout}
+
+
+def epochs_from_args(args: Sequence[str]) -> int | None:
+    """``--epochs N`` (or ``--epochs=N``) among the script's arguments."""
+    args = list(args)
+    for i, arg in enumerate(args):
+        value = None
+        if arg == "--epochs" and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith("--epochs="):
+            value = arg.split("=", 1)[1]
+        if value is not None and value.isdigit() and int(value) > 0:
+            return int(value)
+    return None
+
+
+def progress_fraction(
+    job: Mapping[str, Any], metrics: Sequence[Mapping[str, Any]], epochs: int | None
+) -> float:
+    """0..1: 1 when FINISHED; else the runtime's ``progress`` if reported, else epochs done."""
+    if job.get("state") == "FINISHED":
+        return 1.0
+    for line in reversed(metrics):
+        value = line.get("progress")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return max(0.0, min(0.99, float(value)))
+    if epochs:
+        done = [
+            line["epoch"]
+            for line in metrics
+            if isinstance(line.get("epoch"), (int, float)) and not isinstance(line["epoch"], bool)
+        ]
+        if done:
+            return max(0.0, min(0.99, max(done) / epochs))
+    return 0.0
+
+
+def script_args(job: Mapping[str, Any]) -> list[str]:
+    """The script's own arguments from the job's command (``python main.py args...``)."""
+    command = list(job.get("command") or [])
+    for i, part in enumerate(command):
+        if str(part).endswith(".py"):
+            return [str(a) for a in command[i + 1 :]]
+    return []
+
+
+def queue_position(job: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]]) -> int | None:
+    """1-based place of a PENDING job among the visible pending jobs of its plan, in the order
+    the core considers them (higher priority first, then earlier submission, then id)."""
+    if job.get("state") != "PENDING":
+        return None
+    pending = [j for j in jobs if j.get("state") == "PENDING" and j.get("plan") == job.get("plan")]
+    if not any(j.get("id") == job.get("id") for j in pending):
+        pending.append(dict(job))
+    pending.sort(key=lambda j: (-(j.get("priority") or 0), j.get("submitted") or 0, j.get("id")))
+    for i, j in enumerate(pending):
+        if j.get("id") == job.get("id"):
+            return i + 1
+    return None  # pragma: no cover - the job was added above
+
+
+def state_html(job: Mapping[str, Any], position: int | None = None) -> str:
+    state = str(job.get("state", "?"))
+    colour = STATE_COLOURS.get(state, "#333")
+    parts = [f'<b style="color:{colour}">{html.escape(state)}</b>']
+    if position is not None:
+        parts.append(f"#{position} in the queue of {html.escape(str(job.get('plan', '')))}")
+    reason = job.get("reason")
+    if reason:
+        parts.append(html.escape(str(reason)))
+    if job.get("exit_code") not in (None, 0):
+        parts.append(f"exit code {job['exit_code']}")
+    if job.get("preemptions"):
+        parts.append(f"preempted {job['preemptions']}x (resumes from its checkpoint)")
+    return " &mdash; ".join(parts)
+
+
+def workers_text(job: Mapping[str, Any]) -> str:
+    """``2 of 2 workers running, 1 gpu 500m cpu 1Gi each; ranks on node-0, node-0``."""
+    workers = job.get("workers") or {}
+    lo, hi, running = workers.get("min", 1), workers.get("max", 1), workers.get("running", 0)
+    wanted = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    res = job.get("resources") or {}
+    each = ", ".join(
+        p for p in (_gpu(res.get("gpu")), _cpu(res.get("cpu")), _mem(res.get("memory"))) if p
+    )
+    text = f"{running} of {wanted} workers running"
+    if each:
+        text += f" ({each} each)"
+    placement = job.get("placement") or []
+    if placement:
+        text += "; ranks on " + ", ".join(_node(p) for p in placement)
+    return text
+
+
+def _node(place: Any) -> str:
+    if isinstance(place, Mapping):
+        node = place.get("node", "?")
+        devices = place.get("devices")
+        return f"{node}{devices}" if devices else str(node)
+    return str(place)
+
+
+def _gpu(v: Any) -> str:
+    return f"{_num(v)} gpu" if isinstance(v, (int, float)) else ""
+
+
+def _cpu(v: Any) -> str:
+    if not isinstance(v, (int, float)):
+        return ""
+    return f"{_num(v / 1000)} cpu" if v % 100 == 0 else f"{_num(v)}m cpu"
+
+
+def _mem(v: Any) -> str:
+    if not isinstance(v, (int, float)) or v <= 0:
+        return ""
+    for suffix, unit in (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if v >= unit:
+            return f"{_num(v / unit)}{suffix} memory"
+    return f"{_num(v)} bytes memory"
+
+
+def _num(v: float) -> float:
+    return int(v) if float(v).is_integer() else round(v, 2)
+
+
+# -- metering ----------------------------------------------------------------------------------
+RESOURCES = ("gpu", "cpu")
+UNIT = {"gpu": 1.0, "cpu": 1000.0}  # the API's cpu is millicores; charts show cores
+
+
+def normalise_usage(answer: Mapping[str, Any]) -> dict:
+    """The usage API's answer as ``{"t": [...], "requested": {"gpu": [...], "cpu": [...]},
+    "used": {...}, "children": [{"name", "gpu_hours", "cpu_hours"}], "totals": {...}}``.
+
+    Accepted series: a list of points ``{"t"|"time"|"at"|"start": s, "requested": {...},
+    "used": {...}}`` or columns ``{"t"|"time": [...], "requested": {"gpu": [...]}, ...}``.
+    Children: a list of ``{"path"|"name"|"user", "gpu_hours", "cpu_hours"}`` (or with the hours
+    under ``totals``), or a mapping of name to such totals. CPU stays in millicores here.
+    """
+    series = answer.get("series") or {}
+    out: dict[str, Any] = {
+        "t": [],
+        "requested": {r: [] for r in RESOURCES},
+        "used": {r: [] for r in RESOURCES},
+    }
+    if isinstance(series, list):
+        for point in series:
+            if not isinstance(point, Mapping):
+                continue
+            t = _first(point, ("t", "time", "at", "start"))
+            if t is None:
+                continue
+            out["t"].append(t)
+            for kind in ("requested", "used"):
+                values = point.get(kind) or {}
+                for r in RESOURCES:
+                    out[kind][r].append(_number(values.get(r)))
+    elif isinstance(series, Mapping):
+        times = _first(series, ("t", "time", "times", "at", "start")) or []
+        out["t"] = list(times)
+        for kind in ("requested", "used"):
+            values = series.get(kind) or {}
+            for r in RESOURCES:
+                column = list(values.get(r) or [])
+                column += [0.0] * (len(times) - len(column))
+                out[kind][r] = [_number(v) for v in column[: len(times)]]
+    out["children"] = _children(answer.get("children"))
+    totals = answer.get("totals") or {}
+    out["totals"] = {
+        "gpu_hours": _number(totals.get("gpu_hours")),
+        "cpu_hours": _number(totals.get("cpu_hours")),
+    }
+    return out
+
+
+def _children(children: Any) -> list[dict]:
+    rows = []
+    if isinstance(children, Mapping):
+        children = [
+            {"name": k, **(v if isinstance(v, Mapping) else {})} for k, v in children.items()
+        ]
+    for child in children or []:
+        if not isinstance(child, Mapping):
+            continue
+        totals = child.get("totals") if isinstance(child.get("totals"), Mapping) else child
+        name = _first(child, ("path", "name", "user", "leaf")) or "?"
+        rows.append(
+            {
+                "name": str(name),
+                "gpu_hours": _number(totals.get("gpu_hours")),
+                "cpu_hours": _number(totals.get("cpu_hours")),
+            }
+        )
+    rows.sort(key=lambda r: (-r["gpu_hours"], r["name"]))
+    return rows
+
+
+def _first(mapping: Mapping[str, Any], keys: Sequence[str]) -> Any:
+    for key in keys:
+        if mapping.get(key) is not None:
+            return mapping[key]
+    return None
+
+
+def _number(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return 0.0
+    return float(v)
+
+
+def _when(t: Any) -> str:
+    if isinstance(t, (int, float)) and not isinstance(t, bool):
+        return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return str(t)
+
+
+def usage_figure(usage: Mapping[str, Any], title: str = "") -> dict:
+    """Requested vs used GPU (top) and CPU cores (bottom) over time, as step lines."""
+    norm = usage if "requested" in usage and "t" in usage else normalise_usage(usage)
+    times = [_when(t) for t in norm["t"]]
+    data = []
+    for axis, r in zip(("y", "y2"), RESOURCES):
+        for kind, dash in (("requested", "dash"), ("used", "solid")):
+            data.append(
+                {
+                    "type": "scatter",
+                    "mode": "lines",
+                    "line": {"shape": "hv", "dash": dash},
+                    "name": f"{r.upper()} {kind}",
+                    "x": times,
+                    "y": [v / UNIT[r] for v in norm[kind][r]],
+                    "xaxis": "x",
+                    "yaxis": axis,
+                }
+            )
+    layout = {
+        "title": {"text": title or "requested vs used"},
+        "height": 380,
+        "margin": {"l": 55, "r": 20, "t": 40, "b": 40},
+        "xaxis": {"type": "date", "anchor": "y2"},
+        "yaxis": {"title": {"text": "GPUs"}, "domain": [0.55, 1.0], "rangemode": "tozero"},
+        "yaxis2": {"title": {"text": "CPU cores"}, "domain": [0.0, 0.45], "rangemode": "tozero"},
+        "legend": {"orientation": "h"},
+    }
+    return {"data": data, "layout": layout}
+
+
+def hours_table_html(usage: Mapping[str, Any]) -> str:
+    """GPU-hours and CPU-hours per child, then the total."""
+    norm = usage if "children" in usage and "t" in usage else normalise_usage(usage)
+    rows = "".join(
+        f"<tr><td>{html.escape(c['name'])}</td><td>{c['gpu_hours']:.2f}</td>"
+        f"<td>{c['cpu_hours']:.2f}</td></tr>"
+        for c in norm["children"]
+    )
+    totals = norm["totals"]
+    return (
+        "<table><thead><tr><th>child</th><th>GPU-hours</th><th>CPU-hours</th></tr></thead>"
+        f"<tbody>{rows}<tr><td><b>total</b></td><td><b>{totals['gpu_hours']:.2f}</b></td>"
+        f"<td><b>{totals['cpu_hours']:.2f}</b></td></tr></tbody></table>"
+    )
+
+
+def plan_options(tree: Mapping[str, Any]) -> list[str]:
+    """Plan paths from ``GET /plans`` for a picker (user leaves included, sorted)."""
+    return sorted(p["path"] for p in tree.get("plans", []) if isinstance(p, Mapping))

@@ -1,0 +1,123 @@
+"""The metering widget ``%wmla_usage`` shows: requested vs used GPU and CPU over time for a plan
+subtree (or one user), a plan picker, a time range, auto-refresh, and GPU-hours per child.
+
+It reads ``GET /services/wmla/api/v1/usage?plan=&user=&start=&end=&step=`` through the client;
+the figure and the table come from :mod:`widgets.figures` (pure).
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from typing import Any
+
+import ipywidgets as w
+
+from . import figures
+
+RANGES = {  # label -> (seconds back, step seconds)
+    "last hour": (3600, 60),
+    "last 6 hours": (6 * 3600, 300),
+    "last 24 hours": (86400, 900),
+    "last 7 days": (7 * 86400, 3600),
+    "last 30 days": (30 * 86400, 6 * 3600),
+}
+
+
+def _figure_widget(fig: dict) -> Any:
+    try:
+        import plotly.graph_objects as go
+
+        return go.FigureWidget(fig)
+    except Exception:  # pragma: no cover - plotly or anywidget missing
+        return None
+
+
+class UsageWidget(w.VBox):
+    def __init__(
+        self,
+        client: Any,
+        plan: str | None = None,
+        user: str | None = None,
+        time_range: str = "last 24 hours",
+        refresh_seconds: int = 30,
+        now: Any = time.time,
+        **kwargs: Any,
+    ) -> None:
+        self.client = client
+        self.user = user
+        self.now = now
+        self.usage: dict = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        try:
+            options = figures.plan_options(client.plans())
+        except Exception:  # still usable for a given plan when plans cannot be listed
+            options = []
+        if plan and plan not in options:
+            options = [plan, *options]
+        self.plan = w.Dropdown(options=options, value=plan or (options[0] if options else None),
+                               description="plan")  # fmt: skip
+        if time_range not in RANGES:
+            raise ValueError(f"time_range must be one of {', '.join(RANGES)}")
+        self.range = w.Dropdown(options=list(RANGES), value=time_range, description="range")
+        self.auto = w.Checkbox(value=False, description=f"auto-refresh every {refresh_seconds}s")
+        self.refresh_seconds = refresh_seconds
+        self.refresh_button = w.Button(description="Refresh", icon="refresh")
+        self.message = w.HTML("")
+        self.table = w.HTML("")
+        self.chart = _figure_widget(figures.usage_figure(figures.normalise_usage({})))
+        self.refresh_button.on_click(lambda _b: self.refresh())
+        self.plan.observe(lambda _c: self.refresh(), names="value")
+        self.range.observe(lambda _c: self.refresh(), names="value")
+        self.auto.observe(self._on_auto, names="value")
+        rows: list[w.Widget] = [
+            w.HBox([self.plan, self.range]),
+            w.HBox([self.auto, self.refresh_button]),
+            self.message,
+        ]
+        if self.chart is not None:
+            rows.append(self.chart)
+        rows.append(self.table)
+        super().__init__(children=rows, **kwargs)
+
+    def refresh(self) -> dict:
+        back, step = RANGES[self.range.value]
+        end = float(self.now())
+        with self._lock:
+            try:
+                answer = self.client.usage(
+                    plan=self.plan.value, user=self.user, start=end - back, end=end, step=step
+                )
+            except Exception as err:
+                self.message.value = f'<span style="color:#c62828">{html.escape(str(err))}</span>'
+                return {}
+            self.usage = figures.normalise_usage(answer)
+            who = f" for {self.user}" if self.user else ""
+            self.message.value = html.escape(
+                f"{self.plan.value}{who}: {self.usage['totals']['gpu_hours']:.2f} GPU-hours, "
+                f"{self.usage['totals']['cpu_hours']:.2f} CPU-hours ({self.range.value})"
+            )
+            fig = figures.usage_figure(self.usage, title=f"{self.plan.value}{who}")
+            if self.chart is not None:
+                with self.chart.batch_update():
+                    for trace, new in zip(self.chart.data, fig["data"]):
+                        trace.x, trace.y = new["x"], new["y"]
+                    self.chart.layout.update(fig["layout"])
+            self.table.value = figures.hours_table_html(self.usage)
+            return self.usage
+
+    def _on_auto(self, change: dict) -> None:
+        if change["new"]:
+            self._stop.clear()
+
+            def loop() -> None:
+                while not self._stop.wait(self.refresh_seconds):
+                    self.refresh()
+
+            self._thread = threading.Thread(target=loop, name="wmla-usage", daemon=True)
+            self._thread.start()
+        else:
+            self._stop.set()
