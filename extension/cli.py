@@ -20,11 +20,18 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="replay a scenario through the scheduler core")
     sim.add_argument("--scenario", required=True, metavar="FILE", help="scenario YAML file")
     sim.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    from extension.cli_client import add_commands
+
+    add_commands(sub)  # logon, exec-start, exec-get, ... (dlicmd parity)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from extension.cli_client import COMMANDS, dlicmd_argv, run
+
+    args = build_parser().parse_args(dlicmd_argv(argv))
+    if args.command in COMMANDS:
+        return run(args)
     if args.command == "simulate":
         return _simulate(args)
     return 2  # pragma: no cover - argparse refuses unknown commands
