@@ -288,21 +288,29 @@ class WmlaService(Application):
             log=self.log,
         )
         self.scheduler.load(self.default_plans)
+        from extension.metering.meter import Metering  # metering: ledger, Prometheus
+
+        self.meter = Metering(parent=self, store=self.store)
+        self.meter.attach(self.scheduler)
         backend = self.make_backend(self.scheduler.emit)
         await self.scheduler.start(backend)
         prefix = self.prefix if self.prefix.endswith("/") else self.prefix + "/"
         from jupyterhub.services.auth import HubOAuthCallbackHandler
+
+        from extension.metering.handlers import metering_routes
 
         app = web.Application(
             [
                 (prefix + "oauth_callback", HubOAuthCallbackHandler),
                 (prefix + "?", IndexHandler),
                 *routes(prefix),
+                *metering_routes(prefix),
             ],
             default_handler_class=NotFoundHandler,
             cookie_secret=secrets.token_bytes(32),
             wmla_scheduler=self.scheduler,
             wmla_service=self,
+            wmla_meter=self.meter,
             wmla_prefix=prefix,
             log_function=self._log_request,
         )
