@@ -1,0 +1,264 @@
+"""Metering inside the wmla service: the ledger fed from the store, Prometheus, sampling.
+
+``Metering(parent=service, store=store)`` reads the ``transitions`` table (joined with ``jobs``
+for each job's user and max workers) into a ``Ledger``, and after that only the rows written
+since (``id`` greater than the last one read). ``attach(scheduler)`` registers ``on_cycle`` on
+the scheduling loop: after every cycle it folds in the new transitions, keeps the cycle's plan
+figures (deserved, limit, pending, running) for Prometheus, times the cycle and, every
+``sample_interval`` seconds, samples the measured utilization of running local jobs.
+
+Knobs are traits of ``Metering``: set them as ``c.Metering.x = ...`` in the service's config.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from sqlalchemy import select
+from traitlets import Bool, Float, Int
+from traitlets.config import LoggingConfigurable
+
+from .accounting import RESOURCES, ROOT, Fact, Ledger
+from .utilization import UtilizationSampler
+
+# Prometheus base units: devices, cores, bytes (the ledger keeps milli-devices and millicores)
+PROM_SCALE = (1000.0, 1000.0, 1.0)
+CORE_SCALE = (1.0, 1000.0, 1.0)  # the scheduler's figures: devices, millicores, bytes
+
+
+class Metering(LoggingConfigurable):
+    full_resolution = Float(
+        7 * 86400.0,
+        config=True,
+        help="""Seconds of history kept at full resolution (every change); older history is kept
+        as bucket integrals (see bucket), exact at bucket boundaries.
+
+        c.Metering.full_resolution = 14 * 86400
+        """,
+    )
+    bucket = Float(
+        3600.0,
+        config=True,
+        help="""Seconds per bucket of downsampled history (older than full_resolution). Ask the
+        usage API for steps that are multiples of it to get exact figures there.
+
+        c.Metering.bucket = 3600
+        """,
+    )
+    max_points = Int(
+        11_000,
+        config=True,
+        help="""Most steps one usage query may ask for (end - start) / step.
+
+        c.Metering.max_points = 11000
+        """,
+    )
+    sample_interval = Float(
+        15.0,
+        config=True,
+        help="""Seconds between samples of measured utilization (psutil for CPU and memory of
+        local workers, NVML for GPUs when pynvml is installed); 0 turns sampling off.
+
+        c.Metering.sample_interval = 15
+        """,
+    )
+    metrics_require_auth = Bool(
+        True,
+        config=True,
+        help="""Whether /services/wmla/metrics needs a hub token of a plan admin (custom:wmla:admin,
+        e.g. a Prometheus service's token). False opens it to anyone who reaches the service.
+
+        c.Metering.metrics_require_auth = True
+        """,
+    )
+
+    def __init__(
+        self, store: Any, clock: Callable[[], float] = time.time, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.store = store
+        self.clock = clock
+        self.ledger = Ledger(self.bucket, self.full_resolution)
+        self.last_id = 0
+        self.figures: dict = {}
+        self.cycles = 0
+        self.scheduler: Any = None
+        self.sampler = UtilizationSampler() if self.sample_interval > 0 else None
+        self._sampled = -math.inf
+        self.registry = CollectorRegistry()
+        self.cycle_seconds = Histogram(
+            "wmla_scheduling_cycle_duration_seconds",
+            "Wall time of one scheduling cycle (events, decisions, store writes).",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.registry.register(_Collector(self))
+        self.refresh()
+
+    # -- wiring ------------------------------------------------------------------------------
+    def attach(self, scheduler: Any) -> None:
+        """Feed from the scheduling loop: ``scheduler.cycle_hooks`` gets ``on_cycle``."""
+        self.scheduler = scheduler
+        hooks = getattr(scheduler, "cycle_hooks", None)
+        if hooks is None:  # an older loop without hooks: queries and scrapes refresh instead
+            self.log.warning("the scheduler has no cycle_hooks; metering refreshes on reads only")
+            return
+        hooks.append(self.on_cycle)
+
+    def on_cycle(self, result: Any, now: float, seconds: float) -> None:
+        """Called by the loop after each cycle; never raises (the loop must go on)."""
+        try:
+            self.cycles += 1
+            self.figures = dict(result.plans)
+            self.cycle_seconds.observe(max(0.0, seconds))
+            self.refresh()
+            if self.sampler is not None and now - self._sampled >= self.sample_interval:
+                self._sampled = now
+                self.sample(now)
+        except Exception:
+            self.log.exception("metering could not take the cycle in")
+
+    # -- the ledger ------------------------------------------------------------------------------
+    def refresh(self) -> int:
+        """Fold in the transitions written since the last read; returns how many."""
+        from extension.service.store import JobRow, TransitionRow
+
+        t = TransitionRow
+        query = (
+            select(
+                t.id, t.at, t.job_id, t.leaf, JobRow.user, t.event, t.state, t.workers,
+                JobRow.max_workers, t.gpu, t.cpu, t.memory,
+            )
+            .join(JobRow, JobRow.id == t.job_id)
+            .where(t.id > self.last_id)
+            .order_by(t.id)
+        )
+        n = 0
+        with self.store.session() as s:
+            for row in s.execute(query):
+                self.ledger.apply(Fact(*row[1:]))
+                self.last_id = row[0]
+                n += 1
+        self.ledger.compact(self.clock())
+        return n
+
+    # -- measured utilization ------------------------------------------------------------------
+    def sample(self, now: float) -> None:
+        sched = self.scheduler
+        pids_of = getattr(getattr(sched, "backend", None), "worker_pids", None)
+        if self.sampler is None or pids_of is None:
+            return
+        jobs = {}
+        for job in list(sched.jobs.values()):
+            if job.placement:
+                try:
+                    jobs[job.id] = (job.leaf, list(pids_of(job.id)))
+                except Exception:
+                    continue
+        self.sampler.sample(jobs, now)
+
+
+class _Collector:
+    """Builds the metric families at scrape time from the ledger and the last cycle."""
+
+    def __init__(self, meter: Metering) -> None:
+        self.meter = meter
+
+    def describe(self) -> list:
+        return []  # collected lazily: the families depend on the plans of the moment
+
+    def collect(self) -> Iterator:
+        m = self.meter
+        try:
+            m.refresh()
+        except Exception:  # a scrape still answers with what is known
+            m.log.exception("metering refresh failed during a scrape")
+        ledger = m.ledger
+        labels = ["plan", "resource"]
+        requested = GaugeMetricFamily(
+            "wmla_plan_requested",
+            "Requested now: max request of pending and running jobs in the plan's subtree "
+            "(gpu devices, cpu cores, memory bytes).",
+            labels=labels,
+        )
+        used = GaugeMetricFamily(
+            "wmla_plan_used",
+            "Used now: resources held by the workers of running jobs in the plan's subtree.",
+            labels=labels,
+        )
+        deserved = GaugeMetricFamily(
+            "wmla_plan_deserved", "Deserved share from the last scheduling cycle.", labels=labels
+        )
+        limit = GaugeMetricFamily(
+            "wmla_plan_limit",
+            "The plan's limit (resources without a limit are left out).",
+            labels=labels,
+        )
+        demand = GaugeMetricFamily(
+            "wmla_plan_demand",
+            "Demand capped by the plan's limit, as the scheduler counted it in the last cycle.",
+            labels=labels,
+        )
+        jobs = GaugeMetricFamily(
+            "wmla_plan_jobs", "Pending and running jobs in the plan's subtree.",
+            labels=["plan", "state"],
+        )
+        preemptions = CounterMetricFamily(
+            "wmla_preemptions", "Jobs preempted in the plan's subtree.", labels=["plan"]
+        )
+        paths = set(ledger.nodes) | set(m.figures)
+        for path in sorted(paths):
+            node = ledger.nodes.get(path)
+            if node is not None:
+                for name, r, u, scale in zip(
+                    RESOURCES, node.requested.current(), node.used.current(), PROM_SCALE
+                ):
+                    requested.add_metric([path, name], r / scale)
+                    used.add_metric([path, name], u / scale)
+                preemptions.add_metric([path], node.preemptions)
+            fig = m.figures.get(path)
+            if fig is not None:
+                for i, (name, scale) in enumerate(zip(RESOURCES, CORE_SCALE)):
+                    deserved.add_metric([path, name], fig.deserved[i] / scale)
+                    demand.add_metric([path, name], fig.demand[i] / scale)
+                    if not math.isinf(fig.limit[i]):
+                        limit.add_metric([path, name], fig.limit[i] / scale)
+                jobs.add_metric([path, "pending"], fig.pending)
+                jobs.add_metric([path, "running"], fig.running)
+        yield from (requested, used, deserved, limit, demand, jobs, preemptions)
+        cycles = CounterMetricFamily("wmla_scheduling_cycles", "Scheduling cycles run.")
+        cycles.add_metric([], m.cycles)
+        yield cycles
+        sampler = m.sampler
+        if sampler is not None:
+            cpu = GaugeMetricFamily(
+                "wmla_job_measured_cpu_cores",
+                "Measured: cores busy in the job's worker processes (psutil), last sample.",
+                labels=["job", "plan"],
+            )
+            mem = GaugeMetricFamily(
+                "wmla_job_measured_memory_bytes",
+                "Measured: resident memory of the job's worker processes, last sample.",
+                labels=["job", "plan"],
+            )
+            gpu = GaugeMetricFamily(
+                "wmla_job_measured_gpu_utilization",
+                "Measured: utilization (0..1) of the GPUs the job's processes use (NVML).",
+                labels=["job", "plan"],
+            )
+            for job_id, sample in sampler.latest().items():
+                leaf = sampler.leaves.get(job_id, ROOT)
+                cpu.add_metric([job_id, leaf], sample.cpu_cores)
+                mem.add_metric([job_id, leaf], sample.memory_bytes)
+                if sample.gpu_utilization is not None:
+                    gpu.add_metric([job_id, leaf], sample.gpu_utilization)
+            yield from (cpu, mem, gpu)
+
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
