@@ -441,6 +441,31 @@ def error_of_json(r) -> dict:
     return r.json()
 
 
+def test_a_notebook_servers_token_reaches_the_service(hub: Hub) -> None:
+    """The embedded config's server_token_scopes: a kernel's token may call the API."""
+    import psutil
+    import requests
+
+    token = hub.clients["user2"].headers
+    r = requests.post(f"{hub.url}/hub/api/users/user2/server", headers=token, timeout=90)
+    assert r.status_code in (201, 202), r.text
+    try:
+        hub._collect()
+        (server,) = [
+            p
+            for p in psutil.Process(hub.proc.pid).children(recursive=True)
+            if "jupyterhub-singleuser" in " ".join(p.cmdline())
+        ]
+        env = server.environ()
+        assert env["WMLA_API_URL"] == hub.api
+        kernel = {"Authorization": f"token {env['JUPYTERHUB_API_TOKEN']}"}
+        me = requests.get(hub.api + "/", headers=kernel, timeout=30)
+        assert me.status_code == 200 and me.json()["name"] == "user2"
+        assert me.json()["storage"] == env["HOME"]  # the server runs in the user's folder
+    finally:
+        requests.delete(f"{hub.url}/hub/api/users/user2/server", headers=token, timeout=60)
+
+
 def test_restart_of_the_service_loses_nothing(hub: Hub) -> None:
     admin, user1 = hub.clients["admin"], hub.clients["user1"]
     r = user1.post("/jobs", json=job_body("/sample-project/training", seconds=30))
