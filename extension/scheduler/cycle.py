@@ -372,15 +372,30 @@ class _Cycle:
             if plan.active and plan.parent is not None:
                 plan.parent.active += 1
                 self._enqueue(plan)
+        holder = self._holder()
+        if holder is not None:  # Admission 4: what was freed since it blocked goes to it first
+            self._try_start(*holder)
         while self.root.active:
             leaf = self._pick()
             while leaf.pos < len(leaf.queue):
                 job = leaf.queue[leaf.pos]
                 leaf.pos += 1
+                if holder is not None and job is holder[0]:
+                    continue  # tried first, above
                 if self._try_start(job, leaf):
                     break
             if leaf.pos >= len(leaf.queue):
                 self._deactivate(leaf)
+
+    def _holder(self) -> tuple[Job, _Plan] | None:
+        """The pending job that held the reservation after the last cycle, if still pending."""
+        wanted = self.snap.reserved
+        if wanted is None:
+            return None
+        for job, leaf in self.live:
+            if job.id == wanted:
+                return (job, leaf) if job.state is JobState.PENDING else None
+        return None
 
     def _pick(self) -> _Plan:
         plan = self.root
@@ -832,7 +847,7 @@ class _Cycle:
 
     # result ------------------------------------------------------------------------------------
     def result(self) -> CycleResult:
-        out = CycleResult()
+        out = CycleResult(reserved=self.reserved_for)
         decisions = out.decisions
         decisions.extend(self.decisions)
         names = self.names

@@ -98,6 +98,7 @@ class PlanFigures:
 class CycleResult:
     decisions: list[Decision] = field(default_factory=list)
     plans: dict[str, PlanFigures] = field(default_factory=dict)
+    reserved: str | None = None  # the job holding the reservation: pass it to the next cycle
 
     def of(self, kind: type) -> list:
         return [d for d in self.decisions if isinstance(d, kind)]

@@ -100,3 +100,6 @@ class Snapshot:
     instance: Instance
     jobs: Sequence[Job]
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    # the job that held the reservation after the last cycle (CycleResult.reserved): capacity
+    # freed since it blocked goes to it first, so it is tried before the fair order
+    reserved: str | None = None

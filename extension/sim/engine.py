@@ -107,6 +107,7 @@ class Simulation:
             heapq.heappush(self.arrivals, (c.at, 1, f"{n:09d}", c))
         self.result = SimResult(self.jobs, capacity_gpu=scenario.instance.capacity.gpu)
         self._last_running: dict[str, int] | None = None
+        self.reserved: str | None = None  # carried from cycle to cycle (Admission 4)
 
     def run(self) -> SimResult:
         now = 0.0
@@ -185,9 +186,14 @@ class Simulation:
 
     def _cycle(self, now: float) -> None:
         snapshot = Snapshot(
-            self.plans, self.scenario.instance, list(self.live.values()), self.scenario.config
+            self.plans,
+            self.scenario.instance,
+            list(self.live.values()),
+            self.scenario.config,
+            reserved=self.reserved,
         )
         result = schedule(snapshot, now)
+        self.reserved = result.reserved
         self.result.cycles += 1
         for d in result.decisions:
             sim = self.jobs[d.job_id]

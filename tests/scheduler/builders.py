@@ -74,10 +74,11 @@ def run_cycle(
     now: float = 100.0,
     quota: Resources | None = None,
     max_jobs: int | None = None,
+    reserved: str | None = None,
     **config,
 ) -> object:
     inst = Instance(node_list, quota or Resources(UNLIMITED, UNLIMITED, UNLIMITED), max_jobs)
-    return schedule(Snapshot(plans, inst, jobs, SchedulerConfig(**config)), now)
+    return schedule(Snapshot(plans, inst, jobs, SchedulerConfig(**config), reserved), now)
 
 
 def starts(result) -> dict[str, tuple]:

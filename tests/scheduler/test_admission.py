@@ -119,6 +119,23 @@ def test_reservation_keeps_small_jobs_from_starving_a_big_gang():
     assert "room now for 0" in waits(result)["s1"]
 
 
+def test_the_reservation_holder_is_tried_before_the_fair_order_next_cycle():
+    # /a-small and /z-big deserve 4 each and hold nothing: the tie goes to /a-small by path
+    plans = tree({"/a-small": (1, None), "/z-big": (1, None)})
+    small = [pending(f"s{i}", "/a-small", submitted=i) for i in range(8)]
+    jobs = [pending("big", "/z-big", gpu=8, submitted=0), *small]
+    fresh = run_cycle(plans, nodes(1), jobs)
+    assert "s0" in starts(fresh) and "big" not in starts(fresh)
+    assert fresh.reserved == "big"  # first blocked by capacity in the fair order
+    # next cycle, with all 8 free again: what was freed since it blocked goes to it first
+    held = run_cycle(plans, nodes(1), jobs, reserved="big")
+    assert starts(held) == {"big": ("n1",)}
+    assert held.reserved == "s0"  # now the first blocked: it holds the next reservation
+    busy = [running("r", "/a-small", ("n1",)), *jobs]
+    still = run_cycle(plans, nodes(1), busy, reserved="big")
+    assert starts(still) == {} and still.reserved == "big"
+
+
 def test_a_job_blocked_by_its_limit_holds_no_reservation():
     plans = tree({"/a": (1, 1), "/b": (1, None)})
     jobs = [running("ra", "/a", ("n1",)), pending("a2", "/a"), pending("b1", "/b")]

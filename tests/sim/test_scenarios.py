@@ -77,6 +77,17 @@ def test_s5_six_gangs_on_four_gpus_all_finish_and_never_hold_part_of_a_gang(caps
     assert out["summary"]["gpu_allocation"] == 1.0
 
 
+def test_reservation_keeps_a_stream_of_small_jobs_from_starving_a_big_gang(capsys):
+    out = simulate("reservation_stream.yaml", capsys)
+    big = out["jobs"]["big"]
+    # small00 and small01 hold 2 GPUs when the gang arrives at 5; it holds the reservation and
+    # starts when the second of them ends (34), though small jobs keep arriving every 4 s
+    assert (big["started"], big["ended"], big["preemptions"]) == (34, 134, 0)
+    waited = [j for j in out["jobs"].values() if j["submitted"] > 5 and j["submitted"] < 34]
+    assert waited and all(j["started"] >= 34 for j in waited)
+    assert {j["state"] for j in out["jobs"].values()} == {"FINISHED"}
+
+
 def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "bad.yaml"
     path.write_text(text)
