@@ -1,0 +1,139 @@
+"""``WmlaKubeSpawner``: KubeSpawner whose pods are admitted by the user's plan.
+
+The pod mounts only the user's folder of a shared PVC (``subPath`` = the user name) at
+``/gpfs/myresultfs/<user>``, carries the plan's labels and annotations, is scheduled by Volcano
+(``schedulerName``, the plan's queue) and limits ``nvidia.com/gpu`` to what the plan admitted.
+The overlays are pure (``spawner/objects.py``); here they become KubeSpawner trait values in
+``load_user_options`` (after profile_list overrides, before KubeSpawner builds the pod).
+"""
+
+from __future__ import annotations
+
+from kubespawner import KubeSpawner
+from traitlets import Bool, Unicode, default
+
+from .mixin import WmlaSpawnerMixin
+from .objects import DEFAULT_MOUNT_PATH, make_pod_overlay, mount_path, validate_username
+
+
+class WmlaKubeSpawner(WmlaSpawnerMixin, KubeSpawner):
+    """Notebook pods charged to a plan, each mounting only the user's folder."""
+
+    storage_claim_name = Unicode(
+        "wmla-storage",
+        help="""The PVC holding every user's folder (``<claim>/<user>``; the wmla service mounts
+        the same claim at its storage_root).
+
+        c.WmlaKubeSpawner.storage_claim_name = "gpfs-myresultfs"
+        """,
+    ).tag(config=True)
+
+    user_mount_path = Unicode(
+        DEFAULT_MOUNT_PATH,
+        help="""Where the pod sees the user's folder; ``{username}`` is the (validated) hub name.
+
+        c.WmlaKubeSpawner.user_mount_path = "/gpfs/myresultfs/{username}"
+        """,
+    ).tag(config=True)
+
+    instance_label = Unicode(
+        "wmla",
+        help="""The instance label value (the Kubernetes backend's ``instance``).
+
+        c.WmlaKubeSpawner.instance_label = "wmla"
+        """,
+    ).tag(config=True)
+
+    queue_prefix = Unicode(
+        "wmla",
+        help="""Prefix of Volcano queue names (the Kubernetes backend's ``prefix``).
+
+        c.WmlaKubeSpawner.queue_prefix = "wmla"
+        """,
+    ).tag(config=True)
+
+    volcano_queue = Bool(
+        True,
+        help="""Annotate the pod with its plan's Volcano queue (needs schedulerName volcano).
+
+        c.WmlaKubeSpawner.volcano_queue = True
+        """,
+    ).tag(config=True)
+
+    gpu_resource_name = Unicode(
+        "nvidia.com/gpu",
+        help="""The extended resource that counts GPUs.
+
+        c.WmlaKubeSpawner.gpu_resource_name = "nvidia.com/gpu"
+        """,
+    ).tag(config=True)
+
+    @default("scheduler_name")
+    def _wmla_scheduler_default(self) -> str:
+        return "volcano"
+
+    @default("storage_root")
+    def _wmla_storage_root_default(self) -> str:
+        # in the pod the folder's parent is the mount path's parent
+        return self.user_mount_path.replace("/{username}", "") or "/"
+
+    _wmla_admitted = False
+
+    async def load_user_options(self):
+        await super().load_user_options()
+        validate_username(self.user.name)
+        if not self._wmla_admitted:
+            plan = await self.wmla_admit()
+            self._wmla_admitted = True
+        else:
+            plan = self.wmla_leaf.rsplit("/", 1)[0]
+        self.apply_wmla_overlay(plan)
+
+    def apply_wmla_overlay(self, plan: str) -> None:
+        """Set KubeSpawner's traits from the pure overlay (kept: what config already had)."""
+        folder = mount_path(self.user_mount_path, self.user.name)
+        gpus = self.wmla_request()[0]
+        overlay = make_pod_overlay(
+            user=self.user.name,
+            plan=plan,
+            leaf=self.wmla_leaf or f"{plan}/{self.user.name}",
+            job_id=self.wmla_job_id,
+            gpus=gpus,
+            claim_name=self.storage_claim_name,
+            mount_path_template=self.user_mount_path,
+            instance=self.instance_label,
+            queue_prefix=self.queue_prefix,
+            volcano=self.volcano_queue and self.scheduler_name == "volcano",
+            gpu_resource=self.gpu_resource_name,
+            env=self.wmla_env(folder, f"{folder}/.ipython"),
+        )
+        names = {v["name"] for v in overlay["volumes"]}
+        self.volumes = [v for v in _as_list(self.volumes) if v.get("name") not in names] + overlay[
+            "volumes"
+        ]
+        self.volume_mounts = [
+            v for v in _as_list(self.volume_mounts) if v.get("name") not in names
+        ] + overlay["volume_mounts"]
+        self.extra_labels = {**self.extra_labels, **overlay["extra_labels"]}
+        self.extra_annotations = {**self.extra_annotations, **overlay["extra_annotations"]}
+        self.extra_resource_limits = {
+            **self.extra_resource_limits,
+            **overlay["extra_resource_limits"],
+        }
+        self.environment = {**self.environment, **overlay["environment"]}
+        if not self.working_dir:
+            self.working_dir = overlay["working_dir"]
+
+    async def start(self):
+        self._wmla_admitted = False
+        try:
+            return await super().start()
+        except BaseException:
+            await self.wmla_release()
+            raise
+
+
+def _as_list(value) -> list[dict]:
+    if isinstance(value, dict):  # KubeSpawner accepts a dict of volumes keyed by anything
+        return list(value.values())
+    return list(value or [])

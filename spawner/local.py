@@ -1,0 +1,166 @@
+"""``WmlaLocalSpawner``: JupyterHub's LocalProcessSpawner, admitted by the user's plan.
+
+Each hub user's server runs in their private folder ``<storage_root>/<user>`` (its HOME and the
+Jupyter root). When the hub runs as root, each hub user has a system account (created with
+useradd on first spawn unless ``create_system_users`` is off) that owns the folder (mode 0700) and
+runs the server, so another user's folder is unreadable at the OS level. Otherwise every server
+runs as the hub's own account and only the API keeps users apart: the log says so loudly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from jupyterhub.spawner import LocalProcessSpawner, set_user_setuid
+from traitlets import Bool, Integer, Unicode, default
+
+from .kernel import install_startup
+from .mixin import WmlaSpawnerMixin
+from .storage import Account, create_account, ensure_folder, find_account, is_root, user_folder
+
+NOT_ROOT_WARNING = (
+    "\n!!! wmla: the hub does not run as root, so every notebook server runs as the hub's own "
+    "account (uid %s) and users' folders under %s are NOT separated by the operating system; "
+    "only the wmla API keeps users apart. Run the hub as root for one system account per user."
+)
+
+
+class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
+    """Local notebook servers charged to a plan, each in the user's private folder."""
+
+    system_users = Bool(
+        True,
+        help="""When the hub runs as root, run each user's server as their own system account
+        (folder owned by it, mode 0700). Ignored when the hub is not root.
+
+        c.WmlaLocalSpawner.system_users = True
+        """,
+    ).tag(config=True)
+
+    create_system_users = Bool(
+        True,
+        help="""Create a missing system account with useradd on first spawn (home = the user's
+        folder, no login shell).
+
+        c.WmlaLocalSpawner.create_system_users = False
+        """,
+    ).tag(config=True)
+
+    system_user_template = Unicode(
+        "{username}",
+        help="""The system account of a hub user; ``{username}`` is the hub name.
+
+        c.WmlaLocalSpawner.system_user_template = "jh-{username}"
+        """,
+    ).tag(config=True)
+
+    min_uid = Integer(
+        1000,
+        help="""Never run a server as an account with a smaller uid (root, daemons).
+
+        c.WmlaLocalSpawner.min_uid = 1000
+        """,
+    ).tag(config=True)
+
+    autoload_magics = Bool(
+        True,
+        help="""Load the %wmla_* magics in every kernel (a startup file in the user's
+        ``.ipython``, IPYTHONDIR pointed at it).
+
+        c.WmlaLocalSpawner.autoload_magics = True
+        """,
+    ).tag(config=True)
+
+    _wmla_account = None
+    _wmla_warned = False
+
+    # -- the spawn page --------------------------------------------------------------------
+    @default("options_form")
+    def _wmla_options_form_default(self):
+        return lambda spawner: spawner.wmla_options_form() if spawner.profiles else ""
+
+    @default("options_from_form")
+    def _wmla_options_from_form_default(self):
+        return self.wmla_options_from_form
+
+    # -- folder and account ------------------------------------------------------------------
+    @property
+    def wmla_folder(self) -> Path:
+        return user_folder(self.storage_root, self.user.name)
+
+    def wmla_account(self) -> Account | None:
+        """The account the server runs as, or None for the hub's own (not root)."""
+        if not (is_root() and self.system_users):
+            if not is_root() and not WmlaLocalSpawner._wmla_warned:
+                WmlaLocalSpawner._wmla_warned = True
+                self.log.warning(NOT_ROOT_WARNING, os.geteuid(), self.storage_root)
+            return None
+        name = self.system_user_template.format(username=self.user.name)
+        account = find_account(name, self.min_uid)
+        if account is None:
+            if not self.create_system_users:
+                from .storage import StorageError
+
+                raise StorageError(
+                    f"no system account {name!r} for hub user {self.user.name}; create it, or "
+                    "set c.WmlaLocalSpawner.create_system_users = True"
+                )
+            account = create_account(name, self.wmla_folder, self.min_uid)
+            self.log.info("%s: created system account %s (uid %s)", self._log_name, name,
+                          account.uid)  # fmt: skip
+        return account
+
+    def _prepare(self) -> tuple[Path, Account | None]:
+        account = self.wmla_account()
+        folder = ensure_folder(self.storage_root, self.user.name, account)
+        if self.autoload_magics:
+            install_startup(folder / ".ipython", folder, account)
+        return folder, account
+
+    # -- start -------------------------------------------------------------------------------
+    async def start(self):
+        await self.wmla_admit()
+        try:
+            folder, self._wmla_account = await asyncio.to_thread(self._prepare)
+            self._wmla_note(f"your folder: {folder}", 30)
+            return await super().start()
+        except BaseException:
+            await self.wmla_release()
+            raise
+
+    def make_preexec_fn(self, name):
+        folder = str(self.wmla_folder)
+        account = self._wmla_account
+        become = set_user_setuid(account.name, chdir=False) if account else None
+
+        def preexec() -> None:  # runs in the child between fork and exec
+            if become is not None:
+                become()
+            os.chdir(folder)
+
+        return preexec
+
+    def user_env(self, env):
+        account = self._wmla_account
+        env["USER"] = account.name if account else self.user.name
+        env["HOME"] = str(self.wmla_folder)
+        env["SHELL"] = "/bin/bash"
+        return env
+
+    def get_env(self):
+        env = super().get_env()
+        folder = str(self.wmla_folder)
+        ipython_dir = str(self.wmla_folder / ".ipython") if self.autoload_magics else None
+        env.update(self.wmla_env(folder, ipython_dir))
+        return env
+
+    def get_args(self):
+        args = super().get_args()
+        if not self.notebook_dir:  # the Jupyter root is the user's folder, nothing above it
+            args.append(f"--ServerApp.root_dir={self.wmla_folder}")
+        return args
+
+    async def move_certs(self, paths):
+        return paths  # internal SSL is not supported here: the folder is the only home

@@ -1,0 +1,485 @@
+"""What both wmla spawners share: hub user -> plan leaf, admission, folder, kernel environment.
+
+A notebook server is a job like any other (SCHEDULING.md "Words"): a rigid, non-preemptible gang
+of one worker, charged to ``<plan>/<user>``. The spawner submits it through the service as a plan
+admin on the user's behalf (``"user"`` in the body), waits while it is PENDING (the spawn page's
+progress shows the service's reason, e.g. "/project1/dev-team at its gpu limit: 2 of 2 in use"),
+fails at once when the service answers 422 (it can never fit), and cancels the job when the
+server stops, which releases the plan's resources.
+
+The service is reached over HTTP through ``extension.client`` (blocking, so in a thread: the
+hub's event loop never waits on a socket).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from traitlets import Any as AnyTrait
+from traitlets import Dict, Float, Integer, List, Unicode, default
+from traitlets.config import LoggingConfigurable
+
+NOTEBOOK_KIND = "notebook"
+DEFAULT_PLAN = "/sample-project/notebooks"
+SPAWNER_SERVICE = "wmla-spawner"
+PROFILE_KEYS = {"slug", "display_name", "description", "plan", "gpu", "cpu", "memory", "default"}
+
+
+class AdmissionError(RuntimeError):
+    """The notebook cannot be admitted; the message is what the spawn page shows."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.jupyterhub_message = message
+
+
+class WmlaSpawnerMixin(LoggingConfigurable):
+    """Mix in before a JupyterHub spawner class (``class S(WmlaSpawnerMixin, BaseSpawner)``)."""
+
+    # -- where the service is, and who the spawner is to it -----------------------------------
+    service_name = Unicode(
+        "wmla",
+        help="""The wmla service's name in c.JupyterHub.services.
+
+        c.WmlaLocalSpawner.service_name = "wmla"
+        """,
+    ).tag(config=True)
+
+    service_url = Unicode(
+        "",
+        help="""Where the spawner (in the hub) reaches the wmla service: its own address, the hub's
+        ``/services/wmla/`` or its API. Default: the url and prefix of the hub service named
+        ``service_name``.
+
+        c.WmlaLocalSpawner.service_url = "http://127.0.0.1:10101/services/wmla/"
+        """,
+    ).tag(config=True)
+
+    kernel_service_url = Unicode(
+        "",
+        help="""``$WMLA_URL`` in the notebook: where the kernel reaches the service (on Kubernetes
+        usually the hub's proxy service inside the cluster). Default: ``service_url``.
+
+        c.WmlaKubeSpawner.kernel_service_url = "http://proxy-public/services/wmla/"
+        """,
+    ).tag(config=True)
+
+    service_token = Unicode(
+        "",
+        help="""A hub API token with the ``custom:wmla:admin`` and ``access:services!service=wmla``
+        scopes: the spawner submits notebook jobs on users' behalf. Default:
+        ``$WMLA_SPAWNER_TOKEN``, else the api_token of the hub service named ``token_service``
+        (``spawner.hubconfig.spawner_service()`` builds that service and its role).
+
+        c.WmlaLocalSpawner.service_token = os.environ["WMLA_SPAWNER_TOKEN"]
+        """,
+    ).tag(config=True)
+
+    token_service = Unicode(
+        SPAWNER_SERVICE,
+        help="""The hub service whose api_token the spawner uses when service_token is unset.
+
+        c.WmlaLocalSpawner.token_service = "wmla-spawner"
+        """,
+    ).tag(config=True)
+
+    # -- which plan ---------------------------------------------------------------------------
+    default_plan = Unicode(
+        DEFAULT_PLAN,
+        help="""The plan of users with no override, no mapped group and no profile plan.
+
+        c.WmlaLocalSpawner.default_plan = "/sample-project/notebooks"
+        """,
+    ).tag(config=True)
+
+    group_plans = Dict(
+        key_trait=Unicode(),
+        value_trait=Unicode(),
+        help="""Hub group -> plan path. A user in several mapped groups gets the first in this
+        mapping's order.
+
+        c.WmlaLocalSpawner.group_plans = {"dev": "/project1/dev-team", "qa": "/project1/qa-team"}
+        """,
+    ).tag(config=True)
+
+    user_plans = Dict(
+        key_trait=Unicode(),
+        value_trait=Unicode(),
+        help="""Hub user -> plan path; wins over group_plans.
+
+        c.WmlaLocalSpawner.user_plans = {"alice": "/project1/dev-team"}
+        """,
+    ).tag(config=True)
+
+    wmla_plan = Unicode(
+        "",
+        help="""Force one plan (wins over user_plans and group_plans; a picked profile's plan wins
+        over it). Meant for KubeSpawner profile_list overrides:
+        ``"kubespawner_override": {"wmla_plan": "/project1/dev-team", "gpus": 1}``.
+
+        c.WmlaKubeSpawner.wmla_plan = "/project1/dev-team"
+        """,
+    ).tag(config=True)
+
+    profiles = List(
+        Dict(),
+        help="""Choices on the spawn page. Each: ``slug``, ``display_name``, optional
+        ``description``, ``plan`` (default: the user's mapped plan), ``gpu``, ``cpu``, ``memory``
+        (requests of the notebook, e.g. "500m", "2Gi"), ``default``. The user's pick arrives as
+        ``user_options = {"profile": slug}``.
+
+        c.WmlaLocalSpawner.profiles = [{"slug": "cpu", "display_name": "CPU only"},
+                                       {"slug": "gpu", "display_name": "1 GPU", "gpu": 1}]
+        """,
+    ).tag(config=True)
+
+    # -- what a notebook asks for --------------------------------------------------------------
+    gpus = Integer(
+        0,
+        min=0,
+        help="""GPUs a notebook server requests (a profile's ``gpu`` wins).
+
+        c.WmlaLocalSpawner.gpus = 1
+        """,
+    ).tag(config=True)
+
+    notebook_cpu = Unicode(
+        "",
+        help="""The notebook's cpu request sent to the service ("500m", "2"); default:
+        cpu_guarantee when set, else the instance limit range's default request.
+
+        c.WmlaLocalSpawner.notebook_cpu = "500m"
+        """,
+    ).tag(config=True)
+
+    notebook_memory = Unicode(
+        "",
+        help="""The notebook's memory request sent to the service ("2Gi"); default: mem_guarantee
+        when set, else the instance limit range's default request.
+
+        c.WmlaLocalSpawner.notebook_memory = "2Gi"
+        """,
+    ).tag(config=True)
+
+    admission_poll_interval = Float(
+        1.0,
+        min=0.05,
+        help="""Seconds between looks at a waiting notebook job. A wait for room counts against
+        c.Spawner.start_timeout: raise it where notebooks may queue.
+
+        c.WmlaLocalSpawner.admission_poll_interval = 1.0
+        """,
+    ).tag(config=True)
+
+    # -- storage --------------------------------------------------------------------------------
+    storage_root = Unicode(
+        help="""The shared root of users' private folders ``<storage_root>/<user>`` (the same
+        as c.WmlaService.storage_root). Default: ``$WMLA_STORAGE_ROOT`` or ``./var/storage``.
+
+        c.WmlaLocalSpawner.storage_root = "/gpfs/myresultfs"
+        """,
+    ).tag(config=True)
+
+    @default("storage_root")
+    def _storage_root_default(self) -> str:
+        return os.environ.get("WMLA_STORAGE_ROOT") or os.path.abspath("var/storage")
+
+    # state of one spawn (not config)
+    wmla_job_id = Unicode("")
+    wmla_leaf = Unicode("")
+    _wmla_events = List()
+    _wmla_changed = AnyTrait(None, allow_none=True)
+    _wmla_waiting = AnyTrait(False)
+    _wmla_stopping = AnyTrait(False)
+
+    # -- plan mapping ----------------------------------------------------------------------------
+    def wmla_profile(self) -> dict | None:
+        """The profile picked in user_options (or the default one), validated."""
+        if not self.profiles:
+            return None
+        for p in self.profiles:
+            unknown = sorted(set(p) - PROFILE_KEYS)
+            if unknown or not p.get("slug"):
+                raise AdmissionError(
+                    f"profile {p!r} is misconfigured: it needs a slug and may have only "
+                    f"{', '.join(sorted(PROFILE_KEYS))} (c.{type(self).__name__}.profiles)"
+                )
+        slug = (self.user_options or {}).get("profile")
+        if slug:
+            for p in self.profiles:
+                if p["slug"] == slug:
+                    return p
+            raise AdmissionError(
+                f"there is no profile {slug!r}; pick one of "
+                f"{', '.join(p['slug'] for p in self.profiles)}"
+            )
+        return next((p for p in self.profiles if p.get("default")), self.profiles[0])
+
+    def wmla_plan_path(self) -> str:
+        """The plan: picked profile's plan > wmla_plan > user_plans > group_plans > default."""
+        profile = self.wmla_profile()
+        name = self.user.name
+        groups = {g.name for g in getattr(self.user, "groups", []) or []}
+        plan = (profile or {}).get("plan") or self.wmla_plan or self.user_plans.get(name)
+        if not plan:
+            plan = next((p for g, p in self.group_plans.items() if g in groups), None)
+        plan = plan or self.default_plan
+        if not isinstance(plan, str) or not plan.startswith("/") or plan.endswith("/"):
+            raise AdmissionError(
+                f"the plan {plan!r} mapped to {name} is not a plan path such as "
+                f"/project1/dev-team; fix c.{type(self).__name__}.user_plans / group_plans"
+            )
+        return plan
+
+    def wmla_request(self) -> tuple[int, dict, dict]:
+        """(gpus, per-worker request, limits) for the notebook job, in the service's units."""
+        profile = self.wmla_profile() or {}
+        gpus = int(profile.get("gpu", self.gpus) or 0)
+        request: dict[str, Any] = {"gpu": gpus}
+        cpu = profile.get("cpu") or self.notebook_cpu or _cpu(getattr(self, "cpu_guarantee", None))
+        mem = profile.get("memory") or self.notebook_memory or getattr(self, "mem_guarantee", None)
+        if cpu:
+            request["cpu"] = cpu
+        if mem:
+            request["memory"] = mem
+        limits: dict[str, Any] = {}
+        if getattr(self, "cpu_limit", None):
+            limits["cpu"] = _cpu(self.cpu_limit)
+        if getattr(self, "mem_limit", None):
+            limits["memory"] = self.mem_limit
+        return gpus, request, limits
+
+    def wmla_job_body(self, plan: str) -> dict:
+        gpus, request, limits = self.wmla_request()
+        body: dict[str, Any] = {
+            "plan": plan,
+            "kind": NOTEBOOK_KIND,
+            "user": self.user.name,
+            "name": f"notebook {self.name}" if self.name else "notebook",
+            "workers": 1,
+            "preemptible": False,
+            "resources": request,
+        }
+        if limits:
+            body["limits"] = limits
+        return body
+
+    # -- the service ---------------------------------------------------------------------------
+    def _hub_service(self, name: str) -> Any:
+        settings = getattr(self.user, "settings", None) or {}
+        return (settings.get("services") or {}).get(name)
+
+    def wmla_service_url(self) -> str:
+        if self.service_url:
+            return self.service_url
+        service = self._hub_service(self.service_name)
+        if service is not None and getattr(service, "url", None):
+            return service.url.rstrip("/") + service.prefix.rstrip("/") + "/"
+        raise AdmissionError(
+            f"where is the wmla service? No hub service {self.service_name!r} with a url; set "
+            f"c.{type(self).__name__}.service_url"
+        )
+
+    def wmla_token(self) -> str:
+        token = self.service_token or os.environ.get("WMLA_SPAWNER_TOKEN", "")
+        if not token:
+            service = self._hub_service(self.token_service)
+            token = getattr(service, "api_token", "") or ""
+        if not token:
+            raise AdmissionError(
+                "the spawner has no token for the wmla service: add the hub service from "
+                "spawner.hubconfig.spawner_service() or set "
+                f"c.{type(self).__name__}.service_token"
+            )
+        return token
+
+    async def _wmla_call(self, method: str, path: str, body: Any = None, what: str = "") -> Any:
+        from extension.client import WmlaClient
+
+        def call() -> Any:
+            client = WmlaClient(self.wmla_service_url(), self.wmla_token(), env={})
+            try:
+                return client.request(method, path, body=body, what=what or "notebook")
+            finally:
+                client.session.close()
+
+        return await asyncio.to_thread(call)
+
+    # -- progress ------------------------------------------------------------------------------
+    def _wmla_note(self, message: str, progress: int | None = None) -> None:
+        event: dict[str, Any] = {"message": message}
+        if progress is not None:
+            event["progress"] = progress
+        self._wmla_events.append(event)
+        if self._wmla_changed is not None:
+            self._wmla_changed.set()
+        self.log.info("%s: %s", self._log_name, message)
+
+    async def progress(self):  # noqa: D401 - JupyterHub's hook
+        """The admission's events while it waits, then the base spawner's own."""
+        sent = 0
+        while True:
+            while sent < len(self._wmla_events):
+                yield self._wmla_events[sent]
+                sent += 1
+            if not self._wmla_waiting:
+                break
+            changed = self._wmla_changed
+            if changed is None:
+                break
+            changed.clear()
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=1)
+            except asyncio.TimeoutError:
+                pass
+        async for event in super().progress():
+            yield event
+
+    # -- admission and release ------------------------------------------------------------------
+    async def wmla_admit(self) -> str:
+        """Submit the notebook job and wait until it holds its resources; returns the plan."""
+        self._wmla_events = []
+        self._wmla_changed = asyncio.Event()
+        self._wmla_stopping = False
+        self._wmla_waiting = True
+        try:
+            return await self._wmla_admit()
+        finally:
+            self._wmla_waiting = False
+            self._wmla_changed.set()
+
+    async def _wmla_admit(self) -> str:
+        from extension.client import WmlaError
+
+        plan = self.wmla_plan_path()
+        body = self.wmla_job_body(plan)
+        self.wmla_leaf = f"{plan}/{self.user.name}"
+        self._wmla_note(f"asking plan {plan} for room: {_describe(body['resources'])}", 5)
+        try:
+            job = await self._wmla_call("POST", "jobs", body)
+        except WmlaError as err:
+            if err.status == 422:
+                message = f"{self.wmla_leaf} can never hold this server: {err}"
+                raise AdmissionError(message) from None
+            raise AdmissionError(f"the wmla service refused the notebook: {err}") from None
+        self.wmla_job_id = job["id"]
+        last = None
+        while True:
+            state = job.get("state")
+            if state == "RUNNING":
+                self._wmla_note(f"admitted to {self.wmla_leaf} (job {job['id']})", 20)
+                return plan
+            if state != "PENDING":
+                self.wmla_job_id = ""
+                reason = job.get("reason") or state
+                raise AdmissionError(f"{self.wmla_leaf}: the notebook job is {state}: {reason}")
+            reason = job.get("reason") or f"waiting for room in {plan}"
+            if reason != last:
+                self._wmla_note(reason, 10)
+                last = reason
+            if self._wmla_stopping:
+                await self.wmla_release()
+                raise AdmissionError("the server was stopped while it waited for room")
+            await asyncio.sleep(self.admission_poll_interval)
+            try:
+                job = await self._wmla_call("GET", f"jobs/{job['id']}")
+            except WmlaError as err:
+                self.log.warning("%s: looking at job %s: %s", self._log_name, job["id"], err)
+
+    async def wmla_release(self) -> None:
+        """Cancel the notebook job (releases the plan's resources); never raises."""
+        from extension.client import WmlaError
+
+        job_id, self.wmla_job_id = self.wmla_job_id, ""
+        if not job_id:
+            return
+        try:
+            await self._wmla_call("DELETE", f"jobs/{job_id}", what=f"releasing {job_id}")
+            self.log.info("%s: released notebook job %s", self._log_name, job_id)
+        except WmlaError as err:
+            if err.status in (404, 409):  # already ended or gone: nothing is held
+                return
+            self.log.error("%s: could not release notebook job %s: %s", self._log_name, job_id,
+                           err)  # fmt: skip
+        except AdmissionError as err:
+            self.log.error("%s: could not release notebook job %s: %s", self._log_name, job_id,
+                           err)  # fmt: skip
+
+    async def stop(self, now: bool = False) -> None:
+        self._wmla_stopping = True
+        try:
+            await super().stop(now=now)
+        finally:
+            await self.wmla_release()
+
+    # -- environment for the client and the magics ------------------------------------------------
+    def wmla_env(self, folder: str, ipython_dir: str | None) -> dict[str, str]:
+        """What the kernel needs; the token is JUPYTERHUB_API_TOKEN (server_token_scopes)."""
+        env = {
+            "WMLA_URL": self.kernel_service_url or self.wmla_service_url(),
+            "WMLA_SERVICE_NAME": self.service_name,
+            "WMLA_USER": self.user.name,
+            "WMLA_PLAN": self.wmla_leaf.rsplit("/", 1)[0] if self.wmla_leaf else "",
+            "WMLA_LEAF": self.wmla_leaf,
+            "WMLA_USER_DIR": folder,
+            "WMLA_STORAGE_ROOT": self.storage_root,
+            "WMLA_NOTEBOOK_JOB": self.wmla_job_id,
+        }
+        if ipython_dir:
+            env["IPYTHONDIR"] = ipython_dir
+        return env
+
+    # -- state across hub restarts -------------------------------------------------------------
+    def get_state(self) -> dict:
+        state = super().get_state()
+        if self.wmla_job_id:
+            state["wmla_job_id"] = self.wmla_job_id
+            state["wmla_leaf"] = self.wmla_leaf
+        return state
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        super().load_state(state)
+        self.wmla_job_id = state.get("wmla_job_id", "")
+        self.wmla_leaf = state.get("wmla_leaf", "")
+
+    def clear_state(self) -> None:
+        super().clear_state()
+        self.wmla_job_id = ""
+
+    # -- the spawn page ------------------------------------------------------------------------
+    def wmla_options_form(self) -> str:
+        if not self.profiles:
+            return ""
+        chosen = (self.wmla_profile() or {}).get("slug")
+        rows = []
+        for p in self.profiles:
+            checked = " checked" if p["slug"] == chosen else ""
+            slug = html.escape(p["slug"], quote=True)
+            text = html.escape(str(p.get("display_name") or p["slug"]))
+            desc = html.escape(str(p.get("description") or ""))
+            rows.append(
+                f'<label class="form-check"><input class="form-check-input" type="radio" '
+                f'name="profile" value="{slug}"{checked}> {text}'
+                + (f' <span class="text-muted">{desc}</span>' if desc else "")
+                + "</label>"
+            )
+        return "<fieldset><legend>Profile</legend>" + "\n".join(rows) + "</fieldset>"
+
+    def wmla_options_from_form(self, formdata: Mapping[str, list]) -> dict:
+        picked = formdata.get("profile") or []
+        return {"profile": picked[0]} if picked else {}
+
+
+def _cpu(cores: float | None) -> str | None:
+    """JupyterHub's cpu_guarantee/cpu_limit (cores, float) -> millicores text."""
+    if not cores:
+        return None
+    return f"{round(float(cores) * 1000)}m"
+
+
+def _describe(request: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in request.items())

@@ -1,0 +1,111 @@
+"""Pure overlays for the notebook pod of ``WmlaKubeSpawner``, in kubespawner's ``make_*`` style.
+
+Each function takes keyword arguments and returns plain dicts (what KubeSpawner's traits accept:
+``volumes``, ``volume_mounts``, ``extra_labels``, ``extra_annotations``,
+``extra_resource_limits``, ``environment``). Names, labels and queues come from
+``extension.backends.manifests`` so a notebook pod carries the same labels as the plan's training
+pods and sits in the same Volcano queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from extension.backends import manifests as m
+
+VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
+DEFAULT_MOUNT_PATH = "/gpfs/myresultfs/{username}"
+# KubeSpawner expands {unescaped_username} itself; we validate the name before it does.
+KUBESPAWNER_USERNAME = "{unescaped_username}"
+
+
+def validate_username(user: str) -> str:
+    """A hub user name usable as a label value and one ``subPath`` segment (or ManifestError)."""
+    return m.validate_username(user)
+
+
+def mount_path(template: str, user: str) -> str:
+    """``/gpfs/myresultfs/{username}`` -> ``/gpfs/myresultfs/alice``."""
+    return template.format(username=validate_username(user))
+
+
+def make_user_storage(
+    *, claim_name: str, user: str, mount_path_template: str = DEFAULT_MOUNT_PATH,
+    volume_name: str = "wmla-user-folder",
+) -> tuple[dict, dict]:  # fmt: skip
+    """(volume, volumeMount): only ``<claim>/<user>`` is mounted, at the user's path."""
+    volume, mount = m.make_user_volume(
+        claim_name=claim_name,
+        user=user,
+        mount_path=mount_path(mount_path_template, user),
+        volume_name=volume_name,
+    )
+    return volume, mount
+
+
+def make_plan_labels(
+    *, instance: str, user: str, plan: str, queue_prefix: str = "wmla"
+) -> dict[str, str]:
+    """Labels of a notebook pod: managed-by, instance, user, the plan's queue, kind=notebook."""
+    return m.make_labels(
+        instance=instance,
+        user=user,
+        queue=m.queue_name(plan, queue_prefix),
+        kind="notebook",
+        prefix=queue_prefix,
+    )
+
+
+def make_plan_annotations(
+    *, plan: str, leaf: str, job_id: str, queue: str | None = None
+) -> dict[str, str]:
+    """The exact plan, leaf and notebook job id (label values cannot hold '/'), and the
+    Volcano queue when the pod is scheduled by Volcano."""
+    out = m.make_annotations(job_id=job_id or None, plan=plan)
+    out[f"{m.GROUP}/leaf"] = leaf
+    if queue:
+        out[VOLCANO_QUEUE_ANNOTATION] = queue
+    return out
+
+
+def make_gpu_limits(*, gpus: int, resource: str = m.DEFAULT_GPU_RESOURCE) -> dict[str, str]:
+    """``{"nvidia.com/gpu": "1"}`` (GPUs are requested through limits), or {} for none."""
+    if gpus < 0:
+        raise m.ManifestError(f"a notebook cannot request {gpus} GPUs")
+    return {resource: str(gpus)} if gpus else {}
+
+
+def make_pod_overlay(
+    *,
+    user: str,
+    plan: str,
+    leaf: str,
+    job_id: str,
+    gpus: int,
+    claim_name: str,
+    mount_path_template: str = DEFAULT_MOUNT_PATH,
+    instance: str = "wmla",
+    queue_prefix: str = "wmla",
+    volcano: bool = True,
+    gpu_resource: str = m.DEFAULT_GPU_RESOURCE,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Everything ``WmlaKubeSpawner`` lays over KubeSpawner's pod, as trait values."""
+    volume, mount = make_user_storage(
+        claim_name=claim_name, user=user, mount_path_template=mount_path_template
+    )
+    queue = m.queue_name(plan, queue_prefix)
+    return {
+        "volumes": [volume],
+        "volume_mounts": [mount],
+        "extra_labels": make_plan_labels(
+            instance=instance, user=user, plan=plan, queue_prefix=queue_prefix
+        ),
+        "extra_annotations": make_plan_annotations(
+            plan=plan, leaf=leaf, job_id=job_id, queue=queue if volcano else None
+        ),
+        "extra_resource_limits": make_gpu_limits(gpus=gpus, resource=gpu_resource),
+        "environment": dict(env or {}),
+        "working_dir": mount["mountPath"],
+    }
