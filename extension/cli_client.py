@@ -69,11 +69,16 @@ def add_commands(sub: Any) -> None:
     logon.add_argument("--token", help="an existing hub API token instead of a password")
     logon.add_argument("--json", action="store_true")
 
+    from extension.magics import options
+
     start = sub.add_parser(
         "exec-start",
         help="submit a training job: exec-start PyTorch --consumer PLAN --workerDeviceNum N "
         "--model-dir DIR --model-main main.py -- ARGS",
-        add_help=True,
+        description="Submit a training job. Options (then `--` and the script's arguments):\n"
+        + (options.__doc__ or "").split("\n\n", 2)[-1]
+        + "\n--json prints the job as JSON.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     start.add_argument("rest", nargs=argparse.REMAINDER, help="options, then -- script args")
 
@@ -143,7 +148,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             _emit(out, args.json, answer, lambda: usage_table(answer))
             return 0
     except OptionsError as e:
-        print(f"wmla {name}: {e}", file=err)
+        text = str(e)
+        print(text if text.startswith("wmla ") else f"wmla {name}: {text}", file=err)
         return 2
     except WmlaError as e:
         print(f"wmla {name}: {e}", file=err)
@@ -198,9 +204,6 @@ def _logon(args: argparse.Namespace, out: TextIO) -> int:
 
 def _exec_start(rest: Sequence[str], out: TextIO, err: TextIO) -> int:
     rest = list(rest)
-    if rest and rest[0] in ("-h", "--help"):
-        out.write(__doc__ or "")
-        return 0
     if not rest or rest[0].startswith("-"):
         raise OptionsError(
             "say the framework first: wmla exec-start PyTorch --consumer PLAN "

@@ -1,0 +1,111 @@
+"""The job monitor and the metering widget through ``get_state()``.
+
+The client here is a recorder with canned API answers (the shapes of docs/service.md), standing
+in for the service at the unit layer; the notebook test (tests/magics/test_notebook.py) drives
+the same widgets against a real hub and service.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from widgets.monitor import JobMonitor
+from widgets.usage import UsageWidget
+
+JOB = {
+    "id": "j1", "name": "mnist", "user": "alice", "plan": "/p", "state": "PENDING",
+    "reason": "/p at its gpu limit: 2 of 2 in use", "priority": 0, "submitted": 1.0,
+    "workers": {"min": 2, "max": 2, "running": 0},
+    "resources": {"gpu": 1, "cpu": 250, "memory": 512 << 20},
+    "placement": [], "exit_code": None, "preemptions": 0,
+    "command": ["python", "/s/alice/m/main.py", "--epochs", "2"],
+}  # fmt: skip
+
+
+class CannedClient:
+    def __init__(self) -> None:
+        self.jobs_seen = [copy.deepcopy(JOB)]
+        self.lines = [
+            {"step": 1, "epoch": 0, "loss": 2.0},
+            {"step": 2, "epoch": 1, "train_loss": 1.5, "test_accuracy": 0.7},
+        ]
+        self.cancelled: list[str] = []
+        self.usage_calls: list[dict] = []
+
+    def job(self, job_id: str) -> dict:
+        return copy.deepcopy(self.jobs_seen[-1])
+
+    def jobs(self, states=None) -> list[dict]:
+        other = {**JOB, "id": "j0", "submitted": 0.5}
+        return [other, self.jobs_seen[-1]]
+
+    def metrics(self, job_id: str, since: int = 0):
+        return self.lines[since:], len(self.lines)
+
+    def logs(self, job_id: str, tail=None, worker=None) -> str:
+        return "[worker-0] epoch 1: test accuracy 0.7\n"
+
+    def cancel(self, job_id: str) -> dict:
+        self.cancelled.append(job_id)
+        return {**self.jobs_seen[-1], "state": "CANCELLED"}
+
+    def plans(self) -> dict:
+        return {"plans": [{"path": "/p"}, {"path": "/p/alice"}]}
+
+    def usage(self, **params) -> dict:
+        self.usage_calls.append(params)
+        return {
+            "series": [
+                {"t": params["start"], "requested": {"gpu": 2, "cpu": 500},
+                 "used": {"gpu": 2, "cpu": 500}},
+                {"t": params["end"], "requested": {"gpu": 0, "cpu": 0},
+                 "used": {"gpu": 0, "cpu": 0}},
+            ],
+            "children": [{"path": "/p/alice", "gpu_hours": 2.0, "cpu_hours": 0.5}],
+            "totals": {"gpu_hours": 2.0, "cpu_hours": 0.5},
+        }  # fmt: skip
+
+
+def test_monitor_shows_queue_then_progress_chart_and_logs() -> None:
+    client = CannedClient()
+    mon = JobMonitor(client, "j1")
+    mon.refresh()
+    assert "PENDING" in mon.state.get_state()["value"]
+    assert "#2 in the queue of /p" in mon.state.value and "gpu limit" in mon.state.value
+    assert mon.workers.value == "0 of 2 workers running (1 gpu, 250m cpu, 512Mi memory each)"
+    assert mon.progress.get_state()["value"] == 50.0  # epoch 1 of --epochs 2
+    traces = {t["name"]: (list(t["x"]), list(t["y"])) for t in mon.chart.to_dict()["data"]}
+    assert traces == {"loss": ([1], [2.0]), "train_loss": ([2], [1.5]),
+                      "test_accuracy": ([2], [0.7])}  # fmt: skip
+    assert "test accuracy 0.7" in mon.logs.get_state()["value"]
+
+    client.jobs_seen.append({**JOB, "state": "FINISHED", "reason": "",
+                             "workers": {"min": 2, "max": 2, "running": 0}})  # fmt: skip
+    client.lines.append({"step": 3, "epoch": 1, "loss": 1.0})
+    mon.refresh()
+    assert mon.progress.get_state()["value"] == 100.0
+    assert mon.progress.bar_style == "success" and mon.cancel_button.disabled
+    assert mon.chart.to_dict()["data"][0]["y"] == [2.0, 1.0]  # new lines appended once
+
+
+def test_cancel_button_cancels_through_the_client() -> None:
+    client = CannedClient()
+    mon = JobMonitor(client, "j1")
+    mon.cancel_button.click()
+    assert client.cancelled == ["j1"]
+    assert "CANCELLED" in mon.message.value and mon.cancel_button.disabled
+
+
+def test_usage_widget_charts_the_plan_and_refreshes_on_a_new_range() -> None:
+    client = CannedClient()
+    widget = UsageWidget(client, plan="/p", now=lambda: 7200.0, time_range="last hour")
+    assert widget.plan.get_state()["_options_labels"] == ("/p", "/p/alice")
+    widget.refresh()
+    assert client.usage_calls[-1] == {"plan": "/p", "user": None, "start": 3600.0,
+                                      "end": 7200.0, "step": 60}  # fmt: skip
+    gpu = widget.chart.to_dict()["data"][1]
+    assert gpu["name"] == "GPU used" and list(gpu["y"]) == [2.0, 0.0]
+    assert "/p/alice</td><td>2.00" in widget.table.get_state()["value"]
+    assert "2.00 GPU-hours" in widget.message.value
+    widget.range.value = "last 24 hours"  # observe -> refresh with the new window
+    assert client.usage_calls[-1]["start"] == 7200.0 - 86400 and len(client.usage_calls) == 2
