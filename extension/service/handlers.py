@@ -353,6 +353,10 @@ class JobsHandler(APIHandler):
             user = caller.name
         states = self.get_argument("state", None)
         wanted = [s.strip().upper() for s in states.split(",")] if states else None
+        known = {"PENDING", "RUNNING", "FINISHED", "FAILED", "REJECTED", "CANCELLED"}
+        if wanted and not set(wanted) <= known:
+            bad = sorted(set(wanted) - known)[0]
+            raise APIError(400, f"state {bad!r} is not one of {', '.join(sorted(known))}")
         rows = self.sched.store.jobs(user=user, states=wanted)
         self.reply({"jobs": [job_json(r) for r in rows]})
 

@@ -300,12 +300,28 @@ class Store:
                 s.add(DecisionRow(at=at, job_id=job_id, kind=kind, detail=detail))
         return out
 
-    def transitions(self, job_id: str | None = None) -> list[TransitionRow]:
+    def transitions(
+        self,
+        job_id: str | None = None,
+        since_id: int = 0,
+        leaf_prefix: str | None = None,
+    ) -> list[TransitionRow]:
+        """Transitions in the order they were written (per job, the order they happened).
+
+        ``since_id``: only rows with a larger id (to follow the table incrementally);
+        ``leaf_prefix``: only jobs charged to that plan or below it (e.g. ``/project1``).
+        """
         with self.session() as s:
-            # by id: the order they were written, which per job is the order they happened
             query = select(TransitionRow).order_by(TransitionRow.id)
             if job_id is not None:
                 query = query.where(TransitionRow.job_id == job_id)
+            if since_id:
+                query = query.where(TransitionRow.id > since_id)
+            if leaf_prefix is not None:
+                prefix = leaf_prefix.rstrip("/")
+                query = query.where(
+                    (TransitionRow.leaf == prefix) | TransitionRow.leaf.startswith(prefix + "/")
+                )
             return list(s.scalars(query).all())
 
     def decisions(self, job_id: str) -> list[DecisionRow]:

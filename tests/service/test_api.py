@@ -347,6 +347,8 @@ def test_malformed_json_and_wrong_body_types(hub: Hub) -> None:
     assert r.status_code == 400 and "not valid JSON" in error_of(r)
     r = user1.post("/jobs", data=json.dumps([1, 2]))
     assert r.status_code == 400 and "JSON object" in error_of(r)
+    r = user1.get("/jobs", params={"state": "DONE"})
+    assert r.status_code == 400 and "not one of" in error_of(r)
     r = user1.get("/jobs/x/logs", params={"tail": "-3"})
     assert r.status_code in (400, 404)
 

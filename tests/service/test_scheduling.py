@@ -123,6 +123,10 @@ async def test_submit_start_finish_records_every_transition(rig: Rig) -> None:
     assert rig.events(job) == [("submitted", 0), ("started", 2), ("running", 2), ("finished", 0)]
     history = rig.store.transitions(job)
     assert history[1].leaf == "/project1/dev-team/user1"
+    ids = [t.id for t in history]
+    assert [t.id for t in rig.store.transitions(leaf_prefix="/project1")] == ids
+    assert rig.store.transitions(leaf_prefix="/project") == []  # a plan, not a string prefix
+    assert [t.id for t in rig.store.transitions(since_id=ids[1])] == ids[2:]
     assert (history[1].gpu, history[1].cpu) == (1, 250)
     assert [d.kind for d in rig.store.decisions(job)] == ["start"]
 
