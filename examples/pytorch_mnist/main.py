@@ -123,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
 
     device = runtime.init_distributed()
     me = runtime.info()
+    print(
+        f"rank {me.rank} of {me.world_size}: joined ({me.backend}, device {device}, "
+        f"CUDA_VISIBLE_DEVICES={me.devices!r})",
+        flush=True,
+    )
     torch.manual_seed(args.seed)
     train, test = load_data(args.seed)
     sampler = DistributedSampler(

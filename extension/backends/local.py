@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import pwd
+import random
 import shlex
 import signal
 import socket
@@ -153,6 +154,7 @@ class LocalBackend:
       nothing else of the service's environment (its hub token!) reaches user code.
     - ``extra_env``: variables every worker gets (a job's own ``env`` wins over them).
     - ``pythonpath``: prepended to the workers' PYTHONPATH so ``extension.runtime`` imports.
+    - ``port_range``: where rendezvous ports (MASTER_PORT) are picked, below the ephemeral range.
     - ``stop_orphans``: in ``recover``, stop gangs on record that the service did not list
       (nothing would account for their devices otherwise).
     """
@@ -175,6 +177,7 @@ class LocalBackend:
         extra_env: Mapping[str, str] | None = None,
         pythonpath: str | None = PROJECT_ROOT,
         stop_orphans: bool = True,
+        port_range: tuple[int, int] = (20000, 32767),
     ) -> None:
         if not nodes:
             raise ValueError("LocalBackend needs at least one node; see capacity.detect_nodes()")
@@ -200,6 +203,9 @@ class LocalBackend:
         self.extra_env = dict(extra_env or {})
         self.pythonpath = pythonpath
         self.stop_orphans = stop_orphans
+        if not 1024 <= port_range[0] <= port_range[1] <= 65535:
+            raise ValueError(f"port_range {port_range} must be (low, high) within 1024-65535")
+        self.port_range = (int(port_range[0]), int(port_range[1]))
 
         self._devices: dict[str, list[int]] = {}
         offset = 0
@@ -614,14 +620,27 @@ class LocalBackend:
             self._used.get(node, set()).difference_update(mine)
 
     def _free_port(self) -> int:
-        for _ in range(50):
+        """A port nobody listens on, below the kernel's ephemeral range.
+
+        Port 0 would hand out an ephemeral port, the very range where gloo's own connections and
+        every client socket on the machine take theirs, so another job could grab it between
+        this check and rank 0's bind. Ports in ``port_range`` (default 20000-32767) are only
+        ever taken on purpose.
+        """
+        low, high = self.port_range
+        rng = random.Random()
+        for _ in range(200):
+            port = rng.randint(low, high)
+            if port in self._recent_ports:
+                continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind((self.master_addr, 0))
-                port = sock.getsockname()[1]
-            if port not in self._recent_ports:
-                self._recent_ports = [*self._recent_ports[-63:], port]
-                return port
-        raise StartError("no free TCP port for the rendezvous")  # pragma: no cover
+                try:
+                    sock.bind((self.master_addr, port))
+                except OSError:
+                    continue
+            self._recent_ports = [*self._recent_ports[-255:], port]
+            return port
+        raise StartError(f"no free TCP port in {low}-{high} for the rendezvous")
 
     # watching ----------------------------------------------------------------------------------
     def _ensure_monitor(self) -> None:

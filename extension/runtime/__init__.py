@@ -12,12 +12,13 @@
     runtime.checkpoint.save(state)
 
 Importing the package under the backend (``WMLA_JOB_ID`` set) installs the SIGTERM handler, so a
-signal that arrives before the loop starts is not lost. Outside the service the same script runs
-as a world of one worker in the current directory.
+signal that arrives before the loop starts is not lost, and enables ``faulthandler``. Outside the
+service the same script runs as a world of one worker in the current directory.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
 
 from . import checkpoint
@@ -35,6 +36,9 @@ from .stop import (
 
 if os.environ.get("WMLA_JOB_ID"):
     install_stop_handler()
+    # A crash in native code (gloo, nccl, CUDA) then leaves every thread's Python stack in the
+    # worker's log instead of a bare "Aborted".
+    faulthandler.enable(all_threads=True)
 
 __all__ = [
     "STOPPED_EXIT_CODE",

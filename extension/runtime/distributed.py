@@ -1,21 +1,32 @@
-"""Join the job's process group from the variables the backend set (torch imported lazily)."""
+"""Join the job's process group from the variables the backend set (torch imported lazily).
+
+The rendezvous store is a TCPStore served by rank 0 on ``MASTER_PORT`` (there is no torchrun
+agent to host it). Rank 0 therefore leaves last: ``cleanup()`` lets every other rank tear its
+group down and check out through the store before rank 0's process, and the store with it, goes
+away; otherwise a slow rank could lose the store in the middle of its own teardown and abort.
+"""
 
 from __future__ import annotations
 
 import datetime
+import time
 from typing import Any
 
 from .env import info
 
+_store: Any = None
+_LEFT = "wmla/left"
+
 
 def init_distributed(timeout_s: float = 300.0) -> Any:
-    """Initialise torch.distributed (``env://``) once and return this worker's ``torch.device``.
+    """Initialise torch.distributed once and return this worker's ``torch.device``.
 
     On ``nccl`` (real GPUs) the worker uses the first of the devices it was given
     (``CUDA_VISIBLE_DEVICES`` holds exactly its own); on ``gloo`` it uses the CPU. Under the
     backend the group is created even for a world of one, so code that calls collectives
     unconditionally still runs after an elastic job shrank to one worker.
     """
+    global _store
     import torch
     import torch.distributed as dist
 
@@ -33,15 +44,23 @@ def init_distributed(timeout_s: float = 300.0) -> Any:
     if me.world_size == 1 and not me.job_id:
         return device  # run by hand: a world of one needs no process group (nor a free port)
     if not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=timeout_s)
+        _store = dist.TCPStore(
+            me.master_addr,
+            me.master_port,
+            me.world_size,
+            is_master=me.rank == 0,
+            timeout=timeout,
+        )
         kwargs: dict[str, Any] = {}
         if me.backend == "nccl":
             kwargs["device_id"] = device
         dist.init_process_group(
             backend=me.backend,
-            init_method=f"tcp://{me.master_addr}:{me.master_port}",
+            store=_store,
             rank=me.rank,
             world_size=me.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            timeout=timeout,
             **kwargs,
         )
     return device
@@ -54,8 +73,22 @@ def barrier() -> None:
         dist.barrier()
 
 
-def cleanup() -> None:
+def cleanup(timeout_s: float = 30.0) -> None:
+    """Leave the process group; rank 0 waits (up to ``timeout_s``) until every rank has left."""
+    global _store
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.destroy_process_group()
+    store, _store = _store, None
+    if store is None:
+        return
+    me = info()
+    try:
+        store.add(_LEFT, 1)
+        if me.rank == 0:
+            deadline = time.monotonic() + timeout_s
+            while store.add(_LEFT, 0) < me.world_size and time.monotonic() < deadline:
+                time.sleep(0.02)
+    except Exception:  # a peer or the store is gone already: nothing left to wait for
+        pass

@@ -75,10 +75,11 @@ def exit_stopped(state: Any = None, code: int = STOPPED_EXIT_CODE) -> None:
         from . import checkpoint
 
         checkpoint.save(state)
-    dist = _initialized_dist()
-    if dist is not None:
+    if "torch" in sys.modules:
+        from .distributed import cleanup
+
         try:
-            dist.destroy_process_group()
+            cleanup(timeout_s=5.0)
         except Exception:  # peers may be gone already; exiting is what matters
             pass
     sys.stdout.flush()
