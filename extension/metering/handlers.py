@@ -79,7 +79,8 @@ class UsageHandler(APIHandler):
         unknown = sorted(set(args) - PARAMS)
         if unknown:
             raise APIError(
-                400, f"unknown parameter {unknown[0]!r}; the parameters are {', '.join(sorted(PARAMS))}"
+                400,
+                f"unknown parameter {unknown[0]!r}; the parameters are {', '.join(sorted(PARAMS))}",
             )
         for key, values in args.items():
             if len(values) > 1:
@@ -89,12 +90,12 @@ class UsageHandler(APIHandler):
         plan = one.get("plan") or ROOT
         if plan != ROOT:
             if not PLAN.match(plan):
-                raise APIError(400, f"plan must be a plan path such as /project1/dev-team, got {plan!r}")
+                raise APIError(
+                    400, f"plan must be a plan path such as /project1/dev-team, got {plan!r}"
+                )
             plan = plan.rstrip("/")
         end = parse_time(one["end"], "end", now) if one.get("end") else now
-        start = (
-            parse_time(one["start"], "start", now) if one.get("start") else end - DEFAULT_RANGE
-        )
+        start = parse_time(one["start"], "start", now) if one.get("start") else end - DEFAULT_RANGE
         if not start < end:
             raise APIError(400, f"start ({start:.0f}) must be before end ({end:.0f})")
         if end - start > MAX_RANGE:
@@ -117,8 +118,15 @@ class UsageHandler(APIHandler):
         user = one.get("user") or None
         if user is not None and not USER.match(user):
             raise APIError(400, f"user {user!r} is not a hub user name")
-        return {"plan": plan, "start": start, "end": end, "step": step, "now": now,
-                "format": fmt, "user": user}
+        return {
+            "plan": plan,
+            "start": start,
+            "end": end,
+            "step": step,
+            "now": now,
+            "format": fmt,
+            "user": user,
+        }
 
     async def get(self) -> None:
         caller = self.caller()

@@ -78,9 +78,7 @@ class Metering(LoggingConfigurable):
         """,
     )
 
-    def __init__(
-        self, store: Any, clock: Callable[[], float] = time.time, **kwargs: Any
-    ) -> None:
+    def __init__(self, store: Any, clock: Callable[[], float] = time.time, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.store = store
         self.clock = clock
@@ -132,8 +130,18 @@ class Metering(LoggingConfigurable):
         t = TransitionRow
         query = (
             select(
-                t.id, t.at, t.job_id, t.leaf, JobRow.user, t.event, t.state, t.workers,
-                JobRow.max_workers, t.gpu, t.cpu, t.memory,
+                t.id,
+                t.at,
+                t.job_id,
+                t.leaf,
+                JobRow.user,
+                t.event,
+                t.state,
+                t.workers,
+                JobRow.max_workers,
+                t.gpu,
+                t.cpu,
+                t.memory,
             )
             .join(JobRow, JobRow.id == t.job_id)
             .where(t.id > self.last_id)
@@ -206,7 +214,8 @@ class _Collector:
             labels=labels,
         )
         jobs = GaugeMetricFamily(
-            "wmla_plan_jobs", "Pending and running jobs in the plan's subtree.",
+            "wmla_plan_jobs",
+            "Pending and running jobs in the plan's subtree.",
             labels=["plan", "state"],
         )
         preemptions = CounterMetricFamily(

@@ -14,8 +14,10 @@ import math
 from datetime import datetime, timezone
 from fractions import Fraction
 
-from .accounting import KINDS, RESOURCES, ROOT, UNIT_SCALE, Ledger, hours, ms
+from .accounting import KINDS, RESOURCES, ROOT, Ledger, hours, ms
 from .series import ZERO, add, sub
+
+API_UNIT = (1000, 1, 1)  # internal -> gpu devices, cpu millicores, memory bytes
 
 
 def _iso(t_ms: int) -> str:
@@ -43,23 +45,26 @@ def _row(ledger: Ledger, paths: list[str], bounds: list[int], clamped: list[int]
 
 
 def _series(integrals: dict, bounds: list[int]) -> dict:
-    """Per step: the average amount (devices, cores, bytes) over the step's full length."""
+    """Per step: the average amount over the step's full length, in the API's units (gpu
+    devices, cpu millicores, memory bytes, as everywhere in the service's API)."""
     out: dict = {}
     for kind in KINDS:
         cum = integrals[kind]
-        per = {name: [] for name in RESOURCES}
+        per: dict[str, list[float]] = {name: [] for name in RESOURCES}
         for i in range(len(bounds) - 1):
             span = bounds[i + 1] - bounds[i]
             d = sub(cum[i + 1], cum[i])
-            for name, a, scale in zip(RESOURCES, d, UNIT_SCALE):
-                unit = 1 if name == "memory" else scale
+            for name, a, unit in zip(RESOURCES, d, API_UNIT):
                 per[name].append(float(Fraction(a) / (unit * span)) if span else 0.0)
         out[kind] = per
     return out
 
 
 def _totals(integrals: dict) -> dict:
-    return {kind: hours(sub(integrals[kind][-1], integrals[kind][0])) for kind in KINDS}
+    """Resource-hours over the range; the flat ``gpu_hours``... are the used ones (what is
+    charged), ``requested`` and ``used`` carry both."""
+    both = {kind: hours(sub(integrals[kind][-1], integrals[kind][0])) for kind in KINDS}
+    return {**both["used"], **both}
 
 
 def usage(
@@ -111,6 +116,7 @@ def usage(
         }
     for child in children:
         del child["_integrals"]
+    total_series = _series(total_integrals, bounds)
     return {
         "plan": plan,
         "user": user,
@@ -118,18 +124,15 @@ def usage(
         "end": t1 / 1000,
         "step": dt / 1000,
         "now": t_now / 1000,
-        "times": [b / 1000 for b in bounds[:-1]],
         "exact_from": ledger.horizon / 1000,
         "units": {
-            "series": {"gpu": "devices", "cpu": "cores", "memory": "bytes"},
+            "series": {"gpu": "devices", "cpu": "millicores", "memory": "bytes"},
             "totals": "gpu_hours: device-hours, cpu_hours: core-hours, memory_gib_hours",
         },
+        # the plan itself (with user: the sum of that user's leaves shown below)
+        "series": {"t": [b / 1000 for b in bounds[:-1]], **total_series},
+        "totals": _totals(total_integrals),
         "children": children,
-        "total": {
-            "path": plan if user is None else f"{plan} (leaves of {user})",
-            "series": _series(total_integrals, bounds),
-            "totals": _totals(total_integrals),
-        },
     }
 
 
@@ -137,12 +140,23 @@ CSV_COLUMNS = [
     "plan",
     "start",
     "end",
-    *[f"{kind}_{name}" for name in ("gpu_hours", "cpu_hours", "memory_gib_hours") for kind in KINDS],
+    *[
+        f"{kind}_{name}"
+        for name in ("gpu_hours", "cpu_hours", "memory_gib_hours")
+        for kind in KINDS
+    ],
 ]
 
 
-def usage_csv(ledger: Ledger, plan: str, start: float, end: float, step: float, now: float,
-              user: str | None = None) -> str:
+def usage_csv(
+    ledger: Ledger,
+    plan: str,
+    start: float,
+    end: float,
+    step: float,
+    now: float,
+    user: str | None = None,
+) -> str:
     """One row per child and step with resource-hours in that step (rows add up to the
     totals), for chargeback; the same choice of rows as ``usage``."""
     t0, t1, dt, t_now = ms(start), ms(end), ms(step), ms(now)

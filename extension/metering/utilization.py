@@ -14,7 +14,7 @@ Samples are kept per job in a ring buffer (``keep`` samples); nothing is stored 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import psutil
@@ -93,9 +93,7 @@ class UtilizationSampler:
                 continue
         return procs
 
-    def sample(
-        self, jobs: dict[str, tuple[str, list[int]]], now: float, clock: Callable | None = None
-    ) -> dict[str, Sample]:
+    def sample(self, jobs: dict[str, tuple[str, list[int]]], now: float) -> dict[str, Sample]:
         """One sample of every job in ``{job_id: (leaf, pids)}``; jobs not listed are dropped."""
         gpu = self.nvml.per_pid() if self.nvml and self.nvml.ok else {}
         out: dict[str, Sample] = {}
