@@ -250,10 +250,24 @@ class WmlaService(Application):
             self.load_config_file(self.config_file)
         self.update_config(self.cli_config)
         logging.getLogger("alembic").setLevel(logging.WARNING)
-        self._limit_range_obj = LimitRange.from_config(self.limit_range)
+        try:
+            self._limit_range_obj = LimitRange.from_config(self.limit_range)
+        except ValueError as err:
+            raise SystemExit(f"wmla: c.WmlaService.limit_range: {err}") from None
         quota = {k: v for k, v in self.quota.items() if k != "jobs"}
-        self._quota = Resources.from_mapping(quota, UNLIMITED, where="quota")
+        try:
+            self._quota = Resources.from_mapping(quota, UNLIMITED, where="quota")
+        except ValueError as err:
+            raise SystemExit(f"wmla: c.WmlaService.quota: {err}") from None
         self._max_jobs = self.quota.get("jobs")
+        if self._max_jobs is not None and (
+            isinstance(self._max_jobs, bool) or not isinstance(self._max_jobs, int)
+            or self._max_jobs < 1
+        ):  # fmt: skip
+            raise SystemExit(
+                "wmla: c.WmlaService.quota jobs must be a whole number >= 1, "
+                f"got {self._max_jobs!r}"
+            )
         Path(self.state_dir).mkdir(parents=True, exist_ok=True)
         Path(self.storage_root).mkdir(parents=True, exist_ok=True)
 
@@ -267,10 +281,15 @@ class WmlaService(Application):
                 f"c.WmlaService.backend_class to an importable class"
             ) from None
         cores = os.cpu_count() or 1
-        nodes = detect_nodes(
-            self.device_layout or None,
-            cpu_millicores=int(cores * 1000 * self.cpu_oversubscription),
-        )
+        if self.cpu_oversubscription <= 0:
+            raise SystemExit("wmla: c.WmlaService.cpu_oversubscription must be above 0")
+        try:
+            nodes = detect_nodes(
+                self.device_layout or None,
+                cpu_millicores=int(cores * 1000 * self.cpu_oversubscription),
+            )
+        except ValueError as err:
+            raise SystemExit(f"wmla: c.WmlaService.device_layout: {err}") from None
         backend_dir = Path(self.state_dir) / "backend"
         backend_dir.mkdir(parents=True, exist_ok=True)
         return cls(emit, nodes, str(backend_dir))

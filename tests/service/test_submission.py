@@ -176,3 +176,28 @@ def test_quota_caps_the_instance() -> None:
 
     inst = Instance((Node("local", Resources(4, 2000, 8 * Gi)),), Resources(2, UNLIMITED, Gi), 3)
     assert inst.capacity == Resources(2, 2000, Gi)
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--WmlaService.limit_range=maximum=1"], "limit_range: unknown entry"),
+        (["--WmlaService.quota=gpu=lots"], "quota: gpu 'lots' is not a quantity"),
+        (["--WmlaService.quota=jobs=0"], "jobs must be a whole number >= 1"),
+    ],
+)
+def test_bad_service_config_exits_with_a_message(tmp_path: Path, argv, words) -> None:
+    app = WmlaService()
+    base = [f"--WmlaService.state_dir={tmp_path}", f"--WmlaService.storage_root={tmp_path}"]
+    with pytest.raises(SystemExit, match=words):
+        app.initialize(base + argv)
+    WmlaService.clear_instance()
+
+
+def test_bad_device_layout_exits_with_a_message(tmp_path: Path) -> None:
+    app = WmlaService()
+    base = [f"--WmlaService.state_dir={tmp_path}", f"--WmlaService.storage_root={tmp_path}"]
+    app.initialize([*base, "--WmlaService.device_layout=four"])
+    with pytest.raises(SystemExit, match="device_layout: .* write it like 1x4"):
+        app.make_backend(lambda event: None)
+    WmlaService.clear_instance()
