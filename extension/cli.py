@@ -1,13 +1,14 @@
 """The ``wmla`` command.
 
 ``wmla simulate --scenario FILE --json`` replays a scenario file through the real scheduler core
-in simulated time (SCENARIO-FORMAT.md). Bad input exits 2 with a message and prints no JSON.
+in simulated time (SCENARIO-FORMAT.md); ``wmla simulate --trace CSV --nodes N --gpus-per-node G
+--policy all`` replays a cluster trace under the core and baseline policies (docs/simulate.md).
+Bad input exits 2 with a message and prints no JSON.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 
@@ -17,9 +18,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="wmla", description="Resource plans and gang-scheduled training for JupyterHub."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sim = sub.add_parser("simulate", help="replay a scenario through the scheduler core")
-    sim.add_argument("--scenario", required=True, metavar="FILE", help="scenario YAML file")
-    sim.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    sim = sub.add_parser(
+        "simulate",
+        help="replay a scenario or a cluster trace through the scheduler core and baselines",
+    )
+    from extension.sim.command import add_arguments
+
+    add_arguments(sim)
     from extension.cli_client import add_commands
 
     add_commands(sub)  # logon, exec-start, exec-get, ... (dlicmd parity)
@@ -38,24 +43,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from extension.sim.engine import public_json, simulate
-    from extension.sim.scenario import ScenarioError, load_scenario
+    from extension.sim.command import run
 
-    try:
-        scenario = load_scenario(args.scenario)
-    except ScenarioError as err:
-        print(f"wmla simulate: {err}", file=sys.stderr)
-        return 2
-    result = public_json(simulate(scenario))
-    if args.json:
-        json.dump(result, sys.stdout, indent=1, sort_keys=True)
-        print()
-    else:
-        for job_id, job in result["jobs"].items():
-            line = f"{job_id:<12} {job['state']:<10} {job['charged_to']:<40}"
-            print(line + f" start={job['started']} end={job['ended']}")
-        print(json.dumps(result["summary"]))
-    return 0
+    return run(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -56,6 +56,7 @@ class Wmla(Policy):
         self.cycles = 0
         self.elastic = 0  # live elastic jobs (they may grow even with nothing pending)
         self.timers: list[float] = []
+        self.reserved: str | None = None
 
     def arrive(self, jobs: list[ReplayJob], now: float) -> None:
         for job in jobs:
@@ -80,6 +81,10 @@ class Wmla(Policy):
         self._gone(job)
         self.dirty = True
 
+    def cancelled(self, job: ReplayJob, now: float) -> None:
+        self._gone(job)
+        self.dirty = True
+
     def released(self, job: ReplayJob, now: float) -> None:
         self.dirty = True
 
@@ -97,10 +102,18 @@ class Wmla(Policy):
             return
         self.dirty = False
         if not self.replay.n_pending and not self.elastic:
+            self.reserved = None  # what the skipped cycle would have answered: no holder
             return
         r = self.replay
-        snapshot = Snapshot(self.plans, r.instance, list(self.core_jobs.values()), self.config)
+        snapshot = Snapshot(
+            self.plans,
+            r.instance,
+            list(self.core_jobs.values()),
+            self.config,
+            reserved=self.reserved,
+        )
         result = schedule(snapshot, now)
+        self.reserved = result.reserved  # carried from cycle to cycle (Admission 4)
         self.cycles += 1
         grace = self.config.grace
         for d in result.decisions:
@@ -171,6 +184,15 @@ class _Baseline(Policy):
         self.running.pop(job.id, None)
         self.dirty = True
 
+    def cancelled(self, job: ReplayJob, now: float) -> None:
+        self._give_back(job)  # running or holding part of its gang
+        self.running.pop(job.id, None)
+        self._forget(job)
+        self.dirty = True
+
+    def _forget(self, job: ReplayJob) -> None:
+        """Drop a cancelled job from the policy's queues."""
+
 
 class GangFifo(_Baseline):
     name = "gang-fifo"
@@ -187,6 +209,9 @@ class GangFifo(_Baseline):
             else:
                 self.queue.append(job)
         self.dirty = True
+
+    def _forget(self, job: ReplayJob) -> None:
+        self.queue = [j for j in self.queue if j is not job]
 
     def step(self, now: float) -> None:
         if not self.dirty or not self.queue:
@@ -264,6 +289,11 @@ class PodFifo(_Baseline):
             for job in jobs:
                 if rank < job.core.min_workers:
                     self.pods.append(job)
+
+    def _forget(self, job: ReplayJob) -> None:
+        self.pods = [j for j in self.pods if j is not job]
+        self.partial.pop(job.id, None)
+        self.holding_since.pop(job.id, None)
 
     def next_timer(self) -> float | None:
         if self.deadlock_since is not None and self.timeout:

@@ -2,9 +2,11 @@
 
 The clock jumps from one instant to the next at which something happens: a submission, a
 finish or end of a grace period on the fake backend, or a policy's own timer (the operator's
-deadlock timeout). The ``Recorder`` first integrates the figures over the span since the previous
-instant (the state did not change within it); then the policy decides (``Policy.step``). The policies live in
-``policies.py``; what is measured and how is in docs/simulate.md.
+deadlock timeout). The ``Recorder`` first integrates the figures over the span since the
+previous instant (the state did not change within it); then the policy decides
+(``Policy.step``). With ``interval`` > 0 the policy decides only on multiples of it (a periodic
+scheduler); events in between wait for the next one. The policies live in ``policies.py``; what
+is measured and how is in docs/simulate.md.
 
 Unlike ``engine.py`` (the scenario runner, which runs a core cycle at every event and whose
 output the scenario tests pin down), this loop lets a policy skip a cycle that cannot change
@@ -13,7 +15,6 @@ anything, which is what makes a month of Philly replay in seconds.
 
 from __future__ import annotations
 
-import heapq
 import math
 import sys
 import time
@@ -72,6 +73,10 @@ class Policy:
     def finished(self, job: ReplayJob, now: float) -> None:
         raise NotImplementedError
 
+    def cancelled(self, job: ReplayJob, now: float) -> None:
+        """The user cancels the job (scenario files only); called before it lets go."""
+        raise NotImplementedError
+
     def released(self, job: ReplayJob, now: float) -> None:
         """A preempted gang's grace ended (only policies that preempt see this)."""
 
@@ -96,7 +101,8 @@ class Replay:
         scenario: Scenario,
         policy: Policy,
         progress: TextIO | None = None,
-        progress_every: float = 2.0,
+        progress_every: float = 10.0,
+        interval: float = 0.0,
     ) -> None:
         self.scenario = scenario
         self.policy = policy
@@ -106,10 +112,17 @@ class Replay:
         self.jobs: dict[str, ReplayJob] = {}
         self.order = sorted(range(len(scenario.jobs)), key=lambda i: (scenario.jobs[i].at, i))
         self.next_arrival = 0
+        # cancel events of a scenario file, in time order (after submissions at the same time)
+        self.cancels = sorted(
+            ((c.at, n, c.cancel) for n, c in enumerate(scenario.cancels)), reverse=True
+        )
         self.n_done = 0
         self.n_pending = 0
         self.progress = progress
         self.progress_every = progress_every
+        self._last_percent = 0
+        self.interval = interval  # > 0: the policy decides only on multiples of it
+        self.tick: float | None = None  # the next such multiple, when something waits for it
         self.recorder = Recorder(self)
         self.preemptions = 0
         self.shrinks = 0
@@ -117,14 +130,20 @@ class Replay:
 
     # the loop ----------------------------------------------------------------------------------
     def run(self) -> ReplaySummary:
-        started = time.perf_counter()
+        started = self._started = time.perf_counter()
         self._last_progress = started
         now = 0.0
         until = self.scenario.until
         while True:
             times = [
                 t
-                for t in (self._arrival_time(), self.backend.next_time(), self.policy.next_timer())
+                for t in (
+                    self._arrival_time(),
+                    self.cancels[-1][0] if self.cancels else None,
+                    self.backend.next_time(),
+                    self.policy.next_timer(),
+                    self.tick,
+                )
                 if t is not None
             ]
             if not times:
@@ -157,10 +176,21 @@ class Replay:
 
     def _instant(self, now: float) -> None:
         self.recorder.advance(now)  # the span up to now ran with the state before this instant
+        timer = self.policy.next_timer()
+        decide = (
+            not self.interval
+            or _on_multiple(now, self.interval)
+            or (timer is not None and timer <= now + EPS)
+        )
         for _ in range(MAX_STEPS_PER_INSTANT):
             self._arrive(now)
+            self._cancel(now)
             self._backend_events(now)
-            self.policy.step(now)
+            if decide:
+                self.policy.step(now)
+                self.tick = None
+            elif self.tick is None:
+                self.tick = math.ceil(now / self.interval - EPS) * self.interval
             nxt = self.backend.next_time()
             if nxt is None or nxt > now + EPS:
                 break
@@ -195,6 +225,23 @@ class Replay:
             batch.append(job)
         if batch:
             self.policy.arrive(batch, now)
+
+    def _cancel(self, now: float) -> None:
+        while self.cancels and self.cancels[-1][0] <= now + EPS:
+            _, _, job_id = self.cancels.pop()
+            job = self.jobs.get(job_id)
+            if job is None or job.state not in ("PENDING", "RUNNING"):
+                continue
+            self.policy.cancelled(job, now)
+            self.backend.cancel(job_id, now)
+            if job.state == "PENDING":
+                self.n_pending -= 1
+            job.core.state = JobState.CANCELLED
+            job.core.placement = ()
+            job.state, job.ended = "CANCELLED", now
+            self.n_done += 1
+            self._refresh(job)
+            self.recorder.add_demand(job, -1)
 
     def _backend_events(self, now: float) -> None:
         for kind, job_id, nodes in self.backend.due(now):
@@ -282,11 +329,16 @@ class Replay:
         job.held, job.busy = held, busy
 
     def _report_progress(self, now: float) -> None:
-        clock = time.perf_counter()
-        if clock - self._last_progress < self.progress_every:
-            return
-        self._last_progress = clock
+        """A line at every 5 % of jobs done, and at least every ``progress_every`` seconds."""
         total = max(1, len(self.order))
+        percent = 100 * self.n_done // total // 5 * 5
+        clock = time.perf_counter()
+        if clock - self._started < 1.0:
+            return  # a short replay needs no progress lines
+        if percent <= self._last_percent and clock - self._last_progress < self.progress_every:
+            return
+        self._last_percent = max(percent, self._last_percent)
+        self._last_progress = clock
         print(
             f"{self.policy.name}: {100 * self.n_done / total:5.1f}% of jobs done "
             f"({self.n_done:,}/{total:,}), simulated day {now / 86400:.1f}",
@@ -462,9 +514,9 @@ class ReplaySummary:
                 "submitted": len(r.order),
                 "finished": len(finished),
                 "rejected": sum(1 for j in jobs if j.state == "REJECTED"),
+                "cancelled": sum(1 for j in jobs if j.state == "CANCELLED"),
                 "unfinished": len(r.order)
-                - len(finished)
-                - sum(1 for j in jobs if j.state == "REJECTED"),
+                - sum(1 for j in jobs if j.state in ("FINISHED", "REJECTED", "CANCELLED")),
             },
             "capacity_gpu": num(r.capacity_gpu),
             "span_s": num(rec.span),
@@ -498,6 +550,10 @@ class ReplaySummary:
                 out["*"].append(d)
                 out.setdefault(j.team, []).append(d)
         return out
+
+
+def _on_multiple(t: float, interval: float) -> bool:
+    return abs(t / interval - round(t / interval)) < 1e-9
 
 
 def _ratio(a: float, b: float) -> float | None:
