@@ -1,0 +1,103 @@
+"""The Grafana dashboard and the Prometheus scrape example refer to what the service exposes;
+the measured-utilization sampler reads real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import yaml
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from extension.metering.meter import Metering
+from extension.metering.utilization import UtilizationSampler
+from extension.scheduler import UNLIMITED, PlanFigures, Resources
+from extension.service.store import Store, sqlite_url
+
+GRAFANA = Path(__file__).resolve().parents[2] / "hub_config" / "grafana"
+
+
+def _panels(panels: list[dict]):
+    for panel in panels:
+        yield panel
+        yield from _panels(panel.get("panels", []))
+
+
+def _exposed(tmp_path: Path) -> tuple[set[str], str]:
+    """Every family and sample name a service with one plan, one cycle and one sample shows."""
+    store = Store.open(sqlite_url(tmp_path / "wmla.sqlite"))
+    try:
+        meter = Metering(store=store)
+        figures = PlanFigures(
+            "/p",
+            1,
+            Resources(4, UNLIMITED, UNLIMITED),
+            Resources(2, 0, 0),
+            Resources(),
+            Resources(),
+            1,
+            0,
+        )
+        meter.on_cycle(type("Result", (), {"plans": {"/p": figures}})(), time.time(), 0.01)
+        meter.sampler.sample({"job-1": ("/p/u", [os.getpid()])}, time.time())
+        text = generate_latest(meter.registry).decode()
+    finally:
+        store.close()
+    names = set()
+    for family in text_string_to_metric_families(text):
+        names.add(family.name)
+        names.update(s.name for s in family.samples)
+    return names, text
+
+
+def test_dashboard_queries_only_exposed_metrics_and_defined_variables(tmp_path: Path) -> None:
+    dash = json.loads((GRAFANA / "wmla-metering.json").read_text())
+    names, text = _exposed(tmp_path)
+    variables = {v["name"] for v in dash["templating"]["list"]}
+    exprs = [t["expr"] for p in _panels(dash["panels"]) for t in p.get("targets", [])]
+    assert exprs
+    for expr in exprs:
+        for metric in re.findall(r"\bwmla_[a-z_]+", expr):
+            assert metric in names, f"{metric} in {expr!r} is not exposed"
+        for var in re.findall(r"\$\{?([a-z]+)", expr):
+            assert var in variables, f"${var} in {expr!r} is not a dashboard variable"
+    # the seed's chart: requested against used, per plan
+    first = next(p for p in _panels(dash["panels"]) if p["type"] == "timeseries")
+    assert [t["expr"].split(" (")[2].split("{")[0] for t in first["targets"][:2]] == [
+        "wmla_plan_requested",
+        "wmla_plan_used",
+    ]
+    assert first.get("repeat") == "plan"
+    assert 'wmla_plan_deserved{plan="/p",resource="gpu"} 2.0' in text
+
+
+def test_prometheus_example_scrapes_the_metrics_path_with_a_token() -> None:
+    config = yaml.safe_load((GRAFANA / "prometheus.yml").read_text())
+    job = config["scrape_configs"][0]
+    assert job["metrics_path"] == "/services/wmla/metrics"
+    assert job["authorization"]["type"] == "token"  # JupyterHub reads "Authorization: token x"
+    for name in ("datasource.yaml", "dashboards.yaml"):
+        assert yaml.safe_load((GRAFANA / "provisioning" / name).read_text())["apiVersion"] == 1
+
+
+def test_sampler_measures_cpu_and_memory_of_real_processes() -> None:
+    sampler = UtilizationSampler(keep=3, gpu=False)
+    pid = os.getpid()
+    sampler.sample({"job-1": ("/p/u", [pid])}, time.time())
+    spent = time.process_time() + 0.05
+    while time.process_time() < spent:  # busy: CPU time grows between the two samples
+        pass
+    second = sampler.sample({"job-1": ("/p/u", [pid])}, time.time())["job-1"]
+    assert second.cpu_cores > 0 and second.memory_bytes > 0
+    assert second.gpu_utilization is None  # no NVML asked for
+    for _ in range(5):
+        sampler.sample({"job-1": ("/p/u", [pid])}, time.time())
+    assert len(sampler.series["job-1"]) == 3  # a ring buffer
+    sampler.sample({}, time.time())  # the job ended: forgotten
+    assert sampler.latest() == {}
+    gone = sampler.sample({"job-2": ("/p/u", [2**22 + 12345])}, time.time())["job-2"]
+    assert gone.memory_bytes == 0  # a pid that is not there measures nothing, and no error
