@@ -57,6 +57,9 @@ def dlicmd_argv(argv: Sequence[str] | None) -> list[str]:
         argv[0] = DLICMD[argv[0]]
     elif argv and argv[0].lower() == "exec-outlogs":
         argv[0] = "exec-outLogs"
+    if argv[:1] == ["exec-start"] and len(argv) > 1 and argv[1].startswith("-"):
+        if argv[1] not in ("-h", "--help"):
+            argv.insert(1, "")  # no framework: argparse would call the first option unknown
     return argv
 
 
@@ -204,7 +207,7 @@ def _logon(args: argparse.Namespace, out: TextIO) -> int:
 
 def _exec_start(rest: Sequence[str], out: TextIO, err: TextIO) -> int:
     rest = list(rest)
-    if not rest or rest[0].startswith("-"):
+    if not rest or not rest[0] or rest[0].startswith("-"):
         raise OptionsError(
             "say the framework first: wmla exec-start PyTorch --consumer PLAN "
             "--model-dir DIR --model-main main.py -- ARGS"
@@ -323,7 +326,7 @@ def plans_table(tree: Mapping[str, Any]) -> str:
         rows.append(
             (
                 p["path"] + (" (user)" if p.get("user_leaf") else ""),
-                p.get("share"),
+                _amount({"share": p.get("share")}, "share"),
                 _amount(limit, "gpu"),
                 _amount(p.get("deserved"), "gpu"),
                 _amount(p.get("allocated"), "gpu"),
