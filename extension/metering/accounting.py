@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from fractions import Fraction
 
 from .series import ZERO, StepSeries, Vec, sub
 
@@ -192,8 +191,9 @@ def _times(v: Vec, k: int) -> Vec:
 def hours(amount: tuple) -> dict[str, float]:
     """An integral in unit x ms -> gpu_hours, cpu_hours (core-hours), memory_gib_hours."""
     return {
+        # int / int is correctly rounded in Python: exact figures give the nearest float
         f"{name}_hours" if name != "memory" else "memory_gib_hours": float(
-            Fraction(a) / (scale * MS_PER_HOUR)
+            a / (scale * MS_PER_HOUR)
         )
         for name, a, scale in zip(RESOURCES, amount, UNIT_SCALE)
     }
@@ -204,5 +204,5 @@ def average(amount: tuple, span_ms: int) -> dict[str, float]:
     out = {}
     for name, a, scale in zip(RESOURCES, amount, UNIT_SCALE):
         unit = 1 if name == "memory" else scale
-        out[name] = float(Fraction(a) / (unit * span_ms)) if span_ms else 0.0
+        out[name] = float(a / (unit * span_ms)) if span_ms else 0.0
     return out

@@ -99,23 +99,29 @@ class StepSeries:
         return (c[0] + v[0] * dt, c[1] + v[1] * dt, c[2] + v[2] * dt)
 
     def integrals(self, bounds: list[int]) -> list[tuple]:
-        """``integral_to`` at each of ascending ``bounds`` (one merge pass, not a search each)."""
+        """``integral_to`` at each of ascending ``bounds``."""
         out: list[tuple] = []
         times, values, cum = self.times, self.values, self.cum
         horizon = self.horizon
-        n = len(times)
-        k = -1
+        bucket, bcum = self.bucket, self.bcum
+        origin = self.b0 * bucket
+        k = 0
         for t in bounds:
             if horizon is not None and t < horizon:
-                out.append(self.integral_to(t))
+                j, rest = divmod(t - origin, bucket)
+                if rest == 0 and j >= 0:  # on the grid: read it off
+                    out.append(bcum[j])
+                else:
+                    out.append(self.integral_to(t))
                 continue
-            while k + 1 < n and times[k + 1] <= t:
-                k += 1
+            # a binary search from where the last bound was found: O(log n) per bound
+            k = bisect_right(times, t, k) - 1
             if k < 0:
+                k = 0
                 out.append(ZERO)
-            else:
-                c, v, dt = cum[k], values[k], t - times[k]
-                out.append((c[0] + v[0] * dt, c[1] + v[1] * dt, c[2] + v[2] * dt))
+                continue
+            c, v, dt = cum[k], values[k], t - times[k]
+            out.append((c[0] + v[0] * dt, c[1] + v[1] * dt, c[2] + v[2] * dt))
         return out
 
     # -- writing ---------------------------------------------------------------------------------

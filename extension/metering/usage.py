@@ -12,7 +12,6 @@ import csv
 import io
 import math
 from datetime import datetime, timezone
-from fractions import Fraction
 
 from .accounting import KINDS, RESOURCES, ROOT, Ledger, hours, ms
 from .series import ZERO, add, sub
@@ -37,8 +36,8 @@ def _row(ledger: Ledger, paths: list[str], bounds: list[int], clamped: list[int]
     """Integrals at every bound, summed over ``paths`` (one path: that node's own series)."""
     out = {}
     for kind in KINDS:
-        acc = [ZERO] * len(bounds)
-        for path in paths:
+        acc = ledger.integrals(paths[0], kind, clamped) if paths else [ZERO] * len(bounds)
+        for path in paths[1:]:
             acc = [add(a, b) for a, b in zip(acc, ledger.integrals(path, kind, clamped))]
         out[kind] = acc
     return out
@@ -47,15 +46,18 @@ def _row(ledger: Ledger, paths: list[str], bounds: list[int], clamped: list[int]
 def _series(integrals: dict, bounds: list[int]) -> dict:
     """Per step: the average amount over the step's full length, in the API's units (gpu
     devices, cpu millicores, memory bytes, as everywhere in the service's API)."""
+    spans = [b - a for a, b in zip(bounds, bounds[1:])]
     out: dict = {}
     for kind in KINDS:
         cum = integrals[kind]
-        per: dict[str, list[float]] = {name: [] for name in RESOURCES}
-        for i in range(len(bounds) - 1):
-            span = bounds[i + 1] - bounds[i]
-            d = sub(cum[i + 1], cum[i])
-            for name, a, unit in zip(RESOURCES, d, API_UNIT):
-                per[name].append(float(Fraction(a) / (unit * span)) if span else 0.0)
+        per: dict[str, list[float]] = {}
+        for r, (name, unit) in enumerate(zip(RESOURCES, API_UNIT)):
+            col = [c[r] for c in cum]
+            # int / int is correctly rounded: exact figures give the nearest float
+            per[name] = [
+                float((hi - lo) / (unit * span)) if span else 0.0
+                for lo, hi, span in zip(col, col[1:], spans)
+            ]
         out[kind] = per
     return out
 
