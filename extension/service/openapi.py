@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from extension.metering.openapi import metering_paths
+
 RESOURCES = {
     "type": "object",
     "description": "gpu: whole devices; cpu: cores (2, 0.5) or millicores ('500m'); memory: "
@@ -379,5 +381,6 @@ def openapi_document(prefix: str = "/services/wmla/") -> dict[str, Any]:
                     "responses": {**_ok("the instance", {"type": "object"}), **ERRORS},
                 }
             },
+            **metering_paths(),  # /usage (extension/metering/openapi.py)
         },
     }
