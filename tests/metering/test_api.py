@@ -201,3 +201,24 @@ async def test_metrics_parse_and_carry_the_loop_figures(api) -> None:
     cycles = value("wmla_scheduling_cycles_total")
     assert cycles == api.sched.cycles >= 3
     assert value("wmla_scheduling_cycle_duration_seconds_count") == cycles
+
+
+def test_openapi_document_lists_usage() -> None:
+    from extension.service.openapi import openapi_document
+
+    doc = openapi_document()
+    usage = doc["paths"]["/usage"]["get"]
+    assert {p["name"] for p in usage["parameters"]} == {
+        "plan",
+        "user",
+        "start",
+        "end",
+        "step",
+        "format",
+    }
+    refs = {
+        r["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+        for code, r in usage["responses"].items()
+        if code != "200"
+    }
+    assert refs <= set(doc["components"]["schemas"])
