@@ -411,6 +411,10 @@ def pod_wait_reason(pod: Mapping) -> str:
     return f"phase {status.get('phase', 'Pending')}"
 
 
+def _ended_pod(pod: Mapping) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
 def pod_exit(pod: Mapping) -> int | None:
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         terminated = (cs.get("state") or {}).get("terminated")
@@ -546,6 +550,7 @@ class KubernetesBackend:
         self._tasks: list[asyncio.Task] = []
         self._listed: dict[str, asyncio.Event] = {}
         self._jobs: dict[str, _Tracked] = {}
+        self._ended: set[str] = set()  # jobs whose end was (or is being) reported
         self._logs: dict[str, dict[int, str]] = {}
         self._background: set[asyncio.Task] = set()
         self._closed = False
@@ -921,6 +926,7 @@ class KubernetesBackend:
         if problem:
             raise AdmissionRefused(f"job {spec.id}: {problem[0]}", permanent=problem[1])
         name = _name(body)
+        self._ended.discard(spec.id)  # a preempted job starting again
         self._jobs[spec.id] = _Tracked(spec, name, self.job_kind, workers=workers)
         try:
             await self._ensure_queue_path(spec.leaf)
@@ -998,6 +1004,10 @@ class KubernetesBackend:
         await self.open()
         tracked = self._jobs.get(job_id)
         name = tracked.name if tracked else m.job_object_name(job_id, self.prefix)
+        if tracked is None and job_id in self._ended:
+            # It finished or failed just before: that was its one end; nothing to release.
+            log.info("stop of %s after it ended: nothing to do", job_id)
+            return
         if tracked is None:
             obj = self.cache.get(self.job_kind, name)
             if obj is None or _annotations(obj).get(m.ANNOTATION_JOB_ID) != job_id:
@@ -1009,6 +1019,16 @@ class KubernetesBackend:
         tracked.phase = "stopping"
         tracked.reason = reason
         seconds = max(0, int(math.ceil(grace)))
+        try:
+            await self._delete_gang(name, seconds)
+        except BackendError as exc:
+            # A stop must happen even if the API server is away for long: keep trying in the
+            # background; ``released`` still comes only when the pods are gone.
+            log.warning("stopping %s: %s; retrying in the background", job_id, exc)
+            self._spawn(self._keep_deleting(job_id, name, seconds))
+        self._changed()
+
+    async def _delete_gang(self, name: str, seconds: int) -> None:
         with contextlib.suppress(ApiError):  # 404: already gone
             await self._call(
                 f"delete {name}",
@@ -1016,12 +1036,21 @@ class KubernetesBackend:
             )
         # The pods' own grace is the template's; delete them too so this call's grace holds.
         for pod in self._pods_of(name):
+            if _deleting(pod):
+                continue
             with contextlib.suppress(ApiError):
                 await self._call(
                     f"delete pod {_name(pod)}",
                     lambda pod=pod: self.api.delete(PODS, self.namespace, _name(pod), seconds),
                 )
-        self._changed()
+
+    async def _keep_deleting(self, job_id: str, name: str, seconds: int) -> None:
+        while not self._closed and job_id in self._jobs:
+            try:
+                await self._delete_gang(name, seconds)
+                return
+            except BackendError:
+                await self._sleep(self.backoff_max)
 
     async def recover(self, specs: Sequence[JobSpec]) -> None:
         """Re-adopt jobs by their labels and job-id annotation; ``lost`` for the missing."""
@@ -1228,12 +1257,12 @@ class KubernetesBackend:
         now = self._clock()
         if tracked.phase == "stopping":
             if obj is None and not pods:
-                del self._jobs[job_id]
+                self._end(job_id)
                 self._emit(BackendEvent(job_id, "released", now, message=tracked.reason))
             return
         if obj is None:
             if tracked.seen:
-                del self._jobs[job_id]
+                self._end(job_id)
                 self._emit(
                     BackendEvent(
                         job_id,
@@ -1246,11 +1275,11 @@ class KubernetesBackend:
         tracked.seen = True
         condition = job_condition(obj, tracked.kind)
         if condition == "Succeeded":
-            del self._jobs[job_id]
+            self._end(job_id)
             self._spawn(self._finish(job_id, tracked, obj, pods, failed=False))
             return
         if condition == "Failed":
-            del self._jobs[job_id]
+            self._end(job_id)
             self._spawn(self._finish(job_id, tracked, obj, pods, failed=True))
             return
         live = [p for p in pods if not _deleting(p)]
@@ -1263,6 +1292,10 @@ class KubernetesBackend:
             tracked.phase = "running"
             tracked.placement = self._placement(ready)
             self._emit(BackendEvent(job_id, "resized", now, placement=tracked.placement))
+
+    def _end(self, job_id: str) -> None:
+        del self._jobs[job_id]
+        self._ended.add(job_id)
 
     def _emit(self, event: BackendEvent) -> None:
         try:
@@ -1280,17 +1313,19 @@ class KubernetesBackend:
     ) -> None:
         """Fetch the logs (best effort) and report the end of the job."""
         if failed:
-            # The failing pod's exit code may arrive on the pod watch after the job's condition.
-            for _ in range(20):
+            # The failing pod's exit code may arrive on the pod watch after the job's condition:
+            # wait a little (at most ~2 s) while some pod has not ended yet.
+            for _ in range(8):
                 pods = self._pods_of(tracked.name)
-                if any(pod_exit(p) for p in pods):
+                if any(pod_exit(p) for p in pods) or all(_ended_pod(p) for p in pods):
                     break
                 if not await self._next_change(timeout=0.25):
                     break
-        placement = tracked.placement or self._placement(pods)
+        bound = [p for p in pods if (p.get("spec") or {}).get("nodeName")]
+        placement = tracked.placement or self._placement(bound)
         now = self._clock()
-        if tracked.phase == "starting":
-            # Finished before every pod was seen ready: still report that it ran, and where.
+        if tracked.phase == "starting" and (bound or not failed):
+            # Ended before every pod was seen ready: still report that it ran, and where.
             self._emit(BackendEvent(job_id, "running", now, placement=placement))
         with contextlib.suppress(Exception):
             await self.fetch_logs(job_id, tail=200)

@@ -404,9 +404,17 @@ class FakeKube:
         self._store(kind, "MODIFIED", job)
 
     def settle(self) -> None:
-        """Grace periods end: terminating pods go, then terminating jobs without pods."""
+        """Grace periods end: terminating pods go (with the pods of terminating jobs, which the
+        garbage collector deletes as the jobs' dependents), then terminating jobs."""
+        doomed = {
+            name
+            for kind in (PYTORCHJOBS, VOLCANO_JOBS)
+            for (_, name), job in self.objects.get(kind, {}).items()
+            if job["metadata"].get("deletionTimestamp")
+        }
         for pod in list(self.objects.get(PODS, {}).values()):
-            if pod["metadata"].get("deletionTimestamp"):
+            owner = (pod["metadata"].get("labels") or {}).get("wmla.jupyter.org/job")
+            if pod["metadata"].get("deletionTimestamp") or owner in doomed:
                 self._remove(PODS, pod)
         for kind in (PYTORCHJOBS, VOLCANO_JOBS):
             for (ns, name), job in list(self.objects.get(kind, {}).items()):

@@ -65,12 +65,14 @@ class Recorder:
 
 
 async def until(condition, what: str, limit: int = 5000) -> None:
-    """Let the watch tasks run until ``condition()`` holds (a bounded number of turns)."""
-    for _ in range(limit):
+    """Let the watch tasks run until ``condition()`` holds: first turns of the event loop, then
+    short naps (some steps wait on the clock, e.g. for a failed pod's exit code); bounded, as a
+    guard against hangs, not a timing assertion."""
+    for turn in range(limit):
         if condition():
             return
-        await asyncio.sleep(0)
-    raise AssertionError(f"never happened: {what}")
+        await asyncio.sleep(0 if turn < 1000 else 0.005)
+    raise AssertionError(f"never happened: {what() if callable(what) else what}")
 
 
 def cluster(quota: dict | None = None, limit_range: list | None = None) -> FakeKube:
@@ -734,3 +736,103 @@ async def test_an_object_count_quota_is_respected():
         assert len(creates(fake, PYTORCHJOBS)) == 1
     finally:
         await backend.close()
+
+
+# -- random histories: every job's events follow the protocol -------------------------------------
+TERMINAL = {"finished", "failed", "released", "lost"}
+
+
+def protocol_errors(kinds: list[str]) -> list[str]:
+    """Events of one job must read: [running [resized...]] then one terminal event, then none."""
+    errors = []
+    terminal = [i for i, k in enumerate(kinds) if k in TERMINAL]
+    if len(terminal) != 1 or terminal[0] != len(kinds) - 1:
+        errors.append(f"not exactly one terminal event, last: {kinds}")
+    if kinds.count("running") > 1:
+        errors.append(f"running twice: {kinds}")
+    if "resized" in kinds and (
+        "running" not in kinds or kinds.index("resized") < kinds.index("running")
+    ):
+        errors.append(f"resized before running: {kinds}")
+    if "finished" in kinds and "running" not in kinds:
+        errors.append(f"finished without running: {kinds}")
+    return errors
+
+
+@pytest.mark.parametrize("seed", range(30))
+async def test_random_histories_keep_the_event_protocol(seed):
+    import random
+
+    rng = random.Random(seed)
+    fake, events = cluster(), Recorder()
+    backend = make_backend(fake, events)
+    await backend.open()
+    started: list[str] = []
+    try:
+        for step in range(40):
+            action = rng.choice(
+                ["start", "pods", "ready", "finish", "fail", "stop", "settle", "outage", "compact"]
+            )
+            live = [j for j in started if fake.job(job_object_name(j), NS) is not None]
+            name = job_object_name(rng.choice(live)) if live else None
+            obj = fake.job(name, NS) if name else None
+            if action == "start" and len(started) < 4:
+                job_id = f"j{step}"
+                try:
+                    await backend.start(spec(job_id, workers=(2, 2)), ("gpu-1", "gpu-2"))
+                    started.append(job_id)
+                except BackendError:
+                    pass  # the API server was down the whole retry window: nothing created
+            elif action == "pods" and obj and not fake.pods_of(name, NS):
+                fake.make_pods(name, ["gpu-1", "gpu-2"], namespace=NS, ready=rng.random() < 0.5)
+            elif action == "ready" and obj:
+                for pod in fake.pods_of(name, NS):
+                    if pod["status"]["phase"] == "Pending":
+                        fake.set_ready(pod["metadata"]["name"], "gpu-1", namespace=NS)
+                        break
+            elif (
+                action in ("finish", "fail")
+                and obj
+                and not obj["metadata"].get("deletionTimestamp")
+                and not obj.get("status")
+            ):
+                fake.finish_job(name, succeeded=action == "finish", namespace=NS)
+            elif action == "stop" and live:
+                await backend.stop(rng.choice(live), 1, "cancelled")
+            elif action == "settle":
+                fake.settle()
+            elif action == "outage":
+                fake.go_down()
+                for _ in range(rng.randint(1, 20)):
+                    await asyncio.sleep(0)
+                fake.come_up()
+            elif action == "compact":
+                fake.compact(PODS)
+            for _ in range(rng.randint(0, 5)):
+                await asyncio.sleep(0)
+        # wind down: stop whatever has not ended, let the grace periods pass
+        fake.come_up()
+        for job_id in started:
+            if not any(k in TERMINAL for k in events.kinds(job_id)):
+                await backend.stop(job_id, 1, "end of test")
+        fake.settle()
+        await until(
+            lambda: all(any(k in TERMINAL for k in events.kinds(j)) for j in started),
+            lambda: f"every started job ends: {[(j, events.kinds(j)) for j in started]}",
+        )
+        for _ in range(50):
+            await asyncio.sleep(0)  # nothing more may come
+        for job_id in started:
+            assert protocol_errors(events.kinds(job_id)) == [], job_id
+        assert {e.job_id for e in events.events} <= set(started)
+    finally:
+        await backend.close()
+
+
+def test_the_protocol_check_can_fail():
+    assert protocol_errors(["running", "finished"]) == []
+    assert protocol_errors(["released"]) == []
+    assert protocol_errors(["running", "finished", "released"])
+    assert protocol_errors(["finished"])
+    assert protocol_errors(["running", "running", "finished"])
+    assert protocol_errors(["running"])
