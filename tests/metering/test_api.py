@@ -222,3 +222,20 @@ def test_openapi_document_lists_usage() -> None:
         if code != "200"
     }
     assert refs <= set(doc["components"]["schemas"])
+
+
+def test_knobs_come_from_the_service_config(tmp_path: Path) -> None:
+    from traitlets.config import Config
+
+    from extension.service.app import WmlaService
+    from extension.service.store import Store, sqlite_url
+
+    service = WmlaService()
+    service.update_config(Config({"Metering": {"bucket": 900, "full_resolution": 86400}}))
+    store = Store.open(sqlite_url(tmp_path / "wmla.sqlite"))
+    try:
+        meter = Metering(parent=service, store=store)
+        assert (meter.bucket, meter.full_resolution) == (900, 86400)
+        assert meter.ledger.bucket == 900_000 and meter.ledger.window == 86_400_000
+    finally:
+        store.close()

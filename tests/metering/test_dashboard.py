@@ -101,3 +101,38 @@ def test_sampler_measures_cpu_and_memory_of_real_processes() -> None:
     assert sampler.latest() == {}
     gone = sampler.sample({"job-2": ("/p/u", [2**22 + 12345])}, time.time())["job-2"]
     assert gone.memory_bytes == 0  # a pid that is not there measures nothing, and no error
+
+
+class _FakeNvml:
+    """Stand-in for the pynvml module: no GPU and no NVML library on this machine. It answers the
+    five calls the sampler makes with one device at 40% running the given pid."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:
+        return f"dev{i}"
+
+    def nvmlDeviceGetUtilizationRates(self, handle: str):
+        return type("Rates", (), {"gpu": 40})()
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: str):
+        return [type("Proc", (), {"pid": self.pid, "usedGpuMemory": 2**30})()]
+
+
+def test_sampler_reads_gpu_figures_through_nvml(monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml(os.getpid()))
+    sampler = UtilizationSampler(gpu=True)
+    assert sampler.gpu_available
+    sample = sampler.sample({"job-1": ("/p/u", [os.getpid()])}, time.time())["job-1"]
+    assert sample.gpu_utilization == 0.4 and sample.gpu_memory_bytes == 2**30
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: GPU sampling is off
+    assert not UtilizationSampler(gpu=True).gpu_available
