@@ -476,6 +476,7 @@ class QueueSync:
     updated: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # not in the plans but still holding jobs
+    failed: list[str] = field(default_factory=list)  # "<queue>: <why>", left as they were
 
 
 # -- the backend ---------------------------------------------------------------------------------
@@ -1121,13 +1122,21 @@ class KubernetesBackend:
         }
         for name, body in desired.items():
             live = self.cache.get(QUEUES, name)
-            if live is None:
-                if await self._create_queue(body):
-                    result.created.append(name)
+            parent = (body.get("spec") or {}).get("parent")
+            if parent in {f.split(":", 1)[0] for f in result.failed}:
+                result.failed.append(f"{name}: its parent queue {parent} could not be written")
                 continue
-            if _queue_differs(live, body):
-                await self._replace_queue(name, body)
-                result.updated.append(name)
+            try:
+                if live is None:
+                    if await self._create_queue(body):
+                        result.created.append(name)
+                elif _queue_differs(live, body):
+                    await self._replace_queue(name, body)
+                    result.updated.append(name)
+            except BackendError as exc:
+                # One refused queue (e.g. by Volcano's webhook) must not stop the others.
+                log.warning("Volcano queue %s: %s", name, exc)
+                result.failed.append(f"{name}: {exc}")
         # Keep what live jobs use and every queue above those (a queue's parent must exist).
         protected = {(q.get("spec") or {}).get("parent") for q in desired.values()}
         todo = [q for q in in_use if q]

@@ -531,7 +531,13 @@ def make_plan_queues(
                 weight=share_to_weight(plan.share),
                 labels=make_labels(instance=instance),
                 annotations=make_annotations(plan=plan.path),
-                capability=plan.limit,
+                # no plan can hold more than the instance; Volcano also refuses a child queue
+                # whose capability is above its parent's
+                capability=(
+                    plan.limit
+                    if instance_capability is None
+                    else plan.limit.cap(instance_capability)
+                ),
                 gpu_resource=gpu_resource,
             )
         )

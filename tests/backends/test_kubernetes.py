@@ -836,3 +836,25 @@ def test_the_protocol_check_can_fail():
     assert protocol_errors(["finished"])
     assert protocol_errors(["running", "running", "finished"])
     assert protocol_errors(["running"])
+
+
+async def test_a_refused_queue_does_not_stop_the_others(setup):
+    fake, backend, _ = setup
+    dev = queue_name("/project1/dev-team")
+    fake.fail_next("create", QUEUES, ApiError(403, "Forbidden", "denied by the webhook"))
+    result = await backend.sync_queues(s1_tree())  # the first create (the instance queue) fails
+    assert result.failed[0].startswith("wmla: creating Volcano queue wmla failed")
+    # its children cannot be written under it; nothing half-built is left behind them
+    assert any(f.startswith(queue_name("/project1") + ":") for f in result.failed)
+    assert result.created == []
+    again = await backend.sync_queues(s1_tree())
+    assert again.failed == [] and dev in again.created
+
+
+async def test_plan_queue_capability_is_capped_by_the_namespace_quota(setup):
+    fake, backend, _ = setup  # the quota allows 6 GPUs
+    tree = PlanTree([Plan("/big", 1, Resources(10, UNLIMITED, UNLIMITED))])
+    await backend.sync_queues(tree)
+    assert fake.objects[QUEUES][(None, queue_name("/big"))]["spec"]["capability"] == {
+        "nvidia.com/gpu": "6"
+    }
