@@ -68,6 +68,16 @@ class Metering(LoggingConfigurable):
         c.Metering.sample_interval = 15
         """,
     )
+    metrics_user_leaves = Bool(
+        True,
+        config=True,
+        help="""Whether /metrics shows user leaves (one series per user and plan and resource)
+        besides the plans; False keeps Prometheus to the plans an admin created (their figures
+        include their leaves).
+
+        c.Metering.metrics_user_leaves = False
+        """,
+    )
     metrics_require_auth = Bool(
         True,
         config=True,
@@ -222,6 +232,8 @@ class _Collector:
             "wmla_preemptions", "Jobs preempted in the plan's subtree.", labels=["plan"]
         )
         paths = set(ledger.nodes) | set(m.figures)
+        if not m.metrics_user_leaves:
+            paths -= set(ledger.owners) | _leaves(m.scheduler)
         for path in sorted(paths):
             node = ledger.nodes.get(path)
             if node is not None:
@@ -268,6 +280,11 @@ class _Collector:
                 if sample.gpu_utilization is not None:
                     gpu.add_metric([job_id, leaf], sample.gpu_utilization)
             yield from (cpu, mem, gpu)
+
+
+def _leaves(scheduler: Any) -> set[str]:
+    plans = getattr(scheduler, "plans", None)
+    return {p.path for p in plans if p.user_leaf} if plans is not None else set()
 
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

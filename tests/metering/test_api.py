@@ -239,3 +239,17 @@ def test_knobs_come_from_the_service_config(tmp_path: Path) -> None:
         assert meter.ledger.bucket == 900_000 and meter.ledger.window == 86_400_000
     finally:
         store.close()
+
+
+async def test_metrics_can_leave_user_leaves_out(api) -> None:
+    api.meter.metrics_user_leaves = False
+    try:
+        r = await get(api, "/metrics", "padmin")
+    finally:
+        api.meter.metrics_user_leaves = True
+    plans = {
+        s.labels.get("plan")
+        for family in text_string_to_metric_families(r.body.decode())
+        for s in family.samples
+    }
+    assert "/project1/dev-team" in plans and "/project1/dev-team/user1" not in plans
