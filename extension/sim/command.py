@@ -223,6 +223,7 @@ def _replay_all(job: dict[str, Any], progress: TextIO | None) -> tuple[dict, dic
             "node_count": len(scenario.instance.nodes),
             "capacity_gpu": scenario.instance.capacity.gpu,
             "plans": sorted(p.path for p in scenario.plans),
+            "policies": list(job["policies"]),  # in the order asked (the keys below are sorted)
             "cycle_interval_s": job["interval"],
         },
         "policies": {},

@@ -103,6 +103,7 @@ class Replay:
         progress: TextIO | None = None,
         progress_every: float = 10.0,
         interval: float = 0.0,
+        progress_after: float = 1.0,
     ) -> None:
         self.scenario = scenario
         self.policy = policy
@@ -120,6 +121,7 @@ class Replay:
         self.n_pending = 0
         self.progress = progress
         self.progress_every = progress_every
+        self.progress_after = progress_after  # a replay shorter than this prints no progress
         self._last_percent = 0
         self.interval = interval  # > 0: the policy decides only on multiples of it
         self.tick: float | None = None  # the next such multiple, when something waits for it
@@ -333,7 +335,7 @@ class Replay:
         total = max(1, len(self.order))
         percent = 100 * self.n_done // total // 5 * 5
         clock = time.perf_counter()
-        if clock - self._started < 1.0:
+        if clock - self._started < self.progress_after:
             return  # a short replay needs no progress lines
         if percent <= self._last_percent and clock - self._last_progress < self.progress_every:
             return
