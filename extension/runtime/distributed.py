@@ -1,9 +1,11 @@
 """Join the job's process group from the variables the backend set (torch imported lazily).
 
-The rendezvous store is a TCPStore served by rank 0 on ``MASTER_PORT`` (there is no torchrun
-agent to host it). Rank 0 therefore leaves last: ``cleanup()`` lets every other rank tear its
-group down and check out through the store before rank 0's process, and the store with it, goes
-away; otherwise a slow rank could lose the store in the middle of its own teardown and abort.
+Under the wmla backend the rendezvous store is a TCPStore served by rank 0 on ``MASTER_PORT``
+(there is no torchrun agent to host it); under torchrun (no ``WMLA_JOB_ID``) ``env://`` uses the
+agent's store, so the same script runs under both. Under wmla, rank 0 therefore leaves last:
+``cleanup()`` lets every other rank tear its group down and check out through the store before
+rank 0's process, and the store with it, goes away; otherwise a slow rank could lose the store in
+the middle of its own teardown and abort.
 """
 
 from __future__ import annotations
@@ -45,19 +47,22 @@ def init_distributed(timeout_s: float = 300.0) -> Any:
         return device  # run by hand: a world of one needs no process group (nor a free port)
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=timeout_s)
-        _store = dist.TCPStore(
-            me.master_addr,
-            me.master_port,
-            me.world_size,
-            is_master=me.rank == 0,
-            timeout=timeout,
-        )
         kwargs: dict[str, Any] = {}
         if me.backend == "nccl":
             kwargs["device_id"] = device
+        if me.job_id:  # under the wmla backend: rank 0 serves the store on MASTER_PORT
+            _store = dist.TCPStore(
+                me.master_addr,
+                me.master_port,
+                me.world_size,
+                is_master=me.rank == 0,
+                timeout=timeout,
+            )
+            kwargs["store"] = _store
+        else:  # torchrun and friends: their agent serves the store, env:// finds it
+            kwargs["init_method"] = "env://"
         dist.init_process_group(
             backend=me.backend,
-            store=_store,
             rank=me.rank,
             world_size=me.world_size,
             timeout=timeout,
