@@ -143,10 +143,13 @@ class _Cycle:
         self.waits: dict[str, str] = {}
         self.started: dict[str, list[int]] = {}  # job id -> node indexes (Start this cycle)
         self.grown: dict[str, tuple[Job, list[int]]] = {}  # job id -> (job, nodes added)
-        self.blocked: list[tuple[Job, _Plan]] = []  # capacity-blocked, in fair order
+        # capacity-blocked, first of each (leaf, shape) in fair order: the reclaim candidates
+        self.blocked: dict[tuple, tuple[Job, _Plan]] = {}
+        self.running: list[tuple[Job, _Plan]] = []
         self.reserved_for: str | None = None
         self.victims: set[str] = set()
         self._impossible_cache: dict[tuple, str | None] = {}
+        self._too_big_cache: dict[tuple, str | None] = {}
         self._leaves: dict[tuple[str, str], tuple[_Plan | None, str | None]] = {}
 
     # 1. index ----------------------------------------------------------------------------------
@@ -198,6 +201,7 @@ class _Cycle:
                         inc[1] += w[1]
                         inc[2] += w[2]
                 self._charge(leaf, w, job.workers)
+                self.running.append((job, leaf))
             self.live.append((job, leaf))
             w, k, d = job.per_worker, job.max_workers, leaf.demand  # 3. demand, leaf part
             d[0] += w[0] * k
@@ -266,7 +270,6 @@ class _Cycle:
             return cache[key]
         w, n = job.per_worker, job.min_workers
         req = [w[r] * n for r in range(3)]
-        size = f"{n} worker{'s' if n > 1 else ''} x {Resources(*w).describe()}"
         answer = None
         for p in leaf.limited:
             if p is self.root:
@@ -276,21 +279,30 @@ class _Cycle:
                     answer = (
                         f"rejected: plan {p.path} has a {name} limit of "
                         f"{format_amount(name, p.limit[r])} and this job asks for "
-                        f"{format_amount(name, req[r])} ({size}); ask for at most "
+                        f"{format_amount(name, req[r])} ({_size(w, n)}); ask for at most "
                         f"{format_amount(name, p.limit[r])} or submit to a plan with a higher limit"
                     )
                     break
             if answer:
                 break
-        if answer is None:
-            for r, name in enumerate(RESOURCES):
-                if req[r] > self.total_capacity[r]:
-                    answer = (
-                        f"rejected: the instance has {format_amount(name, self.total_capacity[r])}"
-                        f" in all (capacity and quota) and this job asks for "
-                        f"{format_amount(name, req[r])} ({size})"
-                    )
-                    break
+        cache[key] = answer or self._too_big(w, n)
+        return cache[key]
+
+    def _too_big(self, w: Resources, n: int) -> str | None:
+        """The instance part of Admission 3, which depends on the shape only (cached by it)."""
+        key = (w, n)
+        cache = self._too_big_cache
+        if key in cache:
+            return cache[key]
+        answer = None
+        for r, name in enumerate(RESOURCES):
+            if w[r] * n > self.total_capacity[r]:
+                answer = (
+                    f"rejected: the instance has {format_amount(name, self.total_capacity[r])}"
+                    f" in all (capacity and quota) and this job asks for "
+                    f"{format_amount(name, w[r] * n)} ({_size(w, n)})"
+                )
+                break
         if answer is None:
             for r, name in enumerate(RESOURCES):
                 if w[r] > self.largest[r]:
@@ -301,10 +313,9 @@ class _Cycle:
                     )
                     break
         if answer is None and self._most(w) < n:
-            most = int(self._most(w))
             answer = (
-                f"rejected: the gang of {size} cannot be placed: the nodes hold at most "
-                f"{most} such workers at once"
+                f"rejected: the gang of {_size(w, n)} cannot be placed: the nodes hold at most "
+                f"{int(self._most(w))} such workers at once"
             )
         cache[key] = answer
         return answer
@@ -456,7 +467,7 @@ class _Cycle:
             placement = place_gang(self.free, self.names, w, n)
         if placement is None:
             self._failed_shapes.add(shape)
-            self.blocked.append((job, leaf))
+            self.blocked.setdefault((leaf, w, n, job.max_workers), (job, leaf))
             if self.reserved_for is None and any(w):
                 self.waits[job.id] = self._capacity_reason(job)
                 self._reserve(job)
@@ -533,10 +544,9 @@ class _Cycle:
             return
         # victims-to-be by plan subtree, so a reclaimer looks only under borrowing siblings
         self.under: dict[int, list[tuple[Job, _Plan]]] = {}
-        for job, leaf in self.live:
+        for job, leaf in self.running:
             if (
-                job.state is JobState.RUNNING
-                and job.preemptible
+                job.preemptible
                 and not job.terminating
                 and job.started is not None
                 and self.now - job.started >= self.config.min_runtime
@@ -551,12 +561,7 @@ class _Cycle:
         self.pool = [
             [f[0] + i[0], f[1] + i[1], f[2] + i[2]] for f, i in zip(self.free, self.incoming)
         ]
-        tried: set[tuple] = set()
-        for job, leaf in self.blocked:
-            key = (leaf.path, tuple(job.per_worker), job.min_workers, job.max_workers)
-            if key in tried:
-                continue
-            tried.add(key)
+        for job, leaf in self.blocked.values():
             self._reclaim_for(job, leaf)
 
     def _alloc(self, plan: _Plan, r: int) -> float:
@@ -889,9 +894,16 @@ class _Cycle:
 
     def _capacity_reason(self, job: Job) -> str:
         w, n = job.per_worker, job.min_workers
-        size = f"{n} worker{'s' if n > 1 else ''} x {Resources(*w).describe()}"
-        room = int(sum(min(fit_count(row, w), n) for row in self.free))
-        return f"waiting for capacity: needs {size}, each worker on one node; room now for {room}"
+        room = int(gang_room(self.free, w, n))
+        return (
+            f"waiting for capacity: needs {_size(w, n)}, each worker on one node; "
+            f"room now for {room}"
+        )
+
+
+def _size(w: tuple, n: int) -> str:
+    """``4 workers x 1 gpu`` for messages."""
+    return f"{n} worker{'s' if n > 1 else ''} x {Resources(*w).describe()}"
 
 
 def _amount(name: str, value: float) -> str:

@@ -14,6 +14,8 @@ def water_fill(amount: float, caps: Sequence[float], weights: Sequence[float]) -
     Children are settled in increasing cap/weight: once one's cap is above its fair part, every
     later one's is too, so all the rest get their fair part of what remains.
     """
+    if sum(caps) <= amount:  # enough for every cap: nothing to share out (the common case
+        return [float(c) for c in caps]  # below the contended levels of the tree)
     out = [0.0] * len(caps)
     order = sorted(
         (i for i in range(len(caps)) if caps[i] > 0), key=lambda i: (caps[i] / weights[i], i)
