@@ -160,6 +160,41 @@ class UsageHandler(APIHandler):
         self.reply(usage(*args))
 
 
+class MeasuredHandler(APIHandler):
+    """The sampled, measured utilization of one running job (its owner or a plan admin)."""
+
+    async def get(self, job_id: str) -> None:
+        from extension.service.scheduling import NotFound
+
+        caller = self.caller()
+        meter: Metering = self.settings["wmla_meter"]
+        sched = meter.scheduler
+        try:
+            sched.visible_job(caller, job_id)
+        except NotFound as err:
+            raise APIError(404, str(err)) from None
+        sampler = meter.sampler
+        samples = list(sampler.series.get(job_id, ())) if sampler else []
+        self.reply(
+            {
+                "job": job_id,
+                "sampling": sampler is not None,
+                "interval": meter.sample_interval,
+                "gpu_available": bool(sampler and sampler.gpu_available),
+                "samples": [
+                    {
+                        "at": s.at,
+                        "cpu_cores": s.cpu_cores,
+                        "memory_bytes": s.memory_bytes,
+                        "gpu_utilization": s.gpu_utilization,
+                        "gpu_memory_bytes": s.gpu_memory_bytes,
+                    }
+                    for s in samples
+                ],
+            }
+        )
+
+
 class MetricsHandler(APIHandler):
     async def get(self) -> None:
         meter: Metering = self.settings["wmla_meter"]
@@ -177,5 +212,6 @@ def metering_routes(prefix: str) -> list[tuple]:
     """Routes for the service's tornado application (``prefix`` ends with ``/``)."""
     return [
         (prefix + r"api/v1/usage/?", UsageHandler),
+        (prefix + r"api/v1/usage/jobs/([^/]+)/?", MeasuredHandler),
         (prefix + r"metrics/?", MetricsHandler),
     ]

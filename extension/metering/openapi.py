@@ -88,5 +88,22 @@ def metering_paths() -> dict[str, Any]:
                     "404": _error("no such plan"),
                 },
             }
-        }
+        },
+        "/usage/jobs/{job_id}": {
+            "parameters": [
+                {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+            ],
+            "get": {
+                "summary": "measured utilization of a running job, sampled (cpu cores, memory, "
+                "and GPU utilization where NVML answers); the job's owner or a plan admin",
+                "responses": {
+                    "200": {
+                        "description": "samples, oldest first",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    },
+                    "403": _error("not authenticated"),
+                    "404": _error("no such job of yours"),
+                },
+            },
+        },
     }

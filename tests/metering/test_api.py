@@ -10,7 +10,9 @@ behind a real JupyterHub with real tokens.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import time
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -20,7 +22,7 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 
-from extension.metering.handlers import MetricsHandler, UsageHandler
+from extension.metering.handlers import MeasuredHandler, MetricsHandler, UsageHandler
 from extension.metering.meter import Metering
 from tests.service.test_scheduling import Rig
 
@@ -46,14 +48,22 @@ class MetricsAsUser(AsUser, MetricsHandler):
     pass
 
 
+class MeasuredAsUser(AsUser, MeasuredHandler):
+    pass
+
+
 @pytest.fixture(scope="module")
 async def api(tmp_path_factory: pytest.TempPathFactory):
     rig = Rig(Path(tmp_path_factory.mktemp("metering")))
     await rig.start()
-    meter = Metering(store=rig.store, clock=rig.clock, sample_interval=0)
+    meter = Metering(store=rig.store, clock=rig.clock, sample_interval=3600)
     meter.attach(rig.sched)
     app = web.Application(
-        [(r"/usage", UsageAsUser), (r"/metrics", MetricsAsUser)],
+        [
+            (r"/usage", UsageAsUser),
+            (r"/metrics", MetricsAsUser),
+            (r"/usage/jobs/([^/]+)", MeasuredAsUser),
+        ],
         wmla_meter=meter,
         wmla_scheduler=rig.sched,
         cookie_secret="x",
@@ -253,3 +263,24 @@ async def test_metrics_can_leave_user_leaves_out(api) -> None:
         for s in family.samples
     }
     assert "/project1/dev-team" in plans and "/project1/dev-team/user1" not in plans
+
+
+async def test_measured_utilization_of_a_running_job(api) -> None:
+    """The double runs no processes: its jobs' 'workers' are this test process."""
+    api.backend.worker_pids = lambda job_id: [os.getpid()]
+    try:
+        api.meter.sample(time.time())
+        api.meter.sample(time.time() + 1)
+    finally:
+        del api.backend.worker_pids
+    job = api.jobs[0]
+    r = await get(api, f"/usage/jobs/{job}", "user1")
+    answer = json.loads(r.body)
+    assert answer["sampling"] and len(answer["samples"]) == 2
+    assert answer["samples"][-1]["memory_bytes"] > 0
+    assert "no job" in error(await get(api, f"/usage/jobs/{job}", "user2"), 404)
+    assert (await get(api, f"/usage/jobs/{job}", "padmin")).code == 200
+    r = await get(api, "/metrics", "padmin")
+    assert f'wmla_job_measured_memory_bytes{{job="{job}",plan="/project1/dev-team/user1"}}' in (
+        r.body.decode()
+    )
