@@ -61,18 +61,6 @@ class StepSeries:
             return None
         return (self.b0 + len(self.bcum) - 1) * self.bucket
 
-    def value_at(self, t: int) -> Vec:
-        """The value at time ``t`` (inside compacted history: the bucket's average, exact)."""
-        horizon = self.horizon
-        if horizon is not None and t < horizon:
-            j = (t - self.b0 * self.bucket) // self.bucket
-            if j < 0:
-                return ZERO
-            d = sub(self.bcum[j + 1], self.bcum[j])
-            return (d[0] // self.bucket, d[1] // self.bucket, d[2] // self.bucket)
-        k = bisect_right(self.times, t) - 1
-        return ZERO if k < 0 else self.values[k]
-
     def current(self) -> Vec:
         return self.values[-1] if self.values else ZERO
 
