@@ -347,15 +347,15 @@ def hours_table_html(usage: Mapping[str, Any]) -> str:
     """GPU-hours and CPU-hours per child, then the total."""
     norm = usage if "children" in usage and "t" in usage else normalise_usage(usage)
     rows = "".join(
-        f"<tr><td>{html.escape(c['name'])}</td><td>{c['gpu_hours']:.2f}</td>"
-        f"<td>{c['cpu_hours']:.2f}</td></tr>"
+        f"<tr><td>{html.escape(c['name'])}</td><td>{c['gpu_hours']:.3f}</td>"
+        f"<td>{c['cpu_hours']:.3f}</td></tr>"
         for c in norm["children"]
     )
     totals = norm["totals"]
     return (
         "<table><thead><tr><th>child</th><th>GPU-hours</th><th>CPU-hours</th></tr></thead>"
-        f"<tbody>{rows}<tr><td><b>total</b></td><td><b>{totals['gpu_hours']:.2f}</b></td>"
-        f"<td><b>{totals['cpu_hours']:.2f}</b></td></tr></tbody></table>"
+        f"<tbody>{rows}<tr><td><b>total</b></td><td><b>{totals['gpu_hours']:.3f}</b></td>"
+        f"<td><b>{totals['cpu_hours']:.3f}</b></td></tr></tbody></table>"
     )
 
 

@@ -15,18 +15,9 @@ from typing import Any
 import ipywidgets as w
 
 from . import figures
+from .plotly_widget import figure_widget, update
 
 LOG_LINES = 40
-
-
-def _figure_widget(fig: dict) -> Any:
-    """A plotly FigureWidget (needs anywidget); a read-only Output-free fallback otherwise."""
-    try:
-        import plotly.graph_objects as go
-
-        return go.FigureWidget(fig)
-    except Exception:  # pragma: no cover - plotly or anywidget missing
-        return None
 
 
 class JobMonitor(w.VBox):
@@ -59,7 +50,7 @@ class JobMonitor(w.VBox):
             layout=w.Layout(width="100%"),
             description="",
         )
-        self.chart = _figure_widget(figures.metrics_figure([]))
+        self.chart = figure_widget(figures.metrics_figure([]))
         rows: list[w.Widget] = [
             self.title,
             self.state,
@@ -119,15 +110,7 @@ class JobMonitor(w.VBox):
             self.logs.value = logs
         if new_metrics and self.chart is not None:
             fig = figures.metrics_figure(self.metrics, title=f"{name or self.job_id} metrics")
-            with self.chart.batch_update():
-                if len(self.chart.data) != len(fig["data"]):
-                    self.chart.data = ()
-                    for trace in fig["data"]:
-                        self.chart.add_trace(trace)
-                else:
-                    for trace, new in zip(self.chart.data, fig["data"]):
-                        trace.x, trace.y = new["x"], new["y"]
-                self.chart.layout.update(fig["layout"])
+            update(self.chart, fig)
 
     def _on_cancel(self, _button: Any = None) -> None:
         self.cancel_button.disabled = True

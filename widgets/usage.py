@@ -15,6 +15,7 @@ from typing import Any
 import ipywidgets as w
 
 from . import figures
+from .plotly_widget import figure_widget, update
 
 RANGES = {  # label -> (seconds back, step seconds)
     "last hour": (3600, 60),
@@ -23,15 +24,6 @@ RANGES = {  # label -> (seconds back, step seconds)
     "last 7 days": (7 * 86400, 3600),
     "last 30 days": (30 * 86400, 6 * 3600),
 }
-
-
-def _figure_widget(fig: dict) -> Any:
-    try:
-        import plotly.graph_objects as go
-
-        return go.FigureWidget(fig)
-    except Exception:  # pragma: no cover - plotly or anywidget missing
-        return None
 
 
 class UsageWidget(w.VBox):
@@ -68,7 +60,7 @@ class UsageWidget(w.VBox):
         self.refresh_button = w.Button(description="Refresh", icon="refresh")
         self.message = w.HTML("")
         self.table = w.HTML("")
-        self.chart = _figure_widget(figures.usage_figure(figures.normalise_usage({})))
+        self.chart = figure_widget(figures.usage_figure(figures.normalise_usage({})))
         self.refresh_button.on_click(lambda _b: self.refresh())
         self.plan.observe(lambda _c: self.refresh(), names="value")
         self.range.observe(lambda _c: self.refresh(), names="value")
@@ -97,15 +89,11 @@ class UsageWidget(w.VBox):
             self.usage = figures.normalise_usage(answer)
             who = f" for {self.user}" if self.user else ""
             self.message.value = html.escape(
-                f"{self.plan.value}{who}: {self.usage['totals']['gpu_hours']:.2f} GPU-hours, "
-                f"{self.usage['totals']['cpu_hours']:.2f} CPU-hours ({self.range.value})"
+                f"{self.plan.value}{who}: {self.usage['totals']['gpu_hours']:.3f} GPU-hours, "
+                f"{self.usage['totals']['cpu_hours']:.3f} CPU-hours ({self.range.value})"
             )
             fig = figures.usage_figure(self.usage, title=f"{self.plan.value}{who}")
-            if self.chart is not None:
-                with self.chart.batch_update():
-                    for trace, new in zip(self.chart.data, fig["data"]):
-                        trace.x, trace.y = new["x"], new["y"]
-                    self.chart.layout.update(fig["layout"])
+            update(self.chart, fig)
             self.table.value = figures.hours_table_html(self.usage)
             return self.usage
 

@@ -113,15 +113,21 @@ POINTS = {
     ],
     "totals": {"gpu_hours": 4.0, "cpu_hours": 2.0},
 }
-COLUMNS = {
+COLUMNS = {  # the shape extension/metering/usage.py answers
+    "plan": "/project1", "user": None, "start": 0.0, "end": 7200.0, "step": 3600.0,
     "series": {
-        "time": [0, 3600],
-        "requested": {"gpu": [4, 2], "cpu": [2000, 500]},
-        "used": {"gpu": [2, 2], "cpu": [1000]},  # a short column is padded with zeros
+        "t": [0, 3600],
+        "requested": {"gpu": [4, 2], "cpu": [2000, 500], "memory": [0, 0]},
+        "used": {"gpu": [2, 2], "cpu": [1000], "memory": [0, 0]},  # short: padded with zeros
     },
-    "children": {"/project1/qa-team": {"gpu_hours": 1.0, "cpu_hours": 0.5},
-                 "/project1/dev-team": {"gpu_hours": 3.0, "cpu_hours": 1.5}},
-    "totals": {"gpu_hours": 4.0, "cpu_hours": 2.0},
+    "totals": {"gpu_hours": 4.0, "cpu_hours": 2.0, "memory_gib_hours": 0.0,
+               "requested": {"gpu_hours": 6.0}, "used": {"gpu_hours": 4.0}},
+    "children": [
+        {"path": "/project1/qa-team", "user_leaf": False, "series": {},
+         "totals": {"gpu_hours": 1.0, "cpu_hours": 0.5, "used": {"gpu_hours": 1.0}}},
+        {"path": "/project1/dev-team", "user_leaf": False, "series": {},
+         "totals": {"gpu_hours": 3.0, "cpu_hours": 1.5}},
+    ],
 }  # fmt: skip
 
 
@@ -153,8 +159,13 @@ def test_usage_figure_requested_vs_used_gpu_and_cpu_cores() -> None:
 
 def test_hours_table_lists_children_then_the_total() -> None:
     text = figures.hours_table_html(POINTS)
-    assert text.index("/project1/dev-team</td><td>3.00") < text.index("/project1/qa-team")
-    assert "<b>total</b></td><td><b>4.00</b></td><td><b>2.00</b>" in text
+    assert text.index("/project1/dev-team</td><td>3.000") < text.index("/project1/qa-team")
+    assert "<b>total</b></td><td><b>4.000</b></td><td><b>2.000</b>" in text
+
+
+def test_children_may_be_a_mapping_of_name_to_totals() -> None:
+    norm = figures.normalise_usage({"children": {"/a": {"gpu_hours": 1}, "/b": {"gpu_hours": 2}}})
+    assert [c["name"] for c in norm["children"]] == ["/b", "/a"]
 
 
 def test_an_empty_or_odd_usage_answer_gives_an_empty_chart() -> None:

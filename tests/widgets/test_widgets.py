@@ -78,6 +78,8 @@ def test_monitor_shows_queue_then_progress_chart_and_logs() -> None:
     assert traces == {"loss": ([1], [2.0]), "train_loss": ([2], [1.5]),
                       "test_accuracy": ([2], [0.7])}  # fmt: skip
     assert "test accuracy 0.7" in mon.logs.get_state()["value"]
+    synced = mon.chart.get_state()["_widget_data"]  # what a saved notebook keeps
+    assert [(t["name"], list(t["y"])) for t in synced][0] == ("loss", [2.0])
 
     client.jobs_seen.append({**JOB, "state": "FINISHED", "reason": "",
                              "workers": {"min": 2, "max": 2, "running": 0}})  # fmt: skip
@@ -105,7 +107,7 @@ def test_usage_widget_charts_the_plan_and_refreshes_on_a_new_range() -> None:
                                       "end": 7200.0, "step": 60}  # fmt: skip
     gpu = widget.chart.to_dict()["data"][1]
     assert gpu["name"] == "GPU used" and list(gpu["y"]) == [2.0, 0.0]
-    assert "/p/alice</td><td>2.00" in widget.table.get_state()["value"]
-    assert "2.00 GPU-hours" in widget.message.value
+    assert "/p/alice</td><td>2.000" in widget.table.get_state()["value"]
+    assert "2.000 GPU-hours" in widget.message.value
     widget.range.value = "last 24 hours"  # observe -> refresh with the new window
     assert client.usage_calls[-1]["start"] == 7200.0 - 86400 and len(client.usage_calls) == 2
