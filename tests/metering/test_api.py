@@ -284,3 +284,13 @@ async def test_measured_utilization_of_a_running_job(api) -> None:
     assert f'wmla_job_measured_memory_bytes{{job="{job}",plan="/project1/dev-team/user1"}}' in (
         r.body.decode()
     )
+
+
+async def test_used_matches_what_the_scheduler_allocated(api) -> None:
+    """The ledger (from transitions) and the core's own figures agree after a cycle."""
+    await api.cycle()
+    figures = api.sched.figures
+    assert "/project1/dev-team/user1" in figures
+    for path, fig in figures.items():
+        gpu, cpu, memory = api.meter.ledger.current(path, "used")
+        assert (gpu / 1000, cpu, memory) == tuple(fig.allocated), path
