@@ -60,27 +60,39 @@ def _change(store: Store, job: str, at: float, event: str, workers: int, state: 
     store.update_jobs([(job, {"state": state, "placement": ["n"] * workers}, event, "")], T0 + at)
 
 
-@pytest.fixture
-def scripted(tmp_path: Path) -> Store:
+def write_script(store: Store, after=lambda: None) -> None:
     """Job A (user1, rigid 2 x 1 GPU): waits 600 s, runs 5400 s.
     Job B (user2, elastic 1..4): starts with 2 at 1800, grows to 4 at 3600, shrinks to 2 at 5430
     (asked at 5400: it holds 4 until resized), preempted at 7200 (released at 7230), waits,
-    cancelled at 9000.  Job C (user1, qa-team): rejected at once."""
-    store = Store.open(sqlite_url(tmp_path / "wmla.sqlite"))
+    cancelled at 9000.  Job C (user1, qa-team): rejected at once.  ``after`` runs after each
+    write."""
     store.add_job(_job("A", "user1", "/project1/dev-team", (2, 2), T0), T0)
+    after()
     store.add_job(_job("B", "user2", "/project1/dev-team", (1, 4), T0), T0)
+    after()
     store.add_job(_job("C", "user1", "/project1/qa-team", (1, 1), T0 + 100), T0 + 100)
-    _change(store, "C", 100, "rejected", 0, "REJECTED")
-    _change(store, "A", 600, "started", 2, "RUNNING")
-    _change(store, "A", 601, "running", 2, "RUNNING")
-    _change(store, "B", 1800, "started", 2, "RUNNING")
-    _change(store, "B", 3600, "grown", 4, "RUNNING")
-    _change(store, "B", 5400, "shrinking", 4, "RUNNING")
-    _change(store, "B", 5430, "resized", 2, "RUNNING")
-    _change(store, "A", 6000, "finished", 0, "FINISHED")
-    _change(store, "B", 7200, "preempting", 2, "RUNNING")
-    _change(store, "B", 7230, "released", 0, "PENDING")
-    _change(store, "B", 9000, "cancelled", 0, "CANCELLED")
+    after()
+    for job, at, event, workers, state in [
+        ("C", 100, "rejected", 0, "REJECTED"),
+        ("A", 600, "started", 2, "RUNNING"),
+        ("A", 601, "running", 2, "RUNNING"),
+        ("B", 1800, "started", 2, "RUNNING"),
+        ("B", 3600, "grown", 4, "RUNNING"),
+        ("B", 5400, "shrinking", 4, "RUNNING"),
+        ("B", 5430, "resized", 2, "RUNNING"),
+        ("A", 6000, "finished", 0, "FINISHED"),
+        ("B", 7200, "preempting", 2, "RUNNING"),
+        ("B", 7230, "released", 0, "PENDING"),
+        ("B", 9000, "cancelled", 0, "CANCELLED"),
+    ]:
+        _change(store, job, at, event, workers, state)
+        after()
+
+
+@pytest.fixture
+def scripted(tmp_path: Path) -> Store:
+    store = Store.open(sqlite_url(tmp_path / "wmla.sqlite"))
+    write_script(store)
     yield store
     store.close()
 
@@ -266,3 +278,16 @@ def test_series_keeps_late_changes_and_refuses_bad_input() -> None:
         StepSeries(0)
     with pytest.raises(ValueError, match="bucket"):
         Ledger(bucket_seconds=0)
+
+
+def test_reading_as_rows_arrive_equals_rebuilding_after_a_restart(tmp_path: Path) -> None:
+    store = Store.open(sqlite_url(tmp_path / "wmla.sqlite"))
+    try:
+        live = Metering(store=store, clock=lambda: T0 + 20_000)
+        write_script(store, after=live.refresh)
+        rebuilt = Metering(store=store, clock=lambda: T0 + 20_000)
+        args = ("/project1", T0 - 3600, T0 + 14_400, 900, T0 + 20_000)
+        assert usage(live.ledger, *args) == usage(rebuilt.ledger, *args)
+        assert live.last_id == rebuilt.last_id == 14
+    finally:
+        store.close()
