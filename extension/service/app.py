@@ -99,6 +99,14 @@ class WmlaService(Application):
         c.WmlaService.backend_class = "extension.backends.local.LocalBackend"
         """,
     )
+    backend_options = Dict(
+        config=True,
+        help="""Keyword arguments for the backend class after (emit, nodes, state_dir), e.g. the
+        local backend's run_as_user, python or poll_interval.
+
+        c.WmlaService.backend_options = {"run_as_user": False}
+        """,
+    )
     device_layout = Unicode(
         "",
         config=True,
@@ -292,7 +300,10 @@ class WmlaService(Application):
             raise SystemExit(f"wmla: c.WmlaService.device_layout: {err}") from None
         backend_dir = Path(self.state_dir) / "backend"
         backend_dir.mkdir(parents=True, exist_ok=True)
-        return cls(emit, nodes, str(backend_dir))
+        try:
+            return cls(emit, nodes, str(backend_dir), **self.backend_options)
+        except TypeError as err:
+            raise SystemExit(f"wmla: c.WmlaService.backend_options: {err}") from None
 
     async def start_service(self) -> None:
         url = self.db_url or sqlite_url(Path(self.state_dir) / "wmla.sqlite")

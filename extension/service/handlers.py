@@ -52,6 +52,16 @@ class APIHandler(BaseHandler):
         self.set_header("Cache-Control", "no-store")
 
     def get_login_url(self) -> str:  # an API never redirects to a login page
+        if self.request.method not in ("GET", "HEAD", "OPTIONS") and self.get_cookie(
+            self.hub_auth.cookie_name
+        ):
+            # HubOAuth ignores the browser's cookie on a change without the _xsrf value, so
+            # that no other page can submit or cancel jobs in the user's name
+            raise APIError(
+                403,
+                "a browser request that changes something must send the _xsrf cookie's value "
+                "in an X-XSRFToken header",
+            )
         raise APIError(
             403,
             "not authenticated: send a hub API token (Authorization: token ...) that may "
@@ -99,11 +109,6 @@ class APIHandler(BaseHandler):
     def reply(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
         self.finish(json.dumps(data))
-
-    def check_xsrf_cookie(self) -> None:
-        # token-authenticated API calls skip XSRF; cookie-authenticated ones are checked by
-        # HubOAuth itself (it refuses a cookie on a cross-site POST without _xsrf)
-        return None
 
 
 def _errors(fn):
@@ -161,6 +166,7 @@ class IndexHandler(BaseHandler):
     def get(self) -> None:
         user = self.current_user
         prefix = self.settings["wmla_prefix"]
+        _ = self.xsrf_token  # sets the _xsrf cookie that the page's own API calls send back
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.finish(
             "<!doctype html><title>wmla</title><h1>wmla</h1>"

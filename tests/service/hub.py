@@ -51,6 +51,10 @@ for role in c.JupyterHub.load_roles:
     if role["name"] == "wmla-plan-admin":
         role["users"] = sorted(set(role["users"]) | {{"padmin"}})
 c.Authenticator.allowed_users = {{"padmin", "user1", "user2"}}
+# notebook servers here only prove what the service hands them (token scopes, environment);
+# plan admission of notebooks is the spawner's own suite (tests/spawner)
+c.JupyterHub.spawner_class = "simple"
+c.SimpleLocalProcessSpawner.home_dir_template = {storage!r} + "/{{username}}"
 c.JupyterHub.log_level = "INFO"
 """
 
@@ -81,6 +85,7 @@ class Hub:
                 base=str(REPO / "jupyterhub_config.py"),
                 service_traits=json.dumps(service_traits or {}),
                 token=self.token,
+                storage=str(self.storage),
             )
         )
         self.proc: subprocess.Popen | None = None

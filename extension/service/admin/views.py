@@ -1,0 +1,296 @@
+"""What the admin page shows and changes, computed from the service's ``Scheduler``.
+
+Pure functions over the scheduler's state (no tornado): the plan rows with their share bars, the
+form fields turned into the REST API's plan body (so validation and messages are the API's), a
+preview of the deserved shares that runs the same core (``extension.scheduler.schedule``) on a
+copy of the tree and the current jobs, the records of a move, and the instance view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from extension.scheduler import (
+    UNLIMITED,
+    PlanError,
+    PlanTree,
+    Resources,
+    Snapshot,
+    schedule,
+)
+from extension.scheduler.plans import ROOT, parent_of, split_path
+from extension.scheduler.resources import RESOURCES, format_amount
+
+from ..scheduling import Scheduler
+from ..store import PlanRecord
+
+ACTIONS = ("create", "update", "move", "delete")
+
+
+def amount(resource: str, value: float | None) -> str:
+    """``4``, ``500m``/``2`` cores, ``4Gi``; unlimited is ``-`` (the page says so in a title)."""
+    if value is None or value == UNLIMITED:
+        return "-"
+    if value == 0:
+        return "0"
+    text = format_amount(resource, value)
+    if text.endswith(" bytes memory"):  # not a whole number of Ki: plain bytes
+        return str(int(value))
+    return text.rsplit(" ", 1)[0]
+
+
+def vector(res: Resources | Mapping[str, float] | None, unlimited: bool = False) -> dict:
+    """Formatted gpu/cpu/memory of a vector (a ``Resources`` or the API's dict)."""
+    if res is None:
+        res = Resources()
+    if isinstance(res, Mapping):
+        fill = UNLIMITED if unlimited else 0
+        res = Resources(*(res.get(r, fill) for r in RESOURCES))
+    return {r: amount(r, v) for r, v in zip(RESOURCES, res)}
+
+
+def limit_form_value(resource: str, value: float) -> str:
+    """A limit as the form shows it (what the API accepts back): gpu count, cores, bytes."""
+    return "" if value == UNLIMITED else amount(resource, value)
+
+
+def plan_rows(sched: Scheduler) -> list[dict]:
+    """The tree depth first, parents before children, each row with its figures and, for a plan
+    with children, ``bar``: each child's share as a percentage of the siblings' total."""
+    rows: list[dict] = []
+
+    def visit(path: str, depth: int) -> None:
+        children = sched.plans.children(path)
+        total = sum(c.share for c in children) or 1.0
+        for child in children:
+            users, groups = sched.members.get(child.path, ([], []))
+            fig = sched.figures.get(child.path)
+            grand = sched.plans.children(child.path)
+            gtotal = sum(g.share for g in grand) or 1.0
+            rows.append(
+                {
+                    "path": child.path,
+                    "name": child.name,
+                    "parent": path,
+                    "depth": depth,
+                    "share": _num(child.share),
+                    "share_pct": round(100.0 * child.share / total, 1),
+                    "limit": vector(child.limit),
+                    "limit_raw": child.limit,
+                    "user_leaf": child.user_leaf,
+                    "users": list(users),
+                    "groups": list(groups),
+                    "deserved": vector(fig.deserved if fig else None),
+                    "allocated": vector(fig.allocated if fig else None),
+                    "demand": vector(fig.demand if fig else None),
+                    "pending": fig.pending if fig else 0,
+                    "running": fig.running if fig else 0,
+                    "bar": [
+                        {
+                            "name": g.name,
+                            "path": g.path,
+                            "share": _num(g.share),
+                            "pct": round(100.0 * g.share / gtotal, 1),
+                            "user_leaf": g.user_leaf,
+                        }
+                        for g in grand
+                    ],
+                }
+            )
+            visit(child.path, depth + 1)
+
+    visit(ROOT, 0)
+    return rows
+
+
+def root_bar(sched: Scheduler) -> list[dict]:
+    """The top-level plans' shares of the instance."""
+    top = sched.plans.children(ROOT)
+    total = sum(p.share for p in top) or 1.0
+    return [
+        {"name": p.name, "path": p.path, "share": _num(p.share),
+         "pct": round(100.0 * p.share / total, 1), "user_leaf": p.user_leaf}
+        for p in top
+    ]  # fmt: skip
+
+
+def _num(value: float) -> float | int:
+    return int(value) if value == int(value) else value
+
+
+# -- forms -> the API's plan body --------------------------------------------------------------
+def _share(text: str) -> Any:
+    """A number when it reads as one; else the text itself, so the core's message names it."""
+    text = (text or "").strip()
+    if not text:
+        return 1
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return int(value) if value.is_integer() else value
+
+
+def _names(text: str) -> list[str]:
+    return [n for n in (p.strip() for p in (text or "").replace("\n", ",").split(",")) if n]
+
+
+def plan_body(form: Mapping[str, str], with_path: bool) -> dict:
+    """The REST API's plan body from the form's fields (empty limit fields: unlimited)."""
+    body: dict[str, Any] = {"share": _share(form.get("share", ""))}
+    if with_path:
+        body["path"] = (form.get("path") or "").strip()
+    body["limit"] = {r: form[r].strip() for r in RESOURCES if (form.get(r) or "").strip()}
+    body["members"] = {"users": _names(form.get("users", "")),
+                       "groups": _names(form.get("groups", ""))}  # fmt: skip
+    return body
+
+
+def form_values(sched: Scheduler, path: str) -> dict[str, str]:
+    """The edit form of an existing plan, prefilled."""
+    rec = sched.record(path)
+    values = {
+        "path": path,
+        "share": str(_num(rec.share)),
+        "users": ", ".join(rec.users),
+        "groups": ", ".join(rec.groups),
+        "parent": parent_of(path),
+    }
+    for r, v in zip(RESOURCES, rec.limit):
+        values[r] = limit_form_value(r, v)
+    return values
+
+
+# -- move ------------------------------------------------------------------------------------
+def move_plan(sched: Scheduler, path: str, new_parent: str) -> tuple[list[PlanRecord], list[str]]:
+    """Records that re-create ``path``'s subtree under ``new_parent``, and the old paths to
+    delete (deepest first). User leaves are dropped: they come back on a user's next submission,
+    as when a plan is deleted. Refused (PlanError) when it would go under itself."""
+    new_parent = (new_parent or "").strip() or ROOT
+    if new_parent != ROOT:
+        split_path(new_parent)  # the core's message for a malformed path
+        if new_parent not in sched.plans:
+            raise PlanError(f"there is no plan {new_parent!r} to move {path} under")
+    if new_parent == path or new_parent.startswith(path + "/"):
+        raise PlanError(f"cannot move {path} under itself ({new_parent})")
+    if new_parent == parent_of(path):
+        raise PlanError(f"{path} is already under {new_parent}")
+    prefix = (new_parent.rstrip("/") if new_parent != ROOT else "") + "/" + path.rsplit("/", 1)[1]
+    subtree = [p for p in sched.plans if p.path == path or p.path.startswith(path + "/")]
+    records = []
+    for plan in subtree:  # sorted by path: parents first
+        if plan.user_leaf:
+            continue
+        users, groups = sched.members.get(plan.path, ([], []))
+        new_path = prefix + plan.path[len(path):]
+        if new_path in sched.plans:
+            raise PlanError(f"cannot move {path} to {prefix}: plan {new_path} already exists")
+        records.append(PlanRecord(new_path, plan.share, plan.limit, False, users, groups))
+    delete = [p.path for p in sorted(subtree, key=lambda p: -p.path.count("/"))]
+    return records, delete
+
+
+# -- preview -----------------------------------------------------------------------------------
+def apply_to_copy(
+    tree: PlanTree, records: list[PlanRecord], create: bool, delete: list[str]
+) -> PlanTree:
+    """The change on a copy of the tree, validated by the core as ``change_plans`` does."""
+    tree = tree.copy()
+    for path in delete:
+        tree.remove(path)
+    for rec in records:
+        if create:
+            tree.add(rec.path, rec.share, rec.limit)
+        else:
+            tree.update(rec.path, rec.share, rec.limit)
+    return tree
+
+
+def preview(
+    sched: Scheduler, records: list[PlanRecord], create: bool, delete: list[str], now: float
+) -> list[dict]:
+    """Deserved shares before and after the change, from the same core on a copy of the tree
+    and of the current jobs (jobs under deleted plans leave with them). Each row: path, share of
+    its parent (%) before and after, deserved gpu/cpu before and after, changed."""
+    after_tree = apply_to_copy(sched.plans, records, create, delete)
+    gone = tuple(delete)
+    jobs = [
+        replace(j)
+        for j in sched.jobs.values()
+        if j.plan in after_tree and not any(j.leaf == d or j.leaf.startswith(d + "/") for d in gone)
+    ]
+    result = schedule(Snapshot(after_tree, sched.instance, jobs, sched.config), now)
+    before, after = sched.figures, result.plans
+    paths = sorted({p.path for p in sched.plans} | {p.path for p in after_tree})
+    rows = []
+    for path in paths:
+        b, a = before.get(path), after.get(path)
+        pb = _pct(sched.plans, path)
+        pa = _pct(after_tree, path)
+        row = {
+            "path": path,
+            "pct_before": pb,
+            "pct_after": pa,
+            "gpu_before": amount("gpu", b.deserved.gpu) if b else "",
+            "gpu_after": amount("gpu", a.deserved.gpu) if a else "",
+            "cpu_before": amount("cpu", b.deserved.cpu) if b else "",
+            "cpu_after": amount("cpu", a.deserved.cpu) if a else "",
+            "state": "removed" if path not in after_tree else
+                     "new" if path not in sched.plans else "",
+        }  # fmt: skip
+        row["changed"] = bool(row["state"]) or (pb, row["gpu_before"], row["cpu_before"]) != (
+            pa, row["gpu_after"], row["cpu_after"]
+        )
+        rows.append(row)
+    return rows
+
+
+def _pct(tree: PlanTree, path: str) -> float | None:
+    if path not in tree:
+        return None
+    siblings = tree.children(parent_of(path))
+    total = sum(p.share for p in siblings) or 1.0
+    return round(100.0 * tree.get(path).share / total, 1)
+
+
+# -- instance ----------------------------------------------------------------------------------
+def instance_view(sched: Scheduler, limit_range: Mapping[str, Any]) -> dict:
+    """Capacity, quota, limit-range defaults, and per node: capacity, held, free devices."""
+    inst = sched.instance
+    held: dict[str, Resources] = {n.name: Resources() for n in inst.nodes}
+    for job in sched.jobs.values():
+        for node in job.placement:
+            if node in held:
+                held[node] = held[node].plus(job.per_worker)
+    nodes = []
+    for n in inst.nodes:
+        free = n.capacity.minus(held[n.name])
+        nodes.append(
+            {
+                "name": n.name,
+                "capacity": vector(n.capacity),
+                "held": vector(held[n.name]),
+                "free": vector(Resources(*(max(0, v) for v in free))),
+                "gpu_total": int(n.capacity.gpu),
+                "gpu_free": max(0, int(free.gpu)),
+            }
+        )
+    lr = {
+        k: vector(limit_range.get(k) or {}, unlimited=k in ("max",))
+        for k in ("min", "max", "default", "default_request")
+    }
+    root = sched.figures.get(ROOT)
+    return {
+        "capacity": vector(inst.capacity),
+        "quota": vector(inst.quota),
+        "max_jobs": inst.max_jobs,
+        "limit_range": lr,
+        "ratio": dict(limit_range.get("max_limit_request_ratio") or {}),
+        "nodes": nodes,
+        "allocated": vector(root.allocated if root else None),
+        "demand": vector(root.demand if root else None),
+        "running": root.running if root else 0,
+        "pending": root.pending if root else 0,
+    }
