@@ -97,11 +97,23 @@ class _Track:
 class Ledger:
     """All plan nodes' requested and used step functions; see the module docstring."""
 
-    def __init__(self, bucket_seconds: float = 3600, full_resolution_seconds: float = 7 * 86400):
+    def __init__(
+        self,
+        bucket_seconds: float = 3600,
+        full_resolution_seconds: float = 7 * 86400,
+        retention_seconds: float = 400 * 86400,
+    ) -> None:
         if bucket_seconds <= 0 or full_resolution_seconds < 0:
             raise ValueError("bucket must be > 0 and the full-resolution window >= 0 seconds")
+        if retention_seconds < full_resolution_seconds:
+            raise ValueError(
+                f"retention ({retention_seconds:g} s) must be at least the full-resolution "
+                f"window ({full_resolution_seconds:g} s)"
+            )
         self.bucket = ms(bucket_seconds)
         self.window = ms(full_resolution_seconds)
+        self.retention = ms(retention_seconds)
+        self.kept_from = 0  # ms; nothing before it is kept (retention)
         self.nodes: dict[str, Node] = {ROOT: Node(ROOT, self.bucket)}
         self.owners: dict[str, str] = {}  # user leaf -> user
         self._jobs: dict[str, _Track] = {}
@@ -151,14 +163,18 @@ class Ledger:
             self.apply(fact)
 
     def compact(self, now: float) -> None:
-        """Downsample history older than the full-resolution window into buckets."""
+        """Downsample history older than the full-resolution window into buckets; forget what
+        is older than the retention."""
         horizon = (ms(now) - self.window) // self.bucket * self.bucket
         if horizon <= self.horizon:
             return
         self.horizon = horizon
+        cutoff = max(0, (ms(now) - self.retention) // self.bucket * self.bucket)
+        self.kept_from = max(self.kept_from, cutoff)
         for node in self.nodes.values():
-            node.requested.compact(horizon)
-            node.used.compact(horizon)
+            for series in (node.requested, node.used):
+                series.compact(horizon)
+                series.trim(cutoff)
 
     # -- reading ---------------------------------------------------------------------------------
     def children(self, path: str) -> list[str]:

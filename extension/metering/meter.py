@@ -51,6 +51,15 @@ class Metering(LoggingConfigurable):
         c.Metering.bucket = 3600
         """,
     )
+    retention = Float(
+        400 * 86400.0,
+        config=True,
+        help="""Seconds of history kept at all (as buckets); older usage reads as zero. At least
+        full_resolution.
+
+        c.Metering.retention = 2 * 365 * 86400
+        """,
+    )
     max_points = Int(
         11_000,
         config=True,
@@ -92,7 +101,7 @@ class Metering(LoggingConfigurable):
         super().__init__(**kwargs)
         self.store = store
         self.clock = clock
-        self.ledger = Ledger(self.bucket, self.full_resolution)
+        self.ledger = Ledger(self.bucket, self.full_resolution, self.retention)
         self.last_id = 0
         self.figures: dict = {}
         self.cycles = 0

@@ -70,8 +70,8 @@ class StepSeries:
         horizon = self.horizon
         if horizon is not None and t < horizon:
             origin = self.b0 * self.bucket
-            if t <= origin:
-                return ZERO
+            if t <= origin:  # before what is kept (zero, or dropped by retention)
+                return self.bcum[0]
             j, rest = divmod(t - origin, self.bucket)
             low = self.bcum[j]
             if rest == 0:
@@ -159,6 +159,16 @@ class StepSeries:
             values[j] = add(values[j], delta)
         for j in range(i + 1, len(times)):
             cum[j] = add(cum[j - 1], scale(values[j - 1], times[j] - times[j - 1]))
+
+    def trim(self, cutoff: int) -> None:
+        """Forget the buckets before ``cutoff`` (retention); the integral before what is kept
+        reads as constant, so no range counts anything from before ``cutoff``."""
+        if not self.bcum:
+            return
+        drop = min((cutoff - self.b0 * self.bucket) // self.bucket, len(self.bcum) - 1)
+        if drop > 0:
+            del self.bcum[:drop]
+            self.b0 += drop
 
     def compact(self, horizon: int) -> None:
         """Keep only bucket integrals before ``horizon`` (a multiple of ``bucket``)."""

@@ -127,6 +127,7 @@ def usage(
         "step": dt / 1000,
         "now": t_now / 1000,
         "exact_from": ledger.horizon / 1000,
+        "kept_from": ledger.kept_from / 1000,
         "units": {
             "series": {"gpu": "devices", "cpu": "millicores", "memory": "bytes"},
             "totals": "gpu_hours: device-hours, cpu_hours: core-hours, memory_gib_hours",

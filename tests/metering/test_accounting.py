@@ -186,6 +186,19 @@ def test_downsampled_history_stays_exact_on_bucket_boundaries(scripted: Store) -
     assert sum(halves["series"]["used"]["gpu"]) * 0.5 == pytest.approx(hours(USED_A + USED_B))
 
 
+def test_retention_forgets_older_history_and_says_so(scripted: Store) -> None:
+    later = T0 + 30 * 86400
+    meter = Metering(
+        store=scripted, clock=lambda: later, full_resolution=86400, retention=10 * 86400
+    )
+    answer = usage(meter.ledger, "/project1", T0 - 86400, later, 86400, later)
+    assert answer["kept_from"] == later - 10 * 86400
+    assert answer["totals"]["requested"]["gpu_hours"] == 0  # all of it was 30 days ago
+    assert meter.ledger.nodes["/project1"].used.b0 * 3600 == later - 10 * 86400
+    with pytest.raises(ValueError, match="at least the full-resolution"):
+        Ledger(full_resolution_seconds=86400, retention_seconds=3600)
+
+
 # -- property: leaves add up to their parents, and match a naive integration ------------------
 LEAVES = ["/a/x/u1", "/a/x/u2", "/a/y/u1", "/b/u3", "/b/z/w/u4"]
 EVENTS = st.lists(
@@ -224,7 +237,7 @@ def _naive(facts: list[Fact], leaf_filter, a: int, b: int) -> Fraction:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(EVENTS, st.integers(0, 50_000), st.integers(1, 20_000), st.integers(-1, 40))
 def test_leaves_add_up_to_parents_over_random_histories(events, a, span, compact_at) -> None:
-    ledger = Ledger(bucket_seconds=3600, full_resolution_seconds=2 * 3600)
+    ledger = Ledger(3600, full_resolution_seconds=2 * 3600, retention_seconds=5 * 3600)
     facts: list[Fact] = []
     leaf_of: dict[int, str] = {}
     ended: set[int] = set()
