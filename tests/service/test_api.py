@@ -258,7 +258,7 @@ def test_s3_user_leaf_logs_metrics_and_history(hub: Hub) -> None:
 
 def test_users_see_only_their_own_jobs(hub: Hub) -> None:
     user1, user2, admin = hub.clients["user1"], hub.clients["user2"], hub.clients["admin"]
-    r = user1.post("/jobs", json=job_body("/sample-project/training", seconds=60))
+    r = user1.post("/jobs", json=job_body("/sample-project/training", seconds=300))
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
     user1.wait_state(job_id, {"RUNNING"})
@@ -481,7 +481,7 @@ def test_a_notebook_servers_token_reaches_the_service(hub: Hub) -> None:
 
 def test_restart_of_the_service_loses_nothing(hub: Hub) -> None:
     admin, user1 = hub.clients["admin"], hub.clients["user1"]
-    r = user1.post("/jobs", json=job_body("/sample-project/training", seconds=30))
+    r = user1.post("/jobs", json=job_body("/sample-project/training", seconds=300))
     assert r.status_code == 201
     running = r.json()["id"]
     user1.wait_state(running, {"RUNNING"})
