@@ -83,3 +83,5 @@ c.JupyterHub.services = services(
 )
 c.JupyterHub.custom_scopes = custom_scopes()
 c.JupyterHub.load_roles = roles(admin_users=ADMINS)
+# hub pages: a "Plans" link to the wmla admin page for plan admins (hub_config/templates)
+c.JupyterHub.template_paths = [str(ROOT / "hub_config" / "templates")]
