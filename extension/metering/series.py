@@ -10,11 +10,13 @@ Everything is integer arithmetic so that resource-hours are exact and the sum of
 
 A ``StepSeries`` holds two regions. From its ``horizon`` on, every change point is kept (full
 resolution): ``times``, the value from each time on, and the cumulative integral up to each time,
-so the integral over any range is two binary searches. Before the horizon only the cumulative
-integral at every bucket boundary is kept (``bucket`` ms apart): integrals between bucket
-boundaries stay exact; a range edge that falls inside an old bucket is apportioned linearly
-(as an exact ``Fraction``, so additivity still holds). ``compact(horizon)`` moves the horizon
-forward; every series of one ledger is compacted to the same horizon on the same grid.
+so the integral over any range is two binary searches. Before the horizon only each bucket's
+integral is kept (``bucket`` ms wide), and only where it differs from the bucket before (a run of
+equal buckets, such as a month of idleness, is one entry): integrals between bucket boundaries
+stay exact; a range edge that falls inside an old bucket is apportioned linearly (as an exact
+``Fraction``, so additivity still holds). ``compact(horizon)`` moves the horizon forward and
+``trim(cutoff)`` forgets what is older than the retention; every series of one ledger is
+compacted to the same horizon on the same grid.
 """
 
 from __future__ import annotations
@@ -41,14 +43,21 @@ def scale(a: Vec, k: int) -> Vec:
 class StepSeries:
     """A right-continuous step function, zero before its first change."""
 
-    __slots__ = ("bucket", "b0", "bcum", "times", "values", "cum")
+    __slots__ = ("bucket", "old_end", "otimes", "orates", "ocum", "times", "values", "cum")
 
     def __init__(self, bucket: int) -> None:
         if bucket <= 0:
             raise ValueError("bucket must be a positive number of milliseconds")
         self.bucket = bucket
-        self.b0 = 0  # index of the first bucket boundary in bcum
-        self.bcum: list[Vec] = []  # integral up to boundary (b0 + j) * bucket
+        # downsampled history, before old_end: from otimes[i] (a bucket boundary) on, every
+        # bucket's integral is orates[i], until the next entry; ocum[i] is the integral up to
+        # otimes[i]. An entry is added only when the per-bucket integral changes, so an idle
+        # stretch costs nothing however long it is.
+        self.old_end: int | None = None
+        self.otimes: list[int] = []
+        self.orates: list[Vec] = []
+        self.ocum: list[Vec] = []
+        # full resolution, from old_end on
         self.times: list[int] = []
         self.values: list[Vec] = []
         self.cum: list[Vec] = []  # integral up to times[i]
@@ -57,50 +66,48 @@ class StepSeries:
     @property
     def horizon(self) -> int | None:
         """Start of the full-resolution region (None: nothing was compacted yet)."""
-        if not self.bcum:
-            return None
-        return (self.b0 + len(self.bcum) - 1) * self.bucket
+        return self.old_end
 
     def current(self) -> Vec:
         return self.values[-1] if self.values else ZERO
 
+    def _old(self, t: int) -> tuple:
+        """Integral up to ``t`` inside the downsampled region (exact on bucket boundaries;
+        inside a bucket its integral is spread evenly, as an exact Fraction)."""
+        k = bisect_right(self.otimes, t) - 1
+        if k < 0:  # before what is kept (nothing, or dropped by retention)
+            return self.ocum[0] if self.ocum else ZERO
+        base, r = self.ocum[k], self.orates[k]
+        q, rest = divmod(t - self.otimes[k], self.bucket)
+        if rest == 0 or r == ZERO:
+            return (base[0] + r[0] * q, base[1] + r[1] * q, base[2] + r[2] * q)
+        f = Fraction(t - self.otimes[k], self.bucket)
+        return (base[0] + r[0] * f, base[1] + r[1] * f, base[2] + r[2] * f)
+
+    def _points(self, t: int) -> Vec:
+        """Integral up to ``t`` from the full-resolution points (``t`` at or after them)."""
+        k = bisect_right(self.times, t) - 1
+        if k < 0:
+            return ZERO
+        c, v, dt = self.cum[k], self.values[k], t - self.times[k]
+        return (c[0] + v[0] * dt, c[1] + v[1] * dt, c[2] + v[2] * dt)
+
     def integral_to(self, t: int) -> tuple:
         """Integral from the beginning of time up to ``t`` (ints, or Fractions inside an old
         bucket)."""
-        horizon = self.horizon
-        if horizon is not None and t < horizon:
-            origin = self.b0 * self.bucket
-            if t <= origin:  # before what is kept (zero, or dropped by retention)
-                return self.bcum[0]
-            j, rest = divmod(t - origin, self.bucket)
-            low = self.bcum[j]
-            if rest == 0:
-                return low
-            d = sub(self.bcum[j + 1], low)
-            f = Fraction(rest, self.bucket)
-            return (low[0] + d[0] * f, low[1] + d[1] * f, low[2] + d[2] * f)
-        times = self.times
-        k = bisect_right(times, t) - 1
-        if k < 0:
-            return ZERO
-        c, v, dt = self.cum[k], self.values[k], t - times[k]
-        return (c[0] + v[0] * dt, c[1] + v[1] * dt, c[2] + v[2] * dt)
+        if self.old_end is not None and t < self.old_end:
+            return self._old(t)
+        return self._points(t)
 
     def integrals(self, bounds: list[int]) -> list[tuple]:
         """``integral_to`` at each of ascending ``bounds``."""
         out: list[tuple] = []
         times, values, cum = self.times, self.values, self.cum
-        horizon = self.horizon
-        bucket, bcum = self.bucket, self.bcum
-        origin = self.b0 * bucket
+        old_end = self.old_end
         k = 0
         for t in bounds:
-            if horizon is not None and t < horizon:
-                j, rest = divmod(t - origin, bucket)
-                if rest == 0 and j >= 0:  # on the grid: read it off
-                    out.append(bcum[j])
-                else:
-                    out.append(self.integral_to(t))
+            if old_end is not None and t < old_end:
+                out.append(self._old(t))
                 continue
             # a binary search from where the last bound was found: O(log n) per bound
             k = bisect_right(times, t, k) - 1
@@ -161,37 +168,53 @@ class StepSeries:
             cum[j] = add(cum[j - 1], scale(values[j - 1], times[j] - times[j - 1]))
 
     def trim(self, cutoff: int) -> None:
-        """Forget the buckets before ``cutoff`` (retention); the integral before what is kept
-        reads as constant, so no range counts anything from before ``cutoff``."""
-        if not self.bcum:
+        """Forget downsampled history before ``cutoff`` (retention; on the bucket grid, not past
+        the horizon): the integral before what is kept reads as constant, so no range counts
+        anything from before ``cutoff``."""
+        if not self.otimes or cutoff <= self.otimes[0]:
             return
-        drop = min((cutoff - self.b0 * self.bucket) // self.bucket, len(self.bcum) - 1)
-        if drop > 0:
-            del self.bcum[:drop]
-            self.b0 += drop
+        if self.old_end is not None:
+            cutoff = min(cutoff, self.old_end)
+        k = bisect_right(self.otimes, cutoff) - 1
+        base = self._old(cutoff)
+        self.otimes[k], self.ocum[k] = cutoff, base
+        del self.otimes[:k], self.orates[:k], self.ocum[:k]
 
     def compact(self, horizon: int) -> None:
-        """Keep only bucket integrals before ``horizon`` (a multiple of ``bucket``)."""
-        if horizon % self.bucket:
+        """Downsample everything before ``horizon`` (a multiple of ``bucket``)."""
+        bucket = self.bucket
+        if horizon % bucket:
             raise ValueError("the horizon must lie on the bucket grid")
-        current = self.horizon
+        current = self.old_end
         if current is not None and horizon <= current:
             return
-        if not self.times:
+        times, values = self.times, self.values
+        if not times:
             return  # never had a value: nothing to keep
         if current is None:
-            if self.times[0] >= horizon:
+            if times[0] >= horizon:
                 return  # all of it is still recent
-            self.b0 = self.times[0] // self.bucket
-            self.bcum = [ZERO]
-            current = self.b0 * self.bucket
-        boundaries = list(range(current + self.bucket, horizon + 1, self.bucket))
-        self.bcum.extend(self.integrals(boundaries))
-        k = bisect_right(self.times, horizon) - 1
-        if self.times[k] == horizon:
-            keep = k
-        else:
-            self.times[k] = horizon
-            self.cum[k] = self.bcum[-1]
-            keep = k
-        del self.times[:keep], self.values[:keep], self.cum[:keep]
+            current = times[0] // bucket * bucket
+        n = len(times)
+        b = current
+        while b < horizon:
+            k = bisect_right(times, b) - 1
+            nxt = times[k + 1] if k + 1 < n else None
+            if nxt is None or nxt >= b + bucket:
+                # no change inside the next whole buckets: one rate for all of them
+                v = values[k] if k >= 0 else ZERO
+                rate = scale(v, bucket)
+                end = horizon if nxt is None else min(horizon, nxt // bucket * bucket)
+            else:
+                rate = sub(self._points(b + bucket), self._points(b))
+                end = b + bucket
+            if not self.orates or self.orates[-1] != rate:
+                self.otimes.append(b)
+                self.orates.append(rate)
+                self.ocum.append(self._points(b))
+            b = end
+        at_horizon = self._points(horizon)
+        k = bisect_right(times, horizon) - 1
+        times[k], self.cum[k] = horizon, at_horizon  # the value in effect at the horizon
+        del times[:k], values[:k], self.cum[:k]
+        self.old_end = horizon
