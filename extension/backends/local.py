@@ -37,6 +37,7 @@ import os
 import pwd
 import random
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -366,6 +367,11 @@ class LocalBackend:
     def devices_in_use(self) -> dict[str, list[int]]:
         return {node: sorted(used) for node, used in self._used.items() if used}
 
+    def gang_devices(self, job_id: str) -> list[tuple[str, tuple[int, ...]]]:
+        """(node, device indexes) of each worker of a gang this backend runs, by rank."""
+        gang = self._gangs.get(job_id)
+        return [(w.node, w.devices) for w in gang.workers] if gang else []
+
     def worker_pids(self, job_id: str) -> list[int]:
         gang = self._gangs.get(job_id)
         return [w.pid for w in gang.workers] if gang else []
@@ -393,6 +399,8 @@ class LocalBackend:
                 f"job {spec.id}: workdir must be an absolute path, got {spec.workdir!r}"
             )
         account = self._account(spec)
+        if account is not None:
+            _check_reachable(spec, command, account)
         devices = self._allocate(spec, placement)
         launch = uuid.uuid4().hex[:12]
         workers: list[_Worker] = []
@@ -888,6 +896,54 @@ class LocalBackend:
             raise RuntimeError("this LocalBackend is closed; make a new one over the state_dir")
 
 
+def _check_reachable(spec: JobSpec, command: list[str], account: pwd.struct_passwd) -> None:
+    """Fail early, and clearly, when the account cannot run the program (or read the script)."""
+    program = command[0]
+    if os.sep not in program:
+        found = shutil.which(program)
+        program = found or program
+    paths = [(program, os.X_OK)]
+    if os.path.basename(program).startswith("python") and len(command) > 1:
+        if os.path.isabs(command[1]) and os.path.isfile(command[1]):
+            paths.append((command[1], os.R_OK))
+    for path, mode in paths:
+        if not os.path.exists(path):
+            continue  # the launcher reports a missing program (exit code 127)
+        blocked = _blocked_for(path, account, mode)
+        if blocked:
+            raise StartError(
+                f"job {spec.id}: user {account.pw_name!r} cannot "
+                f"{'run' if mode == os.X_OK else 'read'} {path} ({blocked}); put it where the "
+                "account can reach it, point LocalBackend(python=...) at such an interpreter, "
+                "or set run_as_user=False"
+            )
+
+
+def _blocked_for(path: str, account: pwd.struct_passwd, mode: int) -> str:
+    """Why ``account`` cannot use ``path`` with ``mode`` (from the permission bits), or ''."""
+    groups = set(os.getgrouplist(account.pw_name, account.pw_gid))
+
+    def allowed(st: os.stat_result, bit: int) -> bool:
+        if account.pw_uid == 0:
+            return True
+        if st.st_uid == account.pw_uid:
+            return bool(st.st_mode & (bit << 6))
+        if st.st_gid in groups:
+            return bool(st.st_mode & (bit << 3))
+        return bool(st.st_mode & bit)
+
+    real = os.path.realpath(path)
+    for route in (os.path.abspath(path), real):  # the path as given, then where links lead
+        parts = route.split(os.sep)
+        for i in range(1, len(parts)):
+            folder = os.sep.join(parts[:i]) or os.sep
+            if not allowed(os.stat(folder), 1):
+                return f"no access to the directory {folder}"
+    if not allowed(os.stat(real), 1 if mode == os.X_OK else 4):
+        return f"{real} is not {'executable' if mode == os.X_OK else 'readable'} for it"
+    return ""
+
+
 def _check_worker(worker: _Worker) -> None:
     """Bring ``worker.done`` / ``exit_code`` up to date without blocking."""
     if worker.proc is not None:
@@ -996,6 +1052,4 @@ def _ranks_with_logs(logs_dir: str) -> list[int]:
 
 
 def _rmtree(path: str) -> None:
-    import shutil
-
     shutil.rmtree(path)

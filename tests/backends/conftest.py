@@ -117,6 +117,9 @@ class Rig:
     def backend(self, layout: str = "1x4", events: Events | None = None, **options) -> LocalBackend:
         options.setdefault("poll_interval", 0.05)
         options.setdefault("real_gpus", False)
+        # Other tests on this machine create accounts named like our users; run as the service
+        # unless a test is about accounts.
+        options.setdefault("run_as_user", False)
         nodes = detect_nodes(layout, cpu_millicores=4000, memory_bytes=8 * 2**30)
         backend = LocalBackend(events or self.events, nodes, self.state_dir, **options)
         self.backends.append(backend)

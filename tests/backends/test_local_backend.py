@@ -385,13 +385,28 @@ async def test_by_default_a_user_without_an_account_runs_as_the_service(local_ri
     user = "wmla-no-such-account"
     with pytest.raises(KeyError):
         pwd.getpwnam(user)
-    backend = local_rig.backend()  # run_as_user=None: only where the account exists
+    backend = local_rig.backend(run_as_user=None)  # only where the account exists
     dump = local_rig.base / "env_dump.py"
     dump.write_text(ENV_DUMP)
     await backend.start(local_rig.spec("as-svc", ["python", str(dump)], user=user), ("local",))
     await local_rig.events.wait("as-svc", "finished")
     env = json.loads((local_rig.workdir("as-svc", user) / "env-0.json").read_text())
     assert env["uid"] == os.geteuid()
+
+
+@needs_root
+async def test_an_interpreter_the_account_cannot_reach_fails_clearly(local_rig) -> None:
+    hidden = local_rig.shared / "private"
+    hidden.mkdir(mode=0o700)
+    program = hidden / "python"
+    program.symlink_to(sys.executable)
+    backend = local_rig.backend(run_as_user=True, python=str(program))
+    workdir = local_rig.shared / "nobody" / "jobs" / "unreachable"
+    await backend.start(local_rig.spec("unreachable", user="nobody", workdir=workdir), ("local",))
+    event = await local_rig.events.wait("unreachable", "failed")
+    assert f"user 'nobody' cannot run {program}" in event.message
+    assert f"no access to the directory {hidden}" in event.message
+    assert backend.devices_in_use() == {}
 
 
 async def test_run_as_user_required_but_no_account_fails_with_a_clear_message(local_rig) -> None:
