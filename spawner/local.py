@@ -18,7 +18,16 @@ from traitlets import Bool, Integer, Unicode, default
 
 from .kernel import install_startup
 from .mixin import WmlaSpawnerMixin
-from .storage import Account, create_account, ensure_folder, find_account, is_root, user_folder
+from .storage import (
+    Account,
+    StorageError,
+    create_account,
+    ensure_folder,
+    find_account,
+    is_root,
+    unreachable,
+    user_folder,
+)
 
 NOT_ROOT_WARNING = (
     "\n!!! wmla: the hub does not run as root, so every notebook server runs as the hub's own "
@@ -101,8 +110,6 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         account = find_account(name, self.min_uid)
         if account is None:
             if not self.create_system_users:
-                from .storage import StorageError
-
                 raise StorageError(
                     f"no system account {name!r} for hub user {self.user.name}; create it, or "
                     "set c.WmlaLocalSpawner.create_system_users = True"
@@ -114,6 +121,15 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
 
     def _prepare(self) -> tuple[Path, Account | None]:
         account = self.wmla_account()
+        if account is not None and self.cmd:
+            why = unreachable(self.cmd[0], account)
+            if why:
+                raise StorageError(
+                    f"{self.user.name}'s server would run as system account {account.name}, "
+                    f"which cannot start {self.cmd[0]}: {why}. Install Python where every "
+                    "account can read it (or point c.Spawner.cmd at such a Python), or set "
+                    "c.WmlaLocalSpawner.system_users = False"
+                )
         folder = ensure_folder(self.storage_root, self.user.name, account)
         if self.autoload_magics:
             install_startup(folder / ".ipython", folder, account)

@@ -390,11 +390,12 @@ class WmlaSpawnerMixin(LoggingConfigurable):
             except WmlaError as err:
                 self.log.warning("%s: looking at job %s: %s", self._log_name, job["id"], err)
 
-    async def wmla_release(self) -> None:
+    async def wmla_release(self, job_id: str | None = None) -> None:
         """Cancel the notebook job (releases the plan's resources); never raises."""
         from extension.client import WmlaError
 
-        job_id, self.wmla_job_id = self.wmla_job_id, ""
+        job_id = job_id or self.wmla_job_id
+        self.wmla_job_id = ""
         if not job_id:
             return
         try:
@@ -411,10 +412,11 @@ class WmlaSpawnerMixin(LoggingConfigurable):
 
     async def stop(self, now: bool = False) -> None:
         self._wmla_stopping = True
+        job_id = self.wmla_job_id  # LocalProcessSpawner.stop() clears the state
         try:
             await super().stop(now=now)
         finally:
-            await self.wmla_release()
+            await self.wmla_release(job_id)
 
     # -- environment for the client and the magics ------------------------------------------------
     def wmla_env(self, folder: str, ipython_dir: str | None) -> dict[str, str]:

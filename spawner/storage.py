@@ -118,3 +118,58 @@ def chown_tree(path: Path, stop: Path, account: Account | None) -> None:
     while path != stop and stop in path.parents:
         os.chown(path, account.uid, account.gid, follow_symlinks=False)
         path = path.parent
+
+
+def _allows(info: os.stat_result, account: Account, bit: int) -> bool:
+    """Whether mode bits grant ``bit`` (1 = x, 4 = r) to the account (no ACLs considered)."""
+    if info.st_uid == account.uid:
+        return bool(info.st_mode & (bit << 6))
+    try:
+        groups = os.getgrouplist(account.name, account.gid)
+    except OSError:
+        groups = [account.gid]
+    if info.st_gid in groups:
+        return bool(info.st_mode & (bit << 3))
+    return bool(info.st_mode & bit)
+
+
+def unreachable(program: str, account: Account) -> str | None:
+    """Why ``account`` cannot run ``program`` (and its ``#!`` interpreter), or None.
+
+    Checked before the server starts: otherwise the failure is an opaque "Exception occurred in
+    preexec_fn" or a PermissionError from exec, e.g. a Python installed under /root (0700).
+    """
+    path = shutil.which(program) or program
+    seen = 0
+    while path and seen < 4:  # the program, then its interpreter (and theirs)
+        seen += 1
+        real = Path(os.path.realpath(path))
+        for folder in [*reversed(real.parents)]:
+            try:
+                info = folder.stat()
+            except OSError as err:
+                return f"{folder}: {err.strerror}"
+            if not _allows(info, account, 1):
+                return f"{folder} (mode {stat_mode(info)}) is not open to {account.name}"
+        try:
+            info = real.stat()
+        except OSError as err:
+            return f"{real}: {err.strerror}"
+        if not _allows(info, account, 1):
+            return f"{real} is not executable by {account.name}"
+        try:
+            with open(real, "rb") as f:
+                head = f.readline(200)
+        except OSError:
+            return None
+        if not head.startswith(b"#!"):
+            return None
+        words = head[2:].decode(errors="replace").split()
+        path = words[0] if words else ""
+        if path.endswith("/env") and len(words) > 1:
+            path = shutil.which(words[1]) or words[1]
+    return None
+
+
+def stat_mode(info: os.stat_result) -> str:
+    return oct(info.st_mode & 0o7777)[2:].rjust(4, "0")

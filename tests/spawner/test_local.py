@@ -1,0 +1,359 @@
+"""WmlaLocalSpawner through a real JupyterHub, real proxy, the real wmla service and real servers.
+
+The hub runs from the repository's jupyterhub_config.py (as tests/service/hub.py starts it) with
+spawner settings added. When this machine runs the tests as root and has useradd, the fixture
+creates two system accounts (one per hub user, removed in teardown) and the spawner runs each
+server as its account: reading the other user's folder then fails at the OS level (S6). Without
+root only the API-level isolation is checked (the spawner runs every server as the hub's account
+and says so in the log).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import secrets
+import shutil
+import site
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from spawner.storage import Account, unreachable
+from tests.service.hub import PROXY, REPO, Client, Hub
+
+pytestmark = pytest.mark.skipif(
+    not PROXY.exists(), reason="configurable-http-proxy is missing: run `make install`"
+)
+
+AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("useradd") is not None
+PREFIX = f"wt{secrets.token_hex(3)}-"  # unique accounts: other runs on this machine keep theirs
+
+SPAWNER_CONFIG = """
+c.JupyterHub.spawner_class = "wmla-local"
+c.WmlaLocalSpawner.storage_root = {storage!r}
+c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}
+c.WmlaLocalSpawner.system_user_template = {template!r}
+c.WmlaLocalSpawner.create_system_users = False
+c.WmlaLocalSpawner.user_plans = {{"user1": "/project1/dev-team"}}
+c.WmlaLocalSpawner.notebook_cpu = "100m"
+c.WmlaLocalSpawner.notebook_memory = "64Mi"
+c.WmlaLocalSpawner.admission_poll_interval = 0.3
+c.WmlaLocalSpawner.profiles = [
+    {{"slug": "cpu", "display_name": "CPU only", "default": True}},
+    {{"slug": "one-gpu", "display_name": "1 GPU", "gpu": 1}},
+    {{"slug": "huge", "display_name": "8 GPUs", "gpu": 8}},
+]
+c.Spawner.start_timeout = 120
+c.Spawner.http_timeout = 90
+"""
+
+
+RUNNER_PATH = os.pathsep.join([*site.getsitepackages(), str(REPO)])
+RUNNER_CONFIG = """
+c.Spawner.cmd = [{python!r}, "-m", "jupyterhub.singleuser"]
+c.Spawner.environment["PYTHONPATH"] = {path!r}
+"""
+
+
+def account(user: str) -> str:
+    return PREFIX + user
+
+
+def server_python(name: str) -> str | None:
+    """None when the account can run the venv's jupyterhub-singleuser, else a Python it can run
+    (the system one, same major.minor) or a skip when there is none."""
+    entry = pwd.getpwnam(name)
+    acct = Account(name, entry.pw_uid, entry.pw_gid)
+    singleuser = str(Path(sys.executable).with_name("jupyterhub-singleuser"))
+    if unreachable(singleuser, acct) is None:
+        return None
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    system = shutil.which(version, path="/usr/bin:/usr/local/bin")
+    if system is None or unreachable(system, acct) is not None:
+        pytest.skip(f"no Python that system account {name} can run (the venv's is not reachable)")
+    return system
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory):
+    tmp = tmp_path_factory.mktemp("spawner-hub")
+    # The storage root lies outside pytest's temp folders: those are 0700 (and pytest sets them
+    # back to 0700 whenever another session starts), which would lock the accounts out.
+    storage = Path(tempfile.mkdtemp(prefix="wmla-spawner-storage-"))
+    os.chmod(storage, 0o711)
+    created = []
+    hub = Hub(tmp, {"tick": 1, "grace": 1, "device_layout": "1x4", "cpu_oversubscription": 4})
+    hub.env["WMLA_STORAGE_ROOT"] = str(storage)
+    hub.storage = storage
+    hub.runner = None
+    with open(hub.config, "a") as f:
+        f.write(SPAWNER_CONFIG.format(template=PREFIX + "{username}", storage=str(storage)))
+    try:
+        if AS_ROOT:
+            for user in ("user1", "user2"):
+                subprocess.run(
+                    [
+                        "useradd",
+                        "--no-create-home",
+                        "--shell",
+                        "/usr/sbin/nologin",
+                        "--user-group",
+                        account(user),
+                    ],  # fmt: skip
+                    check=True,
+                    capture_output=True,
+                )
+                created.append(account(user))
+            # This machine's venv Python may live where the accounts cannot reach it (/root is
+            # 0700 here): then servers run on the system Python of the same minor version over
+            # the venv's packages, which the accounts can read.
+            hub.runner = server_python(account("user1"))
+            if hub.runner:
+                with open(hub.config, "a") as f:
+                    f.write(RUNNER_CONFIG.format(python=hub.runner, path=RUNNER_PATH))
+        hub.start()
+        users = ("admin", "user1", "user2")
+        hub.clients = {name: Client(hub, hub.user_token(name)) for name in users}
+        admin = hub.clients["admin"]
+        for body in (
+            {"path": "/project1", "limit": {"gpu": 2}},
+            {"path": "/project1/dev-team", "limit": {"gpu": 2}},
+        ):
+            r = admin.post("/plans", json=body)
+            assert r.status_code == 201, r.text
+        yield hub
+    finally:
+        try:
+            for user in ("user1", "user2"):
+                hub_request(hub, "DELETE", f"/users/{user}/server", user)
+        except Exception:
+            pass
+        hub.stop()
+        for name in created:
+            subprocess.run(["userdel", name], capture_output=True)
+        shutil.rmtree(storage, ignore_errors=True)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+def hub_request(hub: Hub, method: str, path: str, user: str, **kwargs) -> requests.Response:
+    token = hub.clients[user].headers["Authorization"]
+    return requests.request(
+        method, f"{hub.url}/hub/api{path}", headers={"Authorization": token}, timeout=30, **kwargs
+    )
+
+
+def spawn(hub: Hub, user: str, profile: str | None = None) -> requests.Response:
+    body = {"profile": profile} if profile else {}
+    return hub_request(hub, "POST", f"/users/{user}/server", user, json=body)
+
+
+def server_model(hub: Hub, user: str) -> dict | None:
+    r = hub_request(hub, "GET", f"/users/{user}", user)
+    assert r.status_code == 200, r.text
+    return r.json()["servers"].get("")
+
+
+def wait_ready(hub: Hub, user: str, timeout: float = 120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        model = server_model(hub, user)
+        if model and model["ready"]:
+            return model
+        if model is None or not model.get("pending"):
+            raise AssertionError(f"{user}'s server is not starting: {model}\n{hub.log()}")
+        time.sleep(0.5)
+    raise AssertionError(f"{user}'s server never became ready\n{hub.log()}")
+
+
+def stop(hub: Hub, user: str, timeout: float = 60) -> None:
+    r = hub_request(hub, "DELETE", f"/users/{user}/server", user)
+    assert r.status_code in (202, 204), r.text
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and server_model(hub, user) is not None:
+        time.sleep(0.3)
+    assert server_model(hub, user) is None, hub.log()
+
+
+def progress_events(hub: Hub, user: str):
+    """The spawn's progress events as the hub streams them (server-sent events)."""
+    token = hub.clients[user].headers["Authorization"]
+    with requests.get(
+        f"{hub.url}/hub/api/users/{user}/server/progress",
+        headers={"Authorization": token},
+        stream=True,
+        timeout=120,
+    ) as r:
+        assert r.status_code == 200, r.text
+        for line in r.iter_lines(decode_unicode=True):
+            if line and line.startswith("data:"):
+                yield json.loads(line[len("data:") :])
+
+
+def server_process(hub: Hub, user: str) -> psutil.Process:
+    assert hub.proc is not None
+    for child in psutil.Process(hub.proc.pid).children(recursive=True):
+        try:
+            if "singleuser" in " ".join(child.cmdline()):
+                if child.environ().get("JUPYTERHUB_USER") == user:
+                    return child
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no server process of {user}")
+
+
+def leaf(hub: Hub, path: str) -> dict:
+    plans = hub.clients["admin"].get("/plans").json()["plans"]
+    return next((p for p in plans if p["path"] == path), {})
+
+
+def wait_for(predicate, what: str, timeout: float = 30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def notebook_jobs(hub: Hub, user: str, states: str = "RUNNING,PENDING") -> list[dict]:
+    r = hub.clients["admin"].get("/jobs", params={"user": user, "state": states})
+    assert r.status_code == 200, r.text
+    return [j for j in r.json()["jobs"] if j.get("kind", "notebook") == "notebook"]
+
+
+# -- tests -------------------------------------------------------------------------------------
+def test_two_users_each_see_only_their_own_folder(hub: Hub) -> None:
+    assert spawn(hub, "user1").status_code in (201, 202)
+    assert spawn(hub, "user2").status_code in (201, 202)
+    wait_ready(hub, "user1")
+    wait_ready(hub, "user2")
+    folders = {u: hub.storage / u for u in ("user1", "user2")}
+    for user, folder in folders.items():
+        info = folder.stat()
+        assert stat.S_IMODE(info.st_mode) == 0o700
+        proc = server_process(hub, user)
+        env = proc.environ()
+        plan = "/project1/dev-team" if user == "user1" else "/sample-project/notebooks"
+        assert (env["WMLA_PLAN"], env["WMLA_LEAF"]) == (plan, f"{plan}/{user}")
+        assert env["WMLA_USER_DIR"] == str(folder) == env["HOME"] == proc.cwd()
+        assert env["IPYTHONDIR"] == str(folder / ".ipython")
+        assert env["WMLA_URL"].endswith("/services/wmla/")
+        assert (folder / ".ipython/profile_default/startup/00-wmla-magics.py").is_file()
+        if AS_ROOT:
+            uid = pwd.getpwnam(account(user)).pw_uid
+            assert info.st_uid == uid and proc.uids().effective == uid
+        # the service holds the server as a running, non-preemptible one-worker job
+        (job,) = notebook_jobs(hub, user)
+        assert (job["state"], job["leaf"]) == ("RUNNING", f"{plan}/{user}")
+        assert job["preemptible"] is False and job["workers"]["max"] == 1
+
+    # through the notebook server's API: user1 lists its own folder only
+    h1 = {"Authorization": hub.clients["user1"].headers["Authorization"]}
+    (folders["user1"] / "mine.txt").write_text("user1's")
+    r = requests.get(f"{hub.url}/user/user1/api/contents/", headers=h1, timeout=30)
+    assert r.status_code == 200 and "mine.txt" in {c["name"] for c in r.json()["content"]}
+    for path in ("../user2", "..%2Fuser2", "%2E%2E/user2"):
+        r = requests.get(f"{hub.url}/user/user1/api/contents/{path}", headers=h1, timeout=30)
+        assert r.status_code in (400, 403, 404), (path, r.status_code)
+    r = requests.get(
+        f"{hub.url}/user/user2/api/contents/", headers=h1, timeout=30, allow_redirects=False
+    )
+    assert r.status_code in (302, 403, 404), r.status_code
+
+    if AS_ROOT:  # at the OS level: user1's account cannot read user2's folder
+        entry = pwd.getpwnam(account("user1"))
+
+        def become() -> None:
+            os.setgid(entry.pw_gid)
+            os.setgroups([])
+            os.setuid(entry.pw_uid)
+
+        python = hub.runner or sys.executable
+        probe = "import os, sys; os.listdir(sys.argv[1])"
+        done = subprocess.run(
+            [python, "-c", probe, str(folders["user2"])],
+            preexec_fn=become,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode != 0 and "PermissionError" in done.stderr, done
+        done = subprocess.run(
+            [python, "-c", probe, str(folders["user1"])],
+            preexec_fn=become,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+
+
+def test_stopping_a_server_releases_its_plan(hub: Hub) -> None:
+    path = "/project1/dev-team/user1"
+    held = wait_for(lambda: leaf(hub, path).get("running") == 1 and leaf(hub, path), "a cycle")
+    assert held["allocated"]["cpu"] == 100
+    stop(hub, "user1")
+    assert notebook_jobs(hub, "user1") == [], hub.log()
+    cancelled = notebook_jobs(hub, "user1", "CANCELLED")
+    assert cancelled and cancelled[0]["leaf"] == path
+    freed = wait_for(lambda: leaf(hub, path).get("running") == 0 and leaf(hub, path), "release")
+    assert freed["allocated"] == {"gpu": 0, "cpu": 0, "memory": 0}
+    stop(hub, "user2")
+
+
+def test_a_server_that_can_never_fit_fails_at_once_with_the_message(hub: Hub) -> None:
+    r = spawn(hub, "user1", "huge")
+    if r.status_code >= 400:  # the spawn failed before the hub answered
+        message = r.json()["message"]
+    else:
+        events = list(progress_events(hub, "user1"))
+        failed = [e for e in events if e.get("failed")]
+        assert failed, events
+        message = failed[-1]["message"]
+    assert "Spawn failed" in message or r.status_code >= 400
+    assert "/project1" in message and "gpu" in message and "8" in message, message
+    assert notebook_jobs(hub, "user1") == [], hub.log()
+    assert server_model(hub, "user1") is None
+
+
+def test_a_server_waits_for_room_with_the_reason_then_starts(hub: Hub) -> None:
+    admin = hub.clients["admin"]
+    blocker = admin.post(
+        "/jobs",
+        json={
+            "plan": "/project1/dev-team",
+            "kind": "notebook",
+            "user": "user2",
+            "resources": {"gpu": 2, "cpu": "100m", "memory": "64Mi"},
+        },  # fmt: skip
+    )
+    assert blocker.status_code == 201, blocker.text
+    admin.wait_state(blocker.json()["id"], {"RUNNING"})
+    assert spawn(hub, "user1", "one-gpu").status_code in (201, 202)
+    messages = []
+    released = False
+    for event in progress_events(hub, "user1"):
+        messages.append(event.get("message", ""))
+        if not released and "at its gpu limit: 2 of 2 in use" in messages[-1]:
+            assert "/project1" in messages[-1]
+            assert server_model(hub, "user1")["pending"] == "spawn"
+            r = admin.delete(f"/jobs/{blocker.json()['id']}")
+            assert r.status_code == 200, r.text
+            released = True
+        if event.get("ready") or event.get("failed"):
+            break
+    assert released, messages
+    assert not event.get("failed"), messages
+    wait_ready(hub, "user1")
+    assert any(m.startswith("admitted to /project1/dev-team/user1") for m in messages), messages
+    assert server_process(hub, "user1").environ()["WMLA_LEAF"] == "/project1/dev-team/user1"
+    stop(hub, "user1")
+    assert notebook_jobs(hub, "user1") == [], hub.log()
