@@ -52,12 +52,14 @@ print(
     flush=True,
 )
 
-# -- notebook servers: local processes, each user's home is their storage folder -------------
-c.JupyterHub.spawner_class = "simple"
+# -- notebook servers: local processes admitted by the user's plan (spawner/, docs/spawner.md);
+# each user's home is their storage folder (as root: owned by their own system account)
+c.JupyterHub.spawner_class = "wmla-local"
 singleuser = Path(sys.executable).with_name("jupyterhub-singleuser")
 if singleuser.exists():  # the project's environment, wherever the hub was started from
     c.Spawner.cmd = [str(singleuser)]
-c.SimpleLocalProcessSpawner.home_dir_template = str(STORAGE / "{username}")
+c.WmlaLocalSpawner.storage_root = str(STORAGE)
+c.WmlaLocalSpawner.start_timeout = 600  # a notebook may wait for room in its plan
 c.Spawner.http_timeout = 60
 c.Spawner.server_token_scopes = server_token_scopes()
 # what the client in a notebook needs besides $JUPYTERHUB_API_TOKEN (see docs/service.md)
@@ -85,3 +87,9 @@ c.JupyterHub.custom_scopes = custom_scopes()
 c.JupyterHub.load_roles = roles(admin_users=ADMINS)
 # hub pages: a "Plans" link to the wmla admin page for plan admins (hub_config/templates)
 c.JupyterHub.template_paths = [str(ROOT / "hub_config" / "templates")]
+# the spawner's token: it submits notebook jobs for users (custom:wmla:admin)
+from spawner.hubconfig import spawner_service  # noqa: E402
+
+spawner_entry, spawner_role = spawner_service()
+c.JupyterHub.services.append(spawner_entry)
+c.JupyterHub.load_roles.append(spawner_role)
