@@ -164,6 +164,8 @@ def explain(status: int, message: str, what: str) -> str:
     """Turn the service's ``{"error", "status"}`` into a sentence for a data scientist."""
     message = (message or "").strip() or "no details"
     if status == 422:
+        if message.startswith("rejected: "):  # the core's own wording already says it
+            message = message[len("rejected: ") :]
         return f"{what} rejected: {message}"
     if status == 403:
         if "token" in message or "authenticated" in message:

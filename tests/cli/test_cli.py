@@ -175,6 +175,20 @@ def test_plans_table_and_json(as_user) -> None:
     assert {"/project1/qa-team", "/sample-project/training"} <= paths
 
 
+def test_usage_shows_the_gpu_hours_of_the_training(hub: Hub, as_user) -> None:
+    code, out, err = as_user("user1", "usage", "--plan", "/project1/dev-team", "--hours", "1")
+    assert code == 0, err
+    header, _, *rows = out.splitlines()
+    assert header.split() == ["CHILD", "GPU-HOURS", "CPU-HOURS"]
+    cells = {row.split()[0]: row.split()[1:] for row in rows}
+    assert float(cells["/project1/dev-team/user1"][0]) > 0  # the 2-worker example's GPUs
+    assert cells["total"] == cells["/project1/dev-team/user1"]
+    code, out, err = as_user("user1", "usage", "--plan", "/project1/dev-team", "--json")
+    assert code == 0 and json.loads(out)["totals"]["gpu_hours"] > 0
+    code, out, err = as_user("user1", "usage", "--plan", "/project1", "--step", "1")
+    assert code == 1 and "points" in err  # the service's message: too many points
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -107,6 +107,15 @@ def test_errors_become_sentences(client: WmlaClient, call, status: int, message:
     assert message in str(err.value)
 
 
+def test_the_cores_rejection_wording_is_not_doubled() -> None:
+    from extension.client import explain
+
+    message = "rejected: plan /q has a gpu limit of 2 gpu and this job asks for 4 gpu"
+    assert explain(422, message, "job") == (
+        "job rejected: plan /q has a gpu limit of 2 gpu and this job asks for 4 gpu"
+    )
+
+
 def test_answers_and_the_token_travel(client: WmlaClient, server) -> None:
     assert client.whoami()["name"] == "alice"
     assert client.logs("j1", tail=5) == "[worker-0] hi\n"

@@ -21,7 +21,7 @@ import pytest
 import requests
 from nbclient import NotebookClient
 
-from tests.service.hub import PROXY, REPO, Hub
+from tests.service.hub import PROXY, REPO, Client, Hub
 
 pytestmark = pytest.mark.skipif(
     not PROXY.exists(), reason="configurable-http-proxy is missing: run `make install`"
@@ -45,8 +45,14 @@ CELLS = [
     "%wmla_jobs",
     "%wmla_logs {cell_job} --tail 5",
     "%wmla_usage --plan /sample-project/training --range 'last hour'",
+    # the seed's S2: 4 workers x 1 GPU refused in qa-team (GPU limit 2), finished in dev-team
+    "%wmla_train --consumer /project1/qa-team --workerDeviceNum 4 --gpus-per-worker 1 "
+    "--cpus 100m --model-dir models/hi --model-main main.py --wait",
+    "%wmla_train --consumer /project1/dev-team --workerDeviceNum 4 --gpus-per-worker 1 "
+    "--cpus 100m --model-dir models/hi --model-main main.py --wait",
+    "print(json.dumps(wmla_last_job))",
 ]
-RAISES = {6, 7}  # cells expected to stop with a UsageError
+RAISES = {6, 7, 11}  # cells expected to stop with a UsageError
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +117,22 @@ def run_notebook(hub: Hub, cells: list[str], folder: Path, env: dict) -> nbforma
 
 
 def test_a_notebook_trains_watches_and_meters(hub: Hub) -> None:
+    admin = Client(hub, hub.user_token("padmin"))
+    for path, body in (
+        ("/project1", {"share": 1}),
+        ("/project1/dev-team", {"share": 4, "limit": {"gpu": 4}}),
+        ("/project1/qa-team", {"share": 2, "limit": {"gpu": 2}}),
+    ):
+        r = admin.post("/plans", json={"path": path, **body})
+        assert r.status_code == 201, r.text
     token = hub.user_token("user1")
     folder = hub.storage / "user1"
     (folder / "models" / "pytorch_mnist").mkdir(parents=True, exist_ok=True)
     shutil.copy(EXAMPLE, folder / "models" / "pytorch_mnist" / "main.py")
+    (folder / "models" / "hi").mkdir(exist_ok=True)
+    (folder / "models" / "hi" / "main.py").write_text(
+        "import os\nprint('rank', os.environ['RANK'])\n"
+    )
     (hub.storage / "user2").mkdir(parents=True, exist_ok=True)
     cells = list(CELLS)
     cells[9] = "%wmla_logs {} --tail 5".format("{wmla_last_job['id']}")
@@ -143,10 +161,10 @@ def test_a_notebook_trains_watches_and_meters(hub: Hub) -> None:
 
     states = widget_states(nb)
     bars = [s["state"] for s in states if s["model_name"] == "FloatProgressModel"]
-    assert [b["value"] for b in bars] == [100.0, 100.0]
+    assert [b["value"] for b in bars] == [100.0, 100.0, 100.0]  # mnist, cell, S2 dev-team
     assert all(b["bar_style"] == "success" for b in bars)
     htmls = [s["state"].get("value", "") for s in states if s["model_name"] == "HTMLModel"]
-    assert sum("FINISHED" in h for h in htmls) == 2
+    assert sum("FINISHED" in h for h in htmls) == 3
     assert any("2 workers running" in h and "each" in h for h in htmls)
     logs = [s["state"]["value"] for s in states if s["model_name"] == "TextareaModel"]
     assert any("final test accuracy" in v for v in logs)
@@ -159,6 +177,11 @@ def test_a_notebook_trains_watches_and_meters(hub: Hub) -> None:
     ]
     assert len(losses) == 2  # the example's and the cell's loss curves
     assert [round(y, 3) for y in losses[1]["y"]] == [1.0, 0.5, 0.333]
+
+    assert text[11].startswith("UsageError: job rejected: plan /project1/qa-team has a gpu limit")
+    assert "limit of 2 gpu" in text[11]
+    s2 = json.loads(text[13])
+    assert (s2["plan"], s2["state"], s2["workers"]["max"]) == ("/project1/dev-team", "FINISHED", 4)
 
     usage = requests.get(
         f"{hub.api}/usage",
