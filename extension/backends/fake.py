@@ -44,6 +44,7 @@ class FakeBackend:
         self.runs: dict[str, FakeRun] = {}
         self._events: list[tuple[float, int, str, str, int, tuple]] = []
         self._seq = 0
+        self._shrunk: set[str] = set()  # jobs that ever had a shrink event (see _reschedule)
 
     # decisions -------------------------------------------------------------------------------
     def register(self, job_id: str, work: float) -> None:
@@ -66,6 +67,7 @@ class FakeBackend:
 
     def shrink(self, job_id: str, release: tuple[str, ...], grace: float, now: float) -> None:
         run = self.runs[job_id]
+        self._shrunk.add(job_id)
         self._push(now + grace, SHRUNK, job_id, run.generation, release)
 
     def preempt(self, job_id: str, grace: float, now: float) -> None:
@@ -134,9 +136,13 @@ class FakeBackend:
 
     def _reschedule_finish(self, run: FakeRun, now: float) -> None:
         run.generation += 1
-        pending_shrinks = [
-            e for e in self._events if e[3] == run.job_id and e[2] == SHRUNK
-        ]  # a shrink keeps its event across a reschedule
+        # a shrink keeps its event across a reschedule; scanning the queue only for jobs that
+        # were ever shrunk keeps a long replay from paying O(events) at every start
+        pending_shrinks = (
+            [e for e in self._events if e[3] == run.job_id and e[2] == SHRUNK]
+            if run.job_id in self._shrunk
+            else []
+        )
         if run.rate > 0:
             left = max(0.0, run.work - run.done)
             self._push(now + left / run.rate, FINISHED, run.job_id, run.generation, ())

@@ -52,6 +52,7 @@ class PlanShape:
         self.share: dict[str, float] = {}
         self.limit: dict[str, float] = {}
         self.children: dict[str, list[str]] = {"/": []}
+        self._order: list[str] | None = None
         for path, share, limit in sorted(plans, key=lambda p: (p[0].count("/"), p[0])):
             self.add(path, share, limit)
 
@@ -66,6 +67,22 @@ class PlanShape:
         self.limit[path] = limit
         self.children.setdefault(path, [])
         self.children[parent].append(path)
+        self._order: list[str] | None = None
+
+    def bottom_up(self) -> list[str]:
+        """Every plan, children before parents (the root last)."""
+        if self._order is None:
+            order: list[str] = []
+            stack = [("/", False)]
+            while stack:
+                path, done = stack.pop()
+                if done:
+                    order.append(path)
+                    continue
+                stack.append((path, True))
+                stack.extend((kid, False) for kid in self.children.get(path, ()))
+            self._order = order
+        return self._order
 
     def depth(self, path: str) -> int:
         return path.count("/")
@@ -74,16 +91,13 @@ class PlanShape:
 def deserved_gpus(shape: PlanShape, leaf_demand: dict[str, float], capacity: float) -> dict:
     """Deserved GPUs of every plan given the GPU demand of the leaves (capped by limits)."""
     demand: dict[str, float] = {}
-
-    def fill_demand(path: str) -> float:
+    for path in shape.bottom_up():
         kids = shape.children.get(path, ())
-        total = leaf_demand.get(path, 0.0) if not kids else sum(fill_demand(k) for k in kids)
+        total = leaf_demand.get(path, 0.0) if not kids else sum(demand[k] for k in kids)
         if path != "/":
             total = min(total, shape.limit[path])
         demand[path] = total
-        return total
-
-    root = min(fill_demand("/"), capacity)
+    root = min(demand["/"], capacity)
     out = {"/": root}
     stack = ["/"]
     while stack:

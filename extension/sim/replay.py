@@ -365,6 +365,7 @@ class Recorder:
         self.teams = sorted(p for p in self.shape.paths if p.count("/") == 1)
         self.team_index = {t[1:]: i for i, t in enumerate(self.teams)}
         self.leaf_held: dict[str, float] = {}
+        self.held_by_plan: dict[str, float] = {}  # GPUs held per plan, leaves summed up
         self.leaf_demand: dict[str, float] = {}
         self.team_held = [0.0] * len(self.teams)
         self.held = 0.0
@@ -403,6 +404,10 @@ class Recorder:
         if held:
             leaf = job.leaf
             self.leaf_held[leaf] = self.leaf_held.get(leaf, 0.0) + held
+            path = leaf
+            while path != "/":  # every plan above the leaf holds it too
+                self.held_by_plan[path] = self.held_by_plan.get(path, 0.0) + held
+                path = path.rsplit("/", 1)[0] or "/"
             self.held += held
             i = self.team_index.get(job.team)
             if i is not None:
@@ -443,25 +448,13 @@ class Recorder:
             self.contended += dt
             self.held_contended += self.held * dt
             self.busy_contended += self.busy * dt
-        held = self.plan_held()
+        held = self.held_by_plan
         for path in self.shape.paths:
             gap = abs(held.get(path, 0.0) - self.deserved.get(path, 0.0)) * dt
             if gap:
                 self.dev_all[path] = self.dev_all.get(path, 0.0) + gap
                 if contended:
                     self.dev_contended[path] = self.dev_contended.get(path, 0.0) + gap
-
-    def plan_held(self) -> dict[str, float]:
-        """GPUs held per plan (leaves summed up the tree)."""
-        out: dict[str, float] = {}
-        for leaf, amount in self.leaf_held.items():
-            if not amount:
-                continue
-            path = leaf
-            while path != "/":
-                out[path] = out.get(path, 0.0) + amount
-                path = path.rsplit("/", 1)[0] or "/"
-        return out
 
     def fairness(self) -> dict:
         """Per depth: the mean over plans of the time-averaged |held - deserved| GPUs, the worst
