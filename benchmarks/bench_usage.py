@@ -12,7 +12,9 @@ Measured, in the same run:
   10 children) and for one org (100 leaves), 30 days at 1-hour steps, and 1 day at 5-minute steps;
 - the baseline: a naive full scan that walks every transition of the subtree and integrates it
   into the same hourly steps per child (what a service without a ledger does per request);
-- that both give the same GPU-hours per child, exactly.
+- that both give the same GPU-hours per child, exactly;
+- how many entries the ledger stores (full-resolution points and runs of equal buckets) against
+  one entry per hour per series.
 """
 
 from __future__ import annotations
@@ -132,6 +134,12 @@ def main() -> None:
         "history_s": round(made, 3),
         "ledger_build_s": round(built, 3),
         "ledger_build_per_transition_us": round(1e6 * built / len(facts), 2),
+        "stored_entries": sum(
+            len(s.times) + len(s.otimes)
+            for n in ledger.nodes.values()
+            for s in (n.requested, n.used)
+        ),
+        "dense_hourly_entries": 2 * len(ledger.nodes) * int(days * 24),
     }
     queries = [
         ("/bench", start, 3600.0, f"{days} days, 1 h steps, 1,000 leaves"),
@@ -161,6 +169,10 @@ def main() -> None:
     print(
         f"history: {figures['transitions']:,} transitions, {len(leaves):,} leaves, {days} days "
         f"(ledger built in {built:.2f} s, {figures['ledger_build_per_transition_us']} us each)"
+    )
+    print(
+        f"stored: {figures['stored_entries']:,} points and bucket runs for {len(ledger.nodes):,} "
+        f"nodes (one entry per hour per series would be {figures['dense_hourly_entries']:,})"
     )
     for _, _, _, label in queries:
         f = figures[label]

@@ -103,11 +103,22 @@ class StepSeries:
         """``integral_to`` at each of ascending ``bounds``."""
         out: list[tuple] = []
         times, values, cum = self.times, self.values, self.cum
+        otimes, orates, ocum, bucket = self.otimes, self.orates, self.ocum, self.bucket
         old_end = self.old_end
-        k = 0
+        k = j = 0
         for t in bounds:
             if old_end is not None and t < old_end:
-                out.append(self._old(t))
+                j = bisect_right(otimes, t, j) - 1
+                if j < 0:
+                    j = 0
+                    out.append(ocum[0] if ocum else ZERO)
+                    continue
+                base, r = ocum[j], orates[j]
+                q, rest = divmod(t - otimes[j], bucket)
+                if rest and r != ZERO:  # inside a bucket: spread evenly (rare: off the grid)
+                    out.append(self._old(t))
+                else:
+                    out.append((base[0] + r[0] * q, base[1] + r[1] * q, base[2] + r[2] * q))
                 continue
             # a binary search from where the last bound was found: O(log n) per bound
             k = bisect_right(times, t, k) - 1
