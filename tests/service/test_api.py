@@ -261,6 +261,8 @@ def test_users_see_only_their_own_jobs(hub: Hub) -> None:
     r = user1.post("/jobs", json=job_body("/sample-project/training", seconds=300))
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
+    r = user2.post("/jobs", json=job_body("/sample-project/training"))
+    assert r.status_code == 201, r.text
     user1.wait_state(job_id, {"RUNNING"})
     for path in (f"/jobs/{job_id}", f"/jobs/{job_id}/logs", f"/jobs/{job_id}/metrics"):
         r = user2.get(path)
