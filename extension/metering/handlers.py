@@ -103,6 +103,8 @@ class UsageHandler(APIHandler):
         max_points = self.meter.max_points
         if one.get("step"):
             step = parse_duration(one["step"], "step")
+            if step < 1:
+                raise APIError(400, f"step must be at least 1 second, got {one['step']!r}")
         else:  # the finest nice step that keeps the answer to a few hundred points
             step = next((s for s in NICE_STEPS if (end - start) / s <= 500), NICE_STEPS[-1])
         points = math.ceil((end - start) / step)

@@ -160,6 +160,7 @@ async def test_users_see_only_their_own_leaves(api) -> None:
         ({"start": "yesterday"}, 400, "ISO 8601"),
         ({"step": "0"}, 400, "more than 0"),
         ({"step": "fast"}, 400, "duration such as"),
+        ({"start": "now-1s", "step": "5ms"}, 400, "at least 1 second"),
         ({"start": "now-30d", "step": "1s"}, 400, "ask for step >="),
         ({"start": "now", "end": "now-1h"}, 400, "must be before end"),
         ({"start": "now-500d"}, 400, "at most 400 days"),
