@@ -184,7 +184,7 @@ def move_plan(sched: Scheduler, path: str, new_parent: str) -> tuple[list[PlanRe
         if plan.user_leaf:
             continue
         users, groups = sched.members.get(plan.path, ([], []))
-        new_path = prefix + plan.path[len(path):]
+        new_path = prefix + plan.path[len(path) :]
         if new_path in sched.plans:
             raise PlanError(f"cannot move {path} to {prefix}: plan {new_path} already exists")
         records.append(PlanRecord(new_path, plan.share, plan.limit, False, users, groups))
@@ -241,7 +241,9 @@ def preview(
                      "new" if path not in sched.plans else "",
         }  # fmt: skip
         row["changed"] = bool(row["state"]) or (pb, row["gpu_before"], row["cpu_before"]) != (
-            pa, row["gpu_after"], row["cpu_after"]
+            pa,
+            row["gpu_after"],
+            row["cpu_after"],
         )
         rows.append(row)
     return rows
