@@ -328,6 +328,7 @@ class WmlaService(Application):
         from jupyterhub.services.auth import HubOAuthCallbackHandler
 
         from extension.metering.handlers import metering_routes
+        from extension.service.admin import admin_routes
 
         app = web.Application(
             [
@@ -335,6 +336,7 @@ class WmlaService(Application):
                 (prefix + "?", IndexHandler),
                 *routes(prefix),
                 *metering_routes(prefix),
+                *admin_routes(prefix),  # the plan admin page (extension/service/admin)
             ],
             default_handler_class=NotFoundHandler,
             cookie_secret=secrets.token_bytes(32),
