@@ -159,3 +159,37 @@ def test_trace_and_scenario_together_is_a_usage_error(capsys):
         main(["simulate", "--trace", FIFO, "--scenario", str(SEED_002)])
     assert err.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="needs /usr/bin/chromium (apt-get install chromium)"
+)
+def test_report_renders_in_a_browser_with_the_network_cut_off(tmp_path, capsys):
+    from playwright.sync_api import sync_playwright
+
+    report = tmp_path / "out.html"
+    argv = ["simulate", "--trace", FIFO, "--nodes", "1x4", "--policy", "all", "--quiet"]
+    assert main([*argv, "--report", str(report)]) == 0
+    capsys.readouterr()
+    asked: list[str] = []
+
+    def refuse(route):
+        asked.append(route.request.url)
+        route.abort()
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.route("http*://**/*", refuse)  # offline: any network request fails
+            page.goto(report.as_uri())
+            for div in ("alloc-wmla", "alloc-pod-fifo", "delay-all"):
+                page.wait_for_selector(f"#{div} .main-svg", timeout=30_000)
+            # the stacked areas of the allocation chart were drawn
+            assert page.locator("#alloc-wmla .scatterlayer .trace").count() >= 2
+        finally:
+            browser.close()
+    assert asked == []
