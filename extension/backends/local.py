@@ -234,10 +234,13 @@ class LocalBackend:
         ``failed`` with the reason, and nothing of it is left behind.
         """
         self._check_open()
-        if spec.id in self._gangs:
+        old = self._gangs.get(spec.id)
+        if old is not None and old.state == "running":
             raise ValueError(
                 f"job {spec.id} is already running on this backend; stop or resize it instead"
             )
+        if old is not None:  # its stop is still under way: start once the old gang is gone
+            await old.ended.wait()
         self._workdirs[spec.id] = spec.workdir
         try:
             gang = self._launch(spec, tuple(placement))

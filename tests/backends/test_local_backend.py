@@ -3,6 +3,7 @@ resume, re-adoption after a service restart, running as the user's account."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pwd
@@ -424,3 +425,24 @@ def test_the_launcher_runs_isolated_on_the_standard_library_alone() -> None:
         [sys.executable, "-I", local.LAUNCHER, "--help"], capture_output=True, text=True
     )
     assert out.returncode == 0 and "--exit-file" in out.stdout
+
+
+async def test_a_start_during_the_jobs_stop_waits_for_the_old_gang(local_rig) -> None:
+    backend = local_rig.backend()
+    script = local_rig.base / "stubborn.py"
+    script.write_text(STUBBORN)
+    spec = local_rig.spec("again", ["python", str(script)])
+    await backend.start(spec, ("local", "local"))
+    with pytest.raises(ValueError, match="already running on this backend"):
+        await backend.start(spec, ("local",))
+    workdir = local_rig.workdir("again")
+    await local_rig.wait_until(lambda: len(list(workdir.glob("up-*"))) == 2, "both up")
+    old = backend.worker_pids("again")
+    stopping = asyncio.get_running_loop().create_task(backend.stop("again", 1.0, "preempted"))
+    await asyncio.sleep(0.1)  # the stop is in its grace period (the workers ignore SIGTERM)
+    await backend.start(spec, ("local",))
+    await stopping
+    assert local_rig.events.kinds("again") == ["running", "released", "running"]
+    assert not any(local_rig.alive(p) for p in old)
+    assert backend.devices_in_use() == {"local": [0]}
+    await backend.stop("again", 0.5, "cancelled")
