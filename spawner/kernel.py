@@ -19,9 +19,9 @@ MAGICS_MODULE = "extension.magics"
 
 # Runs in the kernel's namespace: everything is cleaned up, and a missing or broken magics
 # module only leaves a one-line note (the kernel must start regardless).
-STARTUP_SCRIPT = f'''\
+_TEMPLATE = """\
 # Written by the wmla spawner at every server start; edits are overwritten.
-# Loads the %wmla_* magics (the same as `%load_ext {MAGICS_MODULE}`).
+# Loads the %wmla_* magics (the same as `%load_ext {module}`).
 def _wmla_load_magics():
     import importlib
     import sys
@@ -30,29 +30,38 @@ def _wmla_load_magics():
     if ip is None:
         return
     try:
-        module = importlib.import_module("{MAGICS_MODULE}")
+        module = importlib.import_module("{module}")
     except ImportError as err:
         print(f"wmla: magics not available ({{err}})", file=sys.stderr)
         return
     if hasattr(module, "load_ipython_extension"):
         try:
-            ip.extension_manager.load_extension("{MAGICS_MODULE}")
+            ip.extension_manager.load_extension("{module}")
         except Exception as err:
             print(f"wmla: loading the magics failed: {{err}}", file=sys.stderr)
 
 
 _wmla_load_magics()
 del _wmla_load_magics
-'''
+"""
 
 
-def install_startup(ipython_dir: Path, folder: Path, account: Account | None) -> Path:
+def startup_script(module: str = MAGICS_MODULE) -> str:
+    return _TEMPLATE.format(module=module)
+
+
+STARTUP_SCRIPT = startup_script()
+
+
+def install_startup(
+    ipython_dir: Path, folder: Path, account: Account | None, script: str = STARTUP_SCRIPT
+) -> Path:
     """Write the startup file; new directories are the account's (``folder`` is the top)."""
     startup = ipython_dir / "profile_default" / "startup"
     startup.mkdir(parents=True, exist_ok=True)
     path = startup / STARTUP_NAME
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(STARTUP_SCRIPT)
+    tmp.write_text(script)
     os.replace(tmp, path)
     chown_tree(path, folder, account)
     return path

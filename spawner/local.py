@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import site
 from pathlib import Path
 
 from jupyterhub.spawner import LocalProcessSpawner, set_user_setuid
 from traitlets import Bool, Integer, Unicode, default
 
+from . import storage
 from .kernel import install_startup
 from .mixin import WmlaSpawnerMixin
 from .storage import (
@@ -28,6 +30,8 @@ from .storage import (
     unreachable,
     user_folder,
 )
+
+PROJECT = Path(__file__).resolve().parents[1]  # holds spawner/ and extension/ (editable install)
 
 NOT_ROOT_WARNING = (
     "\n!!! wmla: the hub does not run as root, so every notebook server runs as the hub's own "
@@ -73,6 +77,17 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         """,
     ).tag(config=True)
 
+    account_python = Unicode(
+        "auto",
+        help="""When the hub's own Python cannot be run by the users' accounts (e.g. a pyenv
+        under /root, mode 0700), run their servers with this Python over the hub's packages
+        (PYTHONPATH = the hub's site-packages and the project). "auto": the system Python of the
+        same major.minor version; "": never (the spawn fails with the reason).
+
+        c.WmlaLocalSpawner.account_python = "/usr/bin/python3.11"
+        """,
+    ).tag(config=True)
+
     autoload_magics = Bool(
         True,
         help="""Load the %wmla_* magics in every kernel (a startup file in the user's
@@ -84,6 +99,8 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
 
     _wmla_account = None
     _wmla_warned = False
+    _wmla_cmd: list | None = None  # the configured cmd (start() may swap the interpreter)
+    _wmla_pythonpath = ""
 
     # -- the spawn page --------------------------------------------------------------------
     @default("options_form")
@@ -121,19 +138,38 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
 
     def _prepare(self) -> tuple[Path, Account | None]:
         account = self.wmla_account()
+        if self._wmla_cmd is None:
+            self._wmla_cmd = list(self.cmd)
+        self.cmd, self._wmla_pythonpath = list(self._wmla_cmd), ""
         if account is not None and self.cmd:
             why = unreachable(self.cmd[0], account)
             if why:
-                raise StorageError(
-                    f"{self.user.name}'s server would run as system account {account.name}, "
-                    f"which cannot start {self.cmd[0]}: {why}. Install Python where every "
-                    "account can read it (or point c.Spawner.cmd at such a Python), or set "
-                    "c.WmlaLocalSpawner.system_users = False"
-                )
+                self._use_account_python(account, why)
         folder = ensure_folder(self.storage_root, self.user.name, account)
         if self.autoload_magics:
             install_startup(folder / ".ipython", folder, account)
         return folder, account
+
+    def _use_account_python(self, account: Account, why: str) -> None:
+        paths = [*site.getsitepackages(), str(PROJECT)]
+        python = (
+            storage.account_python(account, self.account_python, paths)
+            if self.account_python
+            else None
+        )
+        if python is None:
+            raise StorageError(
+                f"{self.user.name}'s server would run as system account {account.name}, "
+                f"which cannot start {self.cmd[0]}: {why}. Install Python where every "
+                "account can read it (or set c.WmlaLocalSpawner.account_python to one), or set "
+                "c.WmlaLocalSpawner.system_users = False"
+            )
+        self.log.warning(
+            "%s: %s cannot run %s (%s); running the server with %s over the hub's packages",
+            self._log_name, account.name, self.cmd[0], why, python,
+        )  # fmt: skip
+        self.cmd = [python, "-m", "jupyterhub.singleuser"]
+        self._wmla_pythonpath = os.pathsep.join(paths)
 
     # -- start -------------------------------------------------------------------------------
     async def start(self):
@@ -170,6 +206,8 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         folder = str(self.wmla_folder)
         ipython_dir = str(self.wmla_folder / ".ipython") if self.autoload_magics else None
         env.update(self.wmla_env(folder, ipython_dir))
+        if self._wmla_pythonpath:
+            env["PYTHONPATH"] = self._wmla_pythonpath
         return env
 
     def get_args(self):

@@ -173,3 +173,39 @@ def unreachable(program: str, account: Account) -> str | None:
 
 def stat_mode(info: os.stat_result) -> str:
     return oct(info.st_mode & 0o7777)[2:].rjust(4, "0")
+
+
+def folder_unreachable(path: str, account: Account) -> str | None:
+    """Why ``account`` cannot list and read ``path`` (a folder), or None."""
+    real = Path(os.path.realpath(path))
+    for folder in [*reversed(real.parents), real]:
+        try:
+            info = folder.stat()
+        except OSError as err:
+            return f"{folder}: {err.strerror}"
+        if not _allows(info, account, 1):
+            return f"{folder} (mode {stat_mode(info)}) is not open to {account.name}"
+    if not _allows(real.stat(), account, 4):
+        return f"{real} is not readable by {account.name}"
+    return None
+
+
+def account_python(account: Account, wanted: str, hub_paths: list[str]) -> str | None:
+    """A Python the account can run, with the hub's packages on ``hub_paths``, or None.
+
+    ``wanted``: a path, or "auto" for the system Python of the hub's major.minor version (its
+    compiled extensions then load unchanged).
+    """
+    import sys
+
+    if wanted == "auto":
+        version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        found = shutil.which(version, path="/usr/bin:/usr/local/bin")
+        if found is None:
+            return None
+        wanted = found
+    if unreachable(wanted, account) is not None:
+        return None
+    if any(folder_unreachable(p, account) for p in hub_paths):
+        return None
+    return wanted

@@ -1,0 +1,178 @@
+"""The spawner's pure parts: plan mapping, request body, user names, folders, kernel startup.
+
+The plan-mapping table runs the real mixin methods on a WmlaLocalSpawner whose ``user`` is a
+plain object with a name and groups (no hub is needed to pick a plan). The kernel test starts a
+real IPython kernel with the IPYTHONDIR the spawner prepares.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from spawner.kernel import STARTUP_NAME, install_startup, startup_script
+from spawner.local import WmlaLocalSpawner
+from spawner.mixin import AdmissionError
+from spawner.storage import StorageError, ensure_folder, user_folder, validate_username
+
+PROFILES = [
+    {"slug": "cpu", "display_name": "CPU only", "default": True},
+    {"slug": "gpu", "display_name": "1 GPU", "gpu": 1, "cpu": "2", "memory": "4Gi"},
+    {"slug": "qa", "display_name": "QA box", "plan": "/project1/qa-team"},
+]
+
+
+def make(user: str = "alice", groups=(), options=None, **config) -> WmlaLocalSpawner:
+    spawner = WmlaLocalSpawner(**config)
+    spawner.user = types.SimpleNamespace(
+        name=user, groups=[types.SimpleNamespace(name=g) for g in groups], settings={}
+    )
+    spawner.user_options = options or {}
+    return spawner
+
+
+MAPPING = {
+    "group_plans": {"dev": "/project1/dev-team", "qa": "/project1/qa-team"},
+    "user_plans": {"carol": "/project2/research"},
+}
+
+
+@pytest.mark.parametrize(
+    ("user", "groups", "options", "extra", "plan"),
+    [
+        ("alice", (), None, {}, "/sample-project/notebooks"),
+        ("alice", ("dev",), None, {}, "/project1/dev-team"),
+        ("alice", ("qa", "dev"), None, {}, "/project1/dev-team"),  # mapping order decides
+        ("alice", ("other",), None, {}, "/sample-project/notebooks"),
+        ("carol", ("dev",), None, {}, "/project2/research"),  # user override beats group
+        ("carol", ("dev",), None, {"wmla_plan": "/forced"}, "/forced"),
+        ("alice", ("dev",), {"profile": "qa"}, {"profiles": PROFILES}, "/project1/qa-team"),
+        ("alice", ("dev",), {"profile": "gpu"}, {"profiles": PROFILES}, "/project1/dev-team"),
+        ("bob", (), None, {"default_plan": "/p/nb"}, "/p/nb"),
+    ],
+    ids=[
+        "default",
+        "group",
+        "first-mapped-group",
+        "unmapped-group",
+        "user-override",
+        "forced-plan",
+        "profile-plan",
+        "profile-without-plan",
+        "configured-default",
+    ],
+)
+def test_plan_mapping(user, groups, options, extra, plan) -> None:
+    spawner = make(user, groups, options, **MAPPING, **extra)
+    assert spawner.wmla_plan_path() == plan
+
+
+def test_job_body_is_a_one_worker_non_preemptible_notebook_for_the_user() -> None:
+    spawner = make("alice", ("dev",), {"profile": "gpu"}, profiles=PROFILES, **MAPPING)
+    spawner.cpu_limit = 4
+    spawner.mem_limit = 8 * 2**30
+    assert spawner.wmla_job_body("/project1/dev-team") == {
+        "plan": "/project1/dev-team",
+        "kind": "notebook",
+        "user": "alice",
+        "name": "notebook",
+        "workers": 1,
+        "preemptible": False,
+        "resources": {"gpu": 1, "cpu": "2", "memory": "4Gi"},
+        "limits": {"cpu": "4000m", "memory": 8 * 2**30},
+    }
+    plain = make("bob", cpu_guarantee=0.5, notebook_memory="1Gi")
+    assert plain.wmla_job_body("/p")["resources"] == {"gpu": 0, "cpu": "500m", "memory": "1Gi"}
+
+
+@pytest.mark.parametrize(
+    ("config", "options", "message"),
+    [
+        ({"profiles": PROFILES}, {"profile": "nope"}, "there is no profile 'nope'"),
+        ({"profiles": [{"display_name": "x"}]}, None, "needs a slug"),
+        ({"profiles": [{"slug": "x", "gpus": 1}]}, None, "misconfigured"),
+        ({"user_plans": {"alice": "project1"}}, None, "is not a plan path"),
+    ],
+    ids=["unknown-profile", "profile-without-slug", "unknown-profile-key", "relative-plan"],
+)
+def test_bad_choices_are_refused_with_a_message(config, options, message) -> None:
+    with pytest.raises(AdmissionError, match=message):
+        make("alice", (), options, **config).wmla_plan_path()
+
+
+def test_options_form_lists_profiles_and_reads_the_pick() -> None:
+    spawner = make(profiles=PROFILES)
+    form = spawner.wmla_options_form()
+    assert form.count('type="radio"') == 3 and 'value="cpu" checked' in form
+    assert spawner.run_options_from_form({"profile": ["gpu"]}) == {"profile": "gpu"}
+    assert make().wmla_options_form() == ""
+
+
+@pytest.mark.parametrize(
+    "name", ["../x", "a/b", "", ".", "..", "Alice", "-x", "x-", "a" * 64, "bob smith"]
+)
+def test_user_names_that_cannot_be_one_folder_are_refused(name: str, tmp_path: Path) -> None:
+    with pytest.raises(StorageError, match="cannot name a private folder"):
+        validate_username(name)
+    with pytest.raises(StorageError):
+        user_folder(tmp_path, name)
+
+
+def test_the_folder_is_private_and_created_once(tmp_path: Path) -> None:
+    root = tmp_path / "storage"
+    folder = ensure_folder(root, "alice", None)
+    assert folder == root / "alice" and stat.S_IMODE(folder.stat().st_mode) == 0o700
+    (folder / "keep.txt").write_text("x")
+    os.chmod(folder, 0o755)
+    assert ensure_folder(root, "alice", None) == folder
+    assert (folder / "keep.txt").read_text() == "x"  # content kept, mode made private again
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+
+
+def test_the_kernel_loads_the_magics_without_load_ext(tmp_path: Path) -> None:
+    """A real ipykernel with the spawner's IPYTHONDIR has the %wmla_* magics."""
+    from jupyter_client.manager import start_new_kernel
+
+    ipython_dir = tmp_path / ".ipython"
+    path = install_startup(ipython_dir, tmp_path, None)
+    assert path.name == STARTUP_NAME
+    env = {**os.environ, "IPYTHONDIR": str(ipython_dir)}
+    km, kc = start_new_kernel(kernel_name="python3", env=env, cwd=str(tmp_path))
+    try:
+        code = (
+            "ip = get_ipython()\n"
+            "print('extension.magics' in ip.extension_manager.loaded, ip.find_line_magic("
+            "'wmla_jobs') is not None, sorted(k for k in globals() if 'wmla' in k))"
+        )
+        out = []
+        reply = kc.execute_interactive(
+            code,
+            timeout=60,
+            output_hook=lambda m: out.append(m["content"].get("text", "")),
+        )
+        assert reply["content"]["status"] == "ok"
+        assert "".join(out).strip() == "True True []"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_a_missing_magics_module_leaves_a_note_and_ipython_starts(tmp_path: Path) -> None:
+    ipython_dir = tmp_path / ".ipython"
+    install_startup(ipython_dir, tmp_path, None, script=startup_script("no_such_wmla_module"))
+    done = subprocess.run(
+        [sys.executable, "-m", "IPython", "--no-banner", "-c", "print('alive')"],
+        env={**os.environ, "IPYTHONDIR": str(ipython_dir)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "alive" in done.stdout
+    assert "wmla: magics not available" in done.stderr
