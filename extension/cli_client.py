@@ -29,6 +29,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
+from urllib.parse import quote
 
 from extension.client import FINAL_STATES, WmlaClient, WmlaError, api_url, save_config
 from extension.magics.options import OptionsError, inside_folder, parse_train, submission_body
@@ -184,7 +185,7 @@ def _logon(args: argparse.Namespace, out: TextIO) -> int:
         password = args.password if args.password is not None else getpass.getpass()
         try:
             r = requests.post(
-                f"{hub}/hub/api/users/{args.username}/tokens",
+                f"{hub}/hub/api/users/{quote(args.username, safe='')}/tokens",
                 json={
                     "auth": {"username": args.username, "password": password},
                     "note": "wmla logon",

@@ -92,7 +92,7 @@ def api_url(url: str, service: str = DEFAULT_SERVICE) -> str:
     base = url.rstrip("/")
     if base.endswith("/" + API_PATH):
         return base + "/"
-    if f"/services/{service}" in parsed.path:
+    if parsed.path.rstrip("/").endswith(f"/services/{service}"):
         return base + "/" + API_PATH + "/"
     if base.endswith("/hub/api"):
         base = base[: -len("/hub/api")]
