@@ -143,7 +143,6 @@ def test_an_unreachable_service_says_where_it_looked() -> None:
         ("https://h/prefix/hub/", "https://h/prefix/services/wmla/api/v1/"),
         ("http://h:8000/services/wmla", "http://h:8000/services/wmla/api/v1/"),
         ("http://h:8000/services/wmla/api/v1", "http://h:8000/services/wmla/api/v1/"),
-        (),
     ],
 )
 def test_api_url_accepts_hub_service_or_api_addresses(given: str, expected: str) -> None:
