@@ -121,7 +121,8 @@ def test_edit_form_round_trips_limits(sched: Scheduler) -> None:
 def test_preview_runs_the_core_on_a_copy(sched: Scheduler) -> None:
     # demand 4, 4 (capped at 2 by qa's limit), 2: the 8 devices of /project1 are contended once
     # qa may take 4
-    wanted = [("/project1/dev", 4), ("/project1/qa", 2), ("/project1/qa", 2), ("/project1/support", 2)]
+    wanted = [("/project1/dev", 4), ("/project1/qa", 2), ("/project1/qa", 2),
+              ("/project1/support", 2)]  # fmt: skip
     sched.jobs = {f"j{i}": job(f"j{i}", p, n) for i, (p, n) in enumerate(wanted)}
     run_cycle(sched)
     before = sched.plans.copy()
@@ -133,6 +134,12 @@ def test_preview_runs_the_core_on_a_copy(sched: Scheduler) -> None:
     assert rows["/project1/qa"]["gpu_before"] == "2"
     assert rows["/project1/qa"]["gpu_after"] == "3.2"  # 4:4:2 of 8
     assert rows["/project1/support"]["gpu_after"] == "1.6"
+    # with every plan busy, on the 8 devices: /project1 and /other at 1:1, 4 each; inside
+    # /project1 4:2:2 before, 4:4:2 after (qa's limit raised to 4)
+    assert [rows[p]["busy_before"] for p in ("/other", "/project1/dev", "/project1/qa")] == [
+        "4", "2", "1",
+    ]  # fmt: skip
+    assert rows["/project1/qa"]["busy_after"] == "1.6"
     assert [p.to_dict() for p in sched.plans] == [p.to_dict() for p in before]  # not saved
     gone = {r["path"]: r for r in views.preview(sched, [], False, ["/project1/support"], 1000)}
     assert gone["/project1/support"]["state"] == "removed"

@@ -377,9 +377,9 @@ class UsagePage(AdminBase):
         plan = self.get_argument("plan", "") or ROOT
         if plan != ROOT and plan not in self.sched.plans:
             raise web.HTTPError(404, f"there is no plan {plan!r}")
-        window = self.get_argument("window", "6h")
+        window = self.get_argument("window", "1h")
         if window not in ("1h", "6h", "1d", "7d"):
-            window = "6h"
+            window = "1h"
         self.render_page(
             "usage.html",
             page="usage",

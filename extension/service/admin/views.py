@@ -14,6 +14,7 @@ from typing import Any
 
 from extension.scheduler import (
     UNLIMITED,
+    Job,
     PlanError,
     PlanTree,
     Resources,
@@ -223,6 +224,8 @@ def preview(
     ]
     result = schedule(Snapshot(after_tree, sched.instance, jobs, sched.config), now)
     before, after = sched.figures, result.plans
+    busy_before = saturated(sched.plans, sched, now)
+    busy_after = saturated(after_tree, sched, now)
     paths = sorted({p.path for p in sched.plans} | {p.path for p in after_tree})
     rows = []
     for path in paths:
@@ -237,16 +240,38 @@ def preview(
             "gpu_after": amount("gpu", a.deserved.gpu) if a else "",
             "cpu_before": amount("cpu", b.deserved.cpu) if b else "",
             "cpu_after": amount("cpu", a.deserved.cpu) if a else "",
+            "busy_before": amount("gpu", busy_before[path]) if path in busy_before else "",
+            "busy_after": amount("gpu", busy_after[path]) if path in busy_after else "",
             "state": "removed" if path not in after_tree else
                      "new" if path not in sched.plans else "",
         }  # fmt: skip
-        row["changed"] = bool(row["state"]) or (pb, row["gpu_before"], row["cpu_before"]) != (
-            pa,
-            row["gpu_after"],
-            row["cpu_after"],
+        row["changed"] = bool(row["state"]) or any(
+            row[f"{k}_before"] != row[f"{k}_after"] for k in ("pct", "gpu", "cpu", "busy")
         )
         rows.append(row)
     return rows
+
+
+def saturated(tree: PlanTree, sched: Scheduler, now: float) -> dict[str, float]:
+    """Deserved GPUs if every plan wanted all it may take: the same core, on the instance, with
+    one elastic job per childless plan asking for one device per worker up to the plan's
+    limit (synthetic jobs, never stored). Empty when the instance has no GPUs."""
+    capacity = int(sched.instance.capacity.gpu)
+    if capacity < 1:
+        return {}
+    jobs = []
+    for plan in tree:
+        if plan.user_leaf or tree.children(plan.path):
+            continue
+        cap = min([capacity, *(p.limit.gpu for p in tree.ancestors(plan.path))])
+        if cap < 1:
+            continue
+        jobs.append(
+            Job(f"preview-{len(jobs)}", "preview", plan.path, Resources(1, 0, 0), 1, int(cap),
+                submitted=0.0)
+        )  # fmt: skip
+    result = schedule(Snapshot(tree, sched.instance, jobs, sched.config), now)
+    return {path: fig.deserved.gpu for path, fig in result.plans.items()}
 
 
 def _pct(tree: PlanTree, path: str) -> float | None:
