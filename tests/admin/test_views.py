@@ -178,4 +178,6 @@ def test_instance_view_counts_free_devices_per_node(sched: Scheduler) -> None:
     ]  # fmt: skip
     assert view["capacity"]["gpu"] == "8" and view["allocated"]["gpu"] == "3"
     assert view["limit_range"]["default_request"] == {"gpu": "1", "cpu": "250m", "memory": "512Mi"}
-    assert view["limit_range"]["max"]["cpu"] == "-"
+    assert view["limit_range"]["max"]["cpu"] == "-" and view["limit_range"]["default"]["gpu"] == "-"
+    assert view["limit_range"]["min"]["gpu"] == "0"
+    assert views.amount("memory", 24683652 * 1024) == "23.5Gi"

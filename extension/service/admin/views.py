@@ -36,10 +36,12 @@ def amount(resource: str, value: float | None) -> str:
         return "-"
     if value == 0:
         return "0"
-    text = format_amount(resource, value)
-    if text.endswith(" bytes memory"):  # not a whole number of Ki: plain bytes
+    if resource == "memory":  # for reading: 23.5Gi rather than the exact 24683652Ki
+        for suffix, unit in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+            if value >= unit:
+                return f"{round(value / unit, 1):g}{suffix}"
         return str(int(value))
-    return text.rsplit(" ", 1)[0]
+    return format_amount(resource, value).rsplit(" ", 1)[0]
 
 
 def vector(res: Resources | Mapping[str, float] | None, unlimited: bool = False) -> dict:
@@ -54,7 +56,12 @@ def vector(res: Resources | Mapping[str, float] | None, unlimited: bool = False)
 
 def limit_form_value(resource: str, value: float) -> str:
     """A limit as the form shows it (what the API accepts back): gpu count, cores, bytes."""
-    return "" if value == UNLIMITED else amount(resource, value)
+    if value == UNLIMITED:
+        return ""
+    text = format_amount(resource, value)  # exact, so saving the form unchanged changes nothing
+    if text.endswith(" bytes memory"):  # not a whole number of Ki: plain bytes
+        return str(int(value))
+    return text.rsplit(" ", 1)[0]
 
 
 def plan_rows(sched: Scheduler) -> list[dict]:
@@ -304,8 +311,9 @@ def instance_view(sched: Scheduler, limit_range: Mapping[str, Any]) -> dict:
                 "gpu_free": max(0, int(free.gpu)),
             }
         )
+    # a missing min is 0; a missing max, default or default request is "-" (none)
     lr = {
-        k: vector(limit_range.get(k) or {}, unlimited=k in ("max",))
+        k: vector(limit_range.get(k) or {}, unlimited=k != "min")
         for k in ("min", "max", "default", "default_request")
     }
     root = sched.figures.get(ROOT)
