@@ -208,6 +208,13 @@ def _logon(args: argparse.Namespace, out: TextIO) -> int:
 
 def _exec_start(rest: Sequence[str], out: TextIO, err: TextIO) -> int:
     rest = list(rest)
+    mine = rest[: rest.index("--")] if "--" in rest else rest
+    if "-h" in mine or "--help" in mine:
+        from extension.magics import options
+
+        out.write("wmla exec-start PyTorch [options] -- [script arguments]\n")
+        out.write((options.__doc__ or "").split("\n\n", 2)[-1] + "\n--json prints JSON.\n")
+        return 0
     if not rest or not rest[0] or rest[0].startswith("-"):
         raise OptionsError(
             "say the framework first: wmla exec-start PyTorch --consumer PLAN "

@@ -211,6 +211,11 @@ def test_bad_flags_exit_2_with_a_message(as_user, argv, message) -> None:
     assert message in err
 
 
+def test_exec_start_help_lists_the_options_and_their_dlicmd_aliases(as_user) -> None:
+    code, out, _ = as_user("user1", "exec-start", "PyTorch", "--help")
+    assert code == 0 and "``--plan`` (``--consumer``)" in out and "``--workerDeviceNum``" in out
+
+
 def test_a_bad_model_dir_is_the_services_message(as_user) -> None:
     code, _, err = as_user(
         "user1", "exec-start", "PyTorch", "--consumer", "/project1/dev-team",
