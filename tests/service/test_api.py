@@ -54,6 +54,21 @@ def hub(tmp_path_factory: pytest.TempPathFactory):
         hub.stop()
 
 
+@pytest.fixture(scope="module")
+def project1(hub: Hub) -> None:
+    """The seed's /project1 with dev-team (4, gpu 4) and qa-team (2, gpu 2, members: user2)."""
+    admin = hub.clients["admin"]
+    for body in (
+        {"path": "/project1"},
+        {"path": "/project1/dev-team", "share": 4, "limit": {"gpu": 4}},
+        {"path": "/project1/qa-team", "share": 2, "limit": {"gpu": 2}},
+    ):
+        r = admin.post("/plans", json=body)
+        assert r.status_code == 201, r.text
+    r = admin.patch("/plans/project1/qa-team", json={"members": {"users": ["user2"]}})
+    assert r.status_code == 200 and r.json()["members"]["users"] == ["user2"]
+
+
 def job_body(plan: str, workers=1, seconds: float = 0, **extra) -> dict:
     return {
         "plan": plan,
@@ -136,23 +151,23 @@ def test_plan_crud_is_for_plan_admins_only(hub: Hub) -> None:
     r = user1.post("/plans", json={"path": "/mine"})
     assert r.status_code == 403 and "custom:wmla:admin" in error_of(r)
     for body in (
-        {"path": "/project1"},
-        {"path": "/project1/dev-team", "share": 4, "limit": {"gpu": 4}},
-        {"path": "/project1/qa-team", "share": 2, "limit": {"gpu": 2}},
-        {"path": "/project1/support-team", "share": 2, "limit": {"gpu": 2}},
+        {"path": "/crud"},
+        {"path": "/crud/a", "share": 4, "limit": {"gpu": 4}},
+        {"path": "/crud/b", "share": 2, "limit": {"gpu": 2}},
     ):
         r = admin.post("/plans", json=body)
         assert r.status_code == 201, r.text
-    assert admin.get("/plans/project1/dev-team").json()["limit"] == {"gpu": 4}
-    r = user1.patch("/plans/project1/dev-team", json={"share": 1})
+    assert admin.get("/plans/crud/a").json()["limit"] == {"gpu": 4}
+    r = user1.patch("/plans/crud/a", json={"share": 1})
     assert r.status_code == 403
-    r = padmin.patch("/plans/project1/support-team", json={"share": 3})
+    r = padmin.patch("/plans/crud/b", json={"share": 3})
     assert r.status_code == 200 and r.json()["share"] == 3
-    r = user1.delete("/plans/project1/support-team")
+    r = user1.delete("/plans/crud/b")
     assert r.status_code == 403
-    r = padmin.delete("/plans/project1/support-team")
-    assert r.status_code == 204
-    assert user1.get("/plans/project1/support-team").status_code == 404
+    for path in ("/plans/crud/b", "/plans/crud/a", "/plans/crud"):
+        r = padmin.delete(path)
+        assert r.status_code == 204, r.text
+    assert user1.get("/plans/crud").status_code == 404
 
 
 @pytest.mark.parametrize(
@@ -190,7 +205,9 @@ def test_plan_crud_is_for_plan_admins_only(hub: Hub) -> None:
         "delete-unknown",
     ],
 )
-def test_plan_validation_errors_change_nothing(hub, method, path, body, status, words) -> None:
+def test_plan_validation_errors_change_nothing(
+    hub, project1, method, path, body, status, words
+) -> None:
     admin = hub.clients["admin"]
     before = admin.get("/plans").json()["plans"]
     kwargs = {"data": body} if isinstance(body, str) else {"json": body}
@@ -203,10 +220,8 @@ def test_plan_validation_errors_change_nothing(hub, method, path, body, status, 
     ]
 
 
-def test_membership_refusal_names_the_plans_you_may_use(hub: Hub) -> None:
-    admin, user1 = hub.clients["admin"], hub.clients["user1"]
-    r = admin.patch("/plans/project1/qa-team", json={"members": {"users": ["user2"]}})
-    assert r.status_code == 200 and r.json()["members"]["users"] == ["user2"]
+def test_membership_refusal_names_the_plans_you_may_use(hub: Hub, project1) -> None:
+    user1 = hub.clients["user1"]
     r = user1.post("/jobs", json=job_body("/project1/qa-team"))
     assert r.status_code == 403
     message = error_of(r)
@@ -215,7 +230,7 @@ def test_membership_refusal_names_the_plans_you_may_use(hub: Hub) -> None:
     assert "/project1/qa-team" not in message.split("may use:")[1]
 
 
-def test_s2_limit_rejects_at_submit_and_dev_team_finishes(hub: Hub) -> None:
+def test_s2_limit_rejects_at_submit_and_dev_team_finishes(hub: Hub, project1) -> None:
     """S2: qa-team (GPU limit 2) refuses 4 workers x 1 GPU; dev-team runs the same to FINISHED."""
     user2 = hub.clients["user2"]
     r = user2.post("/jobs", json=job_body("/project1/qa-team", workers=4))
@@ -231,7 +246,7 @@ def test_s2_limit_rejects_at_submit_and_dev_team_finishes(hub: Hub) -> None:
     assert job["leaf"] == "/project1/dev-team/user2"
 
 
-def test_s3_user_leaf_logs_metrics_and_history(hub: Hub) -> None:
+def test_s3_user_leaf_logs_metrics_and_history(hub: Hub, project1) -> None:
     """S3: user1's job on /project1/dev-team is charged to /project1/dev-team/user1."""
     user1 = hub.clients["user1"]
     r = user1.post("/jobs", json=job_body("/project1/dev-team", workers=2, name="s3"))
