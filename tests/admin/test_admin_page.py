@@ -209,6 +209,33 @@ def test_deleting_a_plan_with_jobs_is_refused_with_the_list_unless_drained(hub: 
     assert "/busy" not in plan_paths(hub)
 
 
+def test_move_and_membership_forms_change_the_plans_as_the_api_sees_them(hub: Hub) -> None:
+    padmin = hub.clients["padmin"]
+    for body in ({"path": "/mv", "share": 3, "limit": {"gpu": 2}}, {"path": "/mv/team"}):
+        assert padmin.post("/plans", json=body).status_code == 201
+    s = login(hub, "padmin")
+    url = f"{hub.url}/services/wmla/admin/plans"
+    form = {"_xsrf": xsrf_of(s.page), "path": "/mv/team", "share": "2", "gpu": "1",
+            "users": "user1, user2", "groups": "dev"}  # fmt: skip
+    r = s.post(url, data={**form, "action": "update"}, timeout=30)
+    assert r.status_code == 200 and "saved /mv/team" in r.text
+    team = padmin.get("/plans/mv/team").json()
+    assert team["members"] == {"users": ["user1", "user2"], "groups": ["dev"]}
+    assert team["limit"] == {"gpu": 1} and team["share"] == 2
+    move = {"_xsrf": form["_xsrf"], "action": "move", "path": "/mv", "parent": "/sample-project"}
+    r = s.post(url, data={**move, "preview": "1"}, timeout=30)
+    assert r.status_code == 200 and 'data-path="/sample-project/mv/team"' in r.text
+    assert "/mv" in plan_paths(hub)  # a preview writes nothing
+    r = s.post(url, data=move, timeout=30)
+    assert r.status_code == 200 and "moved /mv to /sample-project/mv" in r.text
+    moved = padmin.get("/plans/sample-project/mv/team").json()
+    assert moved["members"]["users"] == ["user1", "user2"] and moved["limit"] == {"gpu": 1}
+    assert not {"/mv", "/mv/team"} & plan_paths(hub)
+    under_itself = {**move, "path": "/sample-project/mv", "parent": "/sample-project/mv/team"}
+    r = s.post(url, data=under_itself, timeout=30)
+    assert r.status_code == 400 and "under itself" in r.text
+
+
 # -- the browser ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def browser():
