@@ -174,7 +174,8 @@ class IndexHandler(BaseHandler):
             f'<li><a href="{prefix}api/v1/plans">plans</a></li>'
             f'<li><a href="{prefix}api/v1/jobs">your jobs</a></li>'
             f'<li><a href="{prefix}api/v1/instance">instance</a></li>'
-            f'<li><a href="{prefix}api/v1/openapi.json">OpenAPI document</a></li></ul>'
+            f'<li><a href="{prefix}api/v1/openapi.json">OpenAPI document</a></li>'
+            f'<li><a href="{prefix}admin">plan admin page</a> (plan admins)</li></ul>'
         )
 
 

@@ -266,8 +266,12 @@ class Scheduler:
         calls, self._calls = self._calls, []
         for job_id, call in calls:
             self._dispatch(job_id, call)
+        seconds = time.perf_counter() - began
         for hook in self.cycle_hooks:
-            hook(result, now, time.perf_counter() - began)
+            try:
+                hook(result, now, seconds)
+            except Exception:  # a listener's failure is not the cycle's
+                self.log.exception("cycle hook %r failed", hook)
 
     def _dispatch(self, job_id: str, call: Callable[[], Awaitable[None]]) -> None:
         """Run a backend call as its own task, after the job's earlier calls (a stop waits for

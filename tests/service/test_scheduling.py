@@ -332,3 +332,16 @@ async def test_a_cycle_the_store_refuses_carries_out_nothing(rig: Rig, monkeypat
     monkeypatch.setattr(rig.store, "update_jobs", real)
     await rig.cycle()
     assert rig.state(job) == "RUNNING" and rig.backend.calls[-1][0] == "start"
+
+
+async def test_cycle_hooks_see_every_cycle_and_cannot_break_it(rig: Rig) -> None:
+    seen = []
+
+    def broken(result, now, seconds) -> None:
+        raise RuntimeError("listener bug")
+
+    rig.sched.cycle_hooks += [broken, lambda r, now, s: seen.append((sorted(r.plans), s >= 0))]
+    job = await rig.submit("user1", "/sample-project/training", "1")
+    await rig.cycle()
+    assert rig.state(job) == "RUNNING"
+    assert seen and "/sample-project/training/user1" in seen[-1][0] and seen[-1][1]
