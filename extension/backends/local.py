@@ -761,6 +761,16 @@ class LocalBackend:
         while loop.time() < deadline and not all(w.done for w in gang.workers):
             await asyncio.sleep(0.05)
             self._refresh(gang)
+        for worker in gang.workers:
+            if not worker.done:  # e.g. stuck in uninterruptible I/O: say so, do not hang
+                log.error(
+                    "job %s: worker %d (pid %d) still there %.0fs after SIGKILL; its devices "
+                    "are released anyway",
+                    gang.job_id,
+                    worker.rank,
+                    worker.pid,
+                    self.kill_wait,
+                )
         self._sweep(gang)
 
     def _sweep(self, gang: _Gang) -> None:
