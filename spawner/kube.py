@@ -12,6 +12,9 @@ from __future__ import annotations
 from kubespawner import KubeSpawner
 from traitlets import Bool, Unicode, default
 
+from extension.scheduler.resources import parse_quantity
+
+from .kernel import STARTUP_SCRIPT
 from .mixin import WmlaSpawnerMixin
 from .objects import DEFAULT_MOUNT_PATH, make_pod_overlay, mount_path, validate_username
 
@@ -68,6 +71,16 @@ class WmlaKubeSpawner(WmlaSpawnerMixin, KubeSpawner):
         """,
     ).tag(config=True)
 
+    autoload_magics = Bool(
+        True,
+        help="""Load the %wmla_* magics in every kernel: IPYTHONDIR is the user's
+        ``<folder>/.ipython`` and a postStart hook writes the startup file there (the image needs
+        sh, mkdir and base64). Off when a postStart hook is configured already.
+
+        c.WmlaKubeSpawner.autoload_magics = True
+        """,
+    ).tag(config=True)
+
     @default("scheduler_name")
     def _wmla_scheduler_default(self) -> str:
         return "volcano"
@@ -92,7 +105,12 @@ class WmlaKubeSpawner(WmlaSpawnerMixin, KubeSpawner):
     def apply_wmla_overlay(self, plan: str) -> None:
         """Set KubeSpawner's traits from the pure overlay (kept: what config already had)."""
         folder = mount_path(self.user_mount_path, self.user.name)
-        gpus = self.wmla_request()[0]
+        gpus, request, _ = self.wmla_request()
+        # the pod asks the cluster for what the plan admitted
+        if "cpu" in request:
+            self.cpu_guarantee = parse_quantity("cpu", request["cpu"]) / 1000
+        if "memory" in request:
+            self.mem_guarantee = parse_quantity("memory", request["memory"])
         overlay = make_pod_overlay(
             user=self.user.name,
             plan=plan,
@@ -105,7 +123,8 @@ class WmlaKubeSpawner(WmlaSpawnerMixin, KubeSpawner):
             queue_prefix=self.queue_prefix,
             volcano=self.volcano_queue and self.scheduler_name == "volcano",
             gpu_resource=self.gpu_resource_name,
-            env=self.wmla_env(folder, f"{folder}/.ipython"),
+            env=self.wmla_env(folder, f"{folder}/.ipython" if self.autoload_magics else None),
+            magics_script=STARTUP_SCRIPT if self.autoload_magics else None,
         )
         names = {v["name"] for v in overlay["volumes"]}
         self.volumes = [v for v in _as_list(self.volumes) if v.get("name") not in names] + overlay[
@@ -123,6 +142,8 @@ class WmlaKubeSpawner(WmlaSpawnerMixin, KubeSpawner):
         self.environment = {**self.environment, **overlay["environment"]}
         if not self.working_dir:
             self.working_dir = overlay["working_dir"]
+        if overlay["lifecycle_hooks"] and "postStart" not in (self.lifecycle_hooks or {}):
+            self.lifecycle_hooks = {**(self.lifecycle_hooks or {}), **overlay["lifecycle_hooks"]}
 
     async def start(self):
         self._wmla_admitted = False

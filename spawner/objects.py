@@ -9,10 +9,13 @@ pods and sits in the same Volcano queue.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from typing import Any
 
 from extension.backends import manifests as m
+
+from .kernel import STARTUP_NAME
 
 VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
 DEFAULT_MOUNT_PATH = "/gpfs/myresultfs/{username}"
@@ -47,14 +50,20 @@ def make_user_storage(
 def make_plan_labels(
     *, instance: str, user: str, plan: str, queue_prefix: str = "wmla"
 ) -> dict[str, str]:
-    """Labels of a notebook pod: managed-by, instance, user, the plan's queue, kind=notebook."""
-    return m.make_labels(
+    """Labels of a notebook pod: instance, user, the plan's queue, kind=notebook.
+
+    Not the backend's managed-by label: KubeSpawner manages the pod (and the backend, which
+    re-adopts what it manages by that label, must leave notebook pods alone).
+    """
+    labels = m.make_labels(
         instance=instance,
         user=user,
         queue=m.queue_name(plan, queue_prefix),
         kind="notebook",
         prefix=queue_prefix,
     )
+    labels.pop(m.LABEL_MANAGED_BY, None)
+    return labels
 
 
 def make_plan_annotations(
@@ -76,6 +85,15 @@ def make_gpu_limits(*, gpus: int, resource: str = m.DEFAULT_GPU_RESOURCE) -> dic
     return {resource: str(gpus)} if gpus else {}
 
 
+def make_magics_hook(*, ipython_dir: str, script: str) -> dict:
+    """A postStart hook writing the kernel startup file that loads the magics into the user's
+    IPYTHONDIR (the hub cannot write into the pod's volume). Base64 keeps quoting out of it."""
+    encoded = base64.b64encode(script.encode()).decode()
+    startup = f"{ipython_dir}/profile_default/startup"
+    command = f"mkdir -p '{startup}' && echo {encoded} | base64 -d > '{startup}/{STARTUP_NAME}'"
+    return {"postStart": {"exec": {"command": ["sh", "-c", command]}}}
+
+
 def make_pod_overlay(
     *,
     user: str,
@@ -90,12 +108,19 @@ def make_pod_overlay(
     volcano: bool = True,
     gpu_resource: str = m.DEFAULT_GPU_RESOURCE,
     env: Mapping[str, str] | None = None,
+    magics_script: str | None = None,
 ) -> dict[str, Any]:
     """Everything ``WmlaKubeSpawner`` lays over KubeSpawner's pod, as trait values."""
     volume, mount = make_user_storage(
         claim_name=claim_name, user=user, mount_path_template=mount_path_template
     )
     queue = m.queue_name(plan, queue_prefix)
+    folder = mount["mountPath"]
+    hooks = (
+        make_magics_hook(ipython_dir=f"{folder}/.ipython", script=magics_script)
+        if magics_script
+        else {}
+    )
     return {
         "volumes": [volume],
         "volume_mounts": [mount],
@@ -107,5 +132,6 @@ def make_pod_overlay(
         ),
         "extra_resource_limits": make_gpu_limits(gpus=gpus, resource=gpu_resource),
         "environment": dict(env or {}),
-        "working_dir": mount["mountPath"],
+        "working_dir": folder,
+        "lifecycle_hooks": hooks,
     }
