@@ -255,6 +255,17 @@ def browser_login(browser, hub: Hub, user: str):
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(30_000)
+    # script errors, failed script loads and Content-Security-Policy violations (a CDN or an
+    # inline script) land here; a refused form's own 4xx answer (admin/plans) is expected
+    page.problems = []
+    page.on("pageerror", lambda err: page.problems.append(str(err)))
+
+    def console(msg) -> None:
+        where = (msg.location or {}).get("url", "")
+        if msg.type == "error" and "/hub/" not in where and not where.endswith("/admin/plans"):
+            page.problems.append(f"{msg.text} ({where})")
+
+    page.on("console", console)
     page.goto(f"{hub.url}/hub/login?next=%2Fhub%2Fhome")  # no server spawned on login
     page.fill("#username_input", user)
     page.fill("#password_input", password(hub, user))
@@ -364,6 +375,7 @@ def test_admin_builds_project1_and_edits_it_in_the_browser(browser, hub: Hub) ->
         assert page.locator("#lr-default_request td").first.inner_text() == "1"
         shot(page, "07-instance")
         assert hub.clients["padmin"].delete(f"/jobs/{job['id']}").status_code == 200
+        assert page.problems == []
     finally:
         context.close()
 
