@@ -51,6 +51,17 @@ CELLS = [
     "%wmla_train --consumer /project1/dev-team --workerDeviceNum 4 --gpus-per-worker 1 "
     "--cpus 100m --model-dir models/hi --model-main main.py --wait",
     "print(json.dumps(wmla_last_job))",
+    # without --wait the monitor watches on a thread; its cancel button stops the job
+    "%wmla_train --plan /sample-project/training --cpus 100m --name bg --model-dir models/hi "
+    "--model-main sleep.py -- 120",
+    "import time\n"
+    "m = wmla_last_monitor\n"
+    "deadline = time.time() + 120\n"
+    "while m.job.get('state') != 'RUNNING' and time.time() < deadline:\n"
+    "    time.sleep(0.3)\n"
+    "m.cancel_button.click()\n"
+    "m._thread.join(120)\n"
+    "print(m.job['state'], m.cancel_button.disabled, m.message.value)",
 ]
 RAISES = {6, 7, 11}  # cells expected to stop with a UsageError
 
@@ -130,6 +141,9 @@ def test_a_notebook_trains_watches_and_meters(hub: Hub) -> None:
     (folder / "models" / "pytorch_mnist").mkdir(parents=True, exist_ok=True)
     shutil.copy(EXAMPLE, folder / "models" / "pytorch_mnist" / "main.py")
     (folder / "models" / "hi").mkdir(exist_ok=True)
+    (folder / "models" / "hi" / "sleep.py").write_text(
+        "import sys, time\nprint('sleeping', flush=True)\ntime.sleep(float(sys.argv[1]))\n"
+    )
     (folder / "models" / "hi" / "main.py").write_text(
         "import os\nprint('rank', os.environ['RANK'])\n"
     )
@@ -161,8 +175,10 @@ def test_a_notebook_trains_watches_and_meters(hub: Hub) -> None:
 
     states = widget_states(nb)
     bars = [s["state"] for s in states if s["model_name"] == "FloatProgressModel"]
-    assert [b["value"] for b in bars] == [100.0, 100.0, 100.0]  # mnist, cell, S2 dev-team
-    assert all(b["bar_style"] == "success" for b in bars)
+    # mnist, the cell, S2 in dev-team, then the cancelled one
+    assert [(b["value"], b["bar_style"]) for b in bars] == [(100.0, "success")] * 3 + [
+        (0.0, "warning")
+    ]
     htmls = [s["state"].get("value", "") for s in states if s["model_name"] == "HTMLModel"]
     assert sum("FINISHED" in h for h in htmls) == 3
     assert any("2 workers running" in h and "each" in h for h in htmls)
@@ -182,6 +198,8 @@ def test_a_notebook_trains_watches_and_meters(hub: Hub) -> None:
     assert "limit of 2 gpu" in text[11]
     s2 = json.loads(text[13])
     assert (s2["plan"], s2["state"], s2["workers"]["max"]) == ("/project1/dev-team", "FINISHED", 4)
+
+    assert text[15].startswith("CANCELLED True cancel requested"), text[15]
 
     usage = requests.get(
         f"{hub.api}/usage",
