@@ -35,8 +35,8 @@
         line: { shape: "hv", color: "#3d7cc9" } },
     ];
     const layout = {
-      title: { text: title }, margin: { t: 40, r: 20, b: 40, l: 60 },
-      yaxis: { title: { text: unit }, rangemode: "tozero" }, legend: { orientation: "h" },
+      title: { text: title }, margin: { t: 40, r: 20, b: 80, l: 60 },
+      yaxis: { title: { text: unit }, rangemode: "tozero" }, legend: { orientation: "h", y: -0.3 },
     };
     window.Plotly.newPlot(id, traces, layout, { displaylogo: false, responsive: true });
   }
@@ -51,7 +51,7 @@
       const used = (c.totals && c.totals.used) || {};
       for (const v of [c.path, req.gpu_hours, used.gpu_hours, req.cpu_hours, used.cpu_hours]) {
         const td = document.createElement("td");
-        td.textContent = typeof v === "number" ? v.toFixed(3) : v || "0";
+        td.textContent = typeof v === "number" ? String(Number(v.toPrecision(3))) : v || "0";
         tr.appendChild(td);
       }
       body.appendChild(tr);
