@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .storage import Account, chown_tree
+from .storage import Account, StorageError
 
 STARTUP_NAME = "00-wmla-magics.py"
 MAGICS_MODULE = "extension.magics"
@@ -56,12 +56,44 @@ STARTUP_SCRIPT = startup_script()
 def install_startup(
     ipython_dir: Path, folder: Path, account: Account | None, script: str = STARTUP_SCRIPT
 ) -> Path:
-    """Write the startup file; new directories are the account's (``folder`` is the top)."""
-    startup = ipython_dir / "profile_default" / "startup"
-    startup.mkdir(parents=True, exist_ok=True)
-    path = startup / STARTUP_NAME
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(script)
-    os.replace(tmp, path)
-    chown_tree(path, folder, account)
-    return path
+    """Write the startup file under ``folder`` (``ipython_dir`` must lie inside it).
+
+    The folder belongs to the user, who could plant symlinks in it; as root we must not follow
+    them (a symlinked ``startup`` would make the hub write and chown a file anywhere). So every
+    step is opened relative to its parent with O_NOFOLLOW, and what we create is the account's.
+    """
+    rel = Path(ipython_dir).resolve().relative_to(Path(folder).resolve())
+    parts = [*rel.parts, "profile_default", "startup"]
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for part in parts:
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+                created = True
+            except FileExistsError:
+                created = False
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as err:
+                raise StorageError(
+                    f"{folder}/{'/'.join(parts[: parts.index(part) + 1])} is not a folder "
+                    f"({err.strerror}); remove it so the magics can be set up"
+                ) from None
+            if created and account is not None:
+                os.fchown(child, account.uid, account.gid)
+            os.close(fd)
+            fd = child
+        tmp = STARTUP_NAME + ".tmp"
+        try:
+            os.unlink(tmp, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=fd)
+        with os.fdopen(out, "w") as f:
+            f.write(script)
+            if account is not None:
+                os.fchown(f.fileno(), account.uid, account.gid)
+        os.replace(tmp, STARTUP_NAME, src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
+    return Path(folder) / Path(*parts) / STARTUP_NAME

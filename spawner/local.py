@@ -173,8 +173,8 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
 
     # -- start -------------------------------------------------------------------------------
     async def start(self):
-        await self.wmla_admit()
-        try:
+        try:  # also a start cut short by start_timeout: JupyterHub then skips stop()
+            await self.wmla_admit()
             folder, self._wmla_account = await asyncio.to_thread(self._prepare)
             self._wmla_note(f"your folder: {folder}", 30)
             return await super().start()

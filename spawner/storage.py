@@ -109,17 +109,6 @@ def ensure_folder(storage_root: str | os.PathLike, user: str, account: Account |
     return folder
 
 
-def chown_tree(path: Path, stop: Path, account: Account | None) -> None:
-    """Give ``path`` and its parents up to (not including) ``stop`` to ``account``."""
-    if account is None:
-        return
-    path = path.resolve()
-    stop = stop.resolve()
-    while path != stop and stop in path.parents:
-        os.chown(path, account.uid, account.gid, follow_symlinks=False)
-        path = path.parent
-
-
 def _allows(info: os.stat_result, account: Account, bit: int) -> bool:
     """Whether mode bits grant ``bit`` (1 = x, 4 = r) to the account (no ACLs considered)."""
     if info.st_uid == account.uid:

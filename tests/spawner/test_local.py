@@ -51,7 +51,16 @@ c.WmlaLocalSpawner.profiles = [
     {{"slug": "cpu", "display_name": "CPU only", "default": True}},
     {{"slug": "one-gpu", "display_name": "1 GPU", "gpu": 1}},
     {{"slug": "huge", "display_name": "8 GPUs", "gpu": 8}},
+    {{"slug": "impatient", "display_name": "1 GPU, gives up soon", "gpu": 1}},
 ]
+
+
+def _impatient(spawner):  # a spawn that runs out of start_timeout while it waits for room
+    if spawner.user_options.get("profile") == "impatient":
+        spawner.start_timeout = 4
+
+
+c.Spawner.pre_spawn_hook = _impatient
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 90
 """
@@ -240,6 +249,8 @@ def test_two_users_each_see_only_their_own_folder(hub: Hub) -> None:
         if hub.os_isolation:
             uid = pwd.getpwnam(account(user)).pw_uid
             assert info.st_uid == uid and proc.uids().effective == uid
+            startup = folder / ".ipython/profile_default/startup/00-wmla-magics.py"
+            assert startup.stat().st_uid == uid
         # the service holds the server as a running, non-preemptible one-worker job
         (job,) = notebook_jobs(hub, user)
         assert (job["state"], job["leaf"]) == ("RUNNING", f"{plan}/{user}")
@@ -336,3 +347,30 @@ def test_a_server_waits_for_room_with_the_reason_then_starts(hub: Hub) -> None:
     assert server_process(hub, "user1").environ()["WMLA_LEAF"] == "/project1/dev-team/user1"
     stop(hub, "user1")
     assert notebook_jobs(hub, "user1") == [], hub.log()
+
+
+def test_a_spawn_that_gives_up_waiting_releases_its_job(hub: Hub) -> None:
+    """start_timeout cuts a waiting start short; JupyterHub then does not call stop(), so the
+    spawner itself must cancel the pending notebook job."""
+    admin = hub.clients["admin"]
+    blocker = admin.post(
+        "/jobs",
+        json={
+            "plan": "/project1/dev-team",
+            "kind": "notebook",
+            "user": "user2",
+            "resources": {"gpu": 2, "cpu": "100m", "memory": "64Mi"},
+        },  # fmt: skip
+    )
+    assert blocker.status_code == 201, blocker.text
+    try:
+        admin.wait_state(blocker.json()["id"], {"RUNNING"})
+        assert spawn(hub, "user1", "impatient").status_code in (201, 202)
+        events = list(progress_events(hub, "user1"))
+        assert any("at its gpu limit" in e.get("message", "") for e in events), events
+        assert events[-1].get("failed"), events
+        wait_for(lambda: notebook_jobs(hub, "user1") == [], "the pending job to be cancelled")
+        cancelled = notebook_jobs(hub, "user1", "CANCELLED")
+        assert any(j["reason"].startswith("cancelled") for j in cancelled), cancelled
+    finally:
+        admin.delete(f"/jobs/{blocker.json()['id']}")

@@ -135,6 +135,22 @@ def test_the_folder_is_private_and_created_once(tmp_path: Path) -> None:
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
 
 
+def test_the_startup_file_is_never_written_through_a_symlink(tmp_path: Path) -> None:
+    """The folder is the user's: a planted symlink must not make the hub write elsewhere."""
+    folder, elsewhere = tmp_path / "alice", tmp_path / "elsewhere"
+    folder.mkdir()
+    elsewhere.mkdir()
+    (folder / ".ipython" / "profile_default").mkdir(parents=True)
+    (folder / ".ipython" / "profile_default" / "startup").symlink_to(elsewhere)
+    with pytest.raises(StorageError, match="is not a folder"):
+        install_startup(folder / ".ipython", folder, None)
+    assert list(elsewhere.iterdir()) == []
+    (folder / ".ipython" / "profile_default" / "startup").unlink()
+    path = install_startup(folder / ".ipython", folder, None)
+    assert path == folder / ".ipython/profile_default/startup" / STARTUP_NAME
+    assert path.read_text() == startup_script()
+
+
 def test_the_kernel_loads_the_magics_without_load_ext(tmp_path: Path) -> None:
     """A real ipykernel with the spawner's IPYTHONDIR has the %wmla_* magics."""
     from jupyter_client.manager import start_new_kernel
