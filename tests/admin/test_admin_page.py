@@ -112,6 +112,13 @@ def test_anonymous_visitor_is_sent_to_the_hub_login(hub: Hub) -> None:
     assert "/hub/api/oauth2/authorize" in r.headers["Location"]
 
 
+def test_hub_admins_and_scope_holders_get_the_page(hub: Hub) -> None:
+    for user in ("admin", "padmin"):  # hub admin; custom:wmla:admin through a role
+        s = login(hub, user)
+        assert s.admin_status == 200, (user, s.page[:300])
+        assert f'<span class="who">{user}</span>' in s.page
+
+
 def test_non_admin_gets_403_with_the_reason(hub: Hub) -> None:
     s = login(hub, "user1")
     assert s.admin_status == 403
