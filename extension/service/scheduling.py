@@ -430,7 +430,9 @@ class Scheduler:
         if changes or log:
             self.store.update_jobs(changes, now, log)
 
-    def _queue_backend(self, job_id: str, what: str, placement: tuple, grace: float = 0) -> None:
+    def _queue_backend(
+        self, job_id: str, what: str, placement: tuple, grace: float | None = None
+    ) -> None:
         row = self.store.job(job_id)
         assert row is not None and self.backend is not None
         spec = _spec(row)
@@ -438,7 +440,7 @@ class Scheduler:
         if what == "start":
             self._calls.append((job_id, lambda: backend.start(spec, placement)))
         else:
-            grace = grace or self.config.grace
+            grace = self.config.grace if grace is None else grace
             self._calls.append((job_id, lambda: backend.resize(spec, placement, grace)))
 
     def _queue_stop(self, job_id: str, grace: float, reason: str, now: bool = False) -> None:

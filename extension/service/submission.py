@@ -279,6 +279,9 @@ def parse_submission(
     preemptible = body.get("preemptible", kind == "train")
     if not isinstance(preemptible, bool):
         raise SubmissionError(f"preemptible must be true or false, got {preemptible!r}")
+    if kind == "notebook" and (preemptible or lo != 1 or hi != 1):
+        # the spawner runs the server, so nothing could stop or resize it on a decision
+        raise SubmissionError("a notebook job is one worker and not preemptible")
     env = _env(body.get("env"))
     root = user_root(storage_root, user)
     command = body.get("command")

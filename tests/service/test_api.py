@@ -337,6 +337,8 @@ def test_users_see_only_their_own_jobs(hub: Hub) -> None:
         ),
         ({"command": "python -c 'import os'"}, 400, "command is required"),
         ({"kind": "daemon"}, 400, "kind must be"),
+        ({"kind": "notebook", "command": None, "preemptible": True}, 400, "not preemptible"),
+        ({"kind": "notebook", "command": None, "workers": 2}, 400, "one worker"),
     ],
     ids=lambda v: str(v)[:40] if isinstance(v, dict) else None,
 )
