@@ -52,9 +52,11 @@ def hub(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config):
     finally:
         hub.stop()
         shots = sorted(p.name for p in ARTIFACTS.glob("*.png"))
+        capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
         reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(f"\nadmin page screenshots ({len(shots)}) in {ARTIFACTS}")
+        if reporter is not None and capture is not None:
+            with capture.global_and_fixture_disabled():  # shown even when output is captured
+                reporter.write_line(f"\nadmin page screenshots ({len(shots)}) in {ARTIFACTS}")
 
 
 def password(hub: Hub, user: str) -> str:
