@@ -100,6 +100,7 @@ class Scheduler:
         self.members: dict[str, tuple[list[str], list[str]]] = {}
         self.jobs: dict[str, Job] = {}  # live (pending and running) jobs, in the core's terms
         self.figures: dict[str, PlanFigures] = {}
+        self.reserved: str | None = None  # CycleResult.reserved, passed to the next cycle
         self.cycles = 0
         self._events: list[BackendEvent] = []
         self._calls: list[tuple[str, Callable[[], Awaitable[None]]]] = []
@@ -251,7 +252,13 @@ class Scheduler:
         began = time.perf_counter()
         self._fold_events(now)
         self._refresh_instance()
-        snapshot = Snapshot(self.plans, self.instance, list(self.jobs.values()), self.config)
+        snapshot = Snapshot(
+            self.plans,
+            self.instance,
+            list(self.jobs.values()),
+            self.config,
+            reserved=self.reserved,
+        )
         result = schedule(snapshot, now)
         self.cycles += 1
         try:
@@ -263,6 +270,9 @@ class Scheduler:
             self._reload_jobs()
             raise
         self.figures = result.plans
+        # the reservation holder is tried first next cycle (docs/scheduling.md, Reservation):
+        # what a reclaim freed goes to the reclaimer, not back to its victim
+        self.reserved = result.reserved
         calls, self._calls = self._calls, []
         for job_id, call in calls:
             self._dispatch(job_id, call)
@@ -501,9 +511,7 @@ class Scheduler:
             preemptible=sub.preemptible,
         )
         try:
-            problem = check_submission(
-                Snapshot(self.plans, self.instance, list(self.jobs.values()), self.config), job
-            )
+            problem = check_submission(Snapshot(self.plans, self.instance, [], self.config), job)
         except PlanError as err:
             raise SubmissionError(str(err)) from None
         admission = getattr(self.backend, "admission_problem", None)

@@ -162,10 +162,11 @@ async def test_rigid_preemption_requeues_and_restarts(rig: Rig) -> None:
     big = await rig.submit("user1", "/sample-project/training", "4")  # borrows /project1's half
     await rig.cycle()
     assert rig.state(big) == "RUNNING"
-    # more cpu, so that when both are pending the core's tie-break (equal GPU shares: who
-    # deserves more of the instance) does not hand the freed GPUs straight back to ``big``
-    small = await rig.submit("user2", "/project1/qa-team", "2", cpu="1")
-    for _ in range(3):
+    # the same cpu as ``big``: when both are pending at ratio 0 the fair order's tie-break
+    # would favour ``big``; the reservation carried from the reclaiming cycle gives the freed
+    # GPUs to ``small`` instead, so ``big`` is not started and preempted again (thrash)
+    small = await rig.submit("user2", "/project1/qa-team", "2")
+    for _ in range(6):
         await rig.cycle()
     row = rig.store.job(big)
     assert row.preemptions == 1 and row.state == "PENDING"

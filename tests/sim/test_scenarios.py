@@ -88,6 +88,14 @@ def test_reservation_keeps_a_stream_of_small_jobs_from_starving_a_big_gang(capsy
     assert {j["state"] for j in out["jobs"].values()} == {"FINISHED"}
 
 
+def test_a_reclaim_does_not_thrash_the_freed_gpus_go_to_the_reclaimer(capsys):
+    out = simulate("no_thrash_after_reclaim.yaml", capsys)
+    big, small = out["jobs"]["big"], out["jobs"]["small"]
+    assert big["preemptions"] == 1  # once, for small; never again
+    assert small["started"] == 15  # at the end of big's 5 s grace, not after big restarts
+    assert [e["running"] for e in out["timeline"]] == [{"big": 4}, {"small": 2}, {"big": 4}, {}]
+
+
 def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "bad.yaml"
     path.write_text(text)
