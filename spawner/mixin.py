@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import inspect
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -195,6 +196,7 @@ class WmlaSpawnerMixin(LoggingConfigurable):
     _wmla_changed = AnyTrait(None, allow_none=True)
     _wmla_waiting = AnyTrait(False)
     _wmla_stopping = AnyTrait(False)
+    _wmla_orphans = List()  # job ids whose server is gone but whose release is still due
 
     # -- plan mapping ----------------------------------------------------------------------------
     def wmla_profile(self) -> dict | None:
@@ -342,6 +344,8 @@ class WmlaSpawnerMixin(LoggingConfigurable):
     # -- admission and release ------------------------------------------------------------------
     async def wmla_admit(self) -> str:
         """Submit the notebook job and wait until it holds its resources; returns the plan."""
+        if self._wmla_orphans:  # a previous server's job that was never released
+            await self.wmla_release("")
         self._wmla_events = []
         self._wmla_changed = asyncio.Event()
         self._wmla_stopping = False
@@ -391,13 +395,16 @@ class WmlaSpawnerMixin(LoggingConfigurable):
                 self.log.warning("%s: looking at job %s: %s", self._log_name, job["id"], err)
 
     async def wmla_release(self, job_id: str | None = None) -> None:
-        """Cancel the notebook job (releases the plan's resources); never raises."""
+        """Cancel the notebook job and any job a cleared state left behind; never raises."""
+        ids = [job_id or self.wmla_job_id, *self._wmla_orphans]
+        self.wmla_job_id = ""
+        self._wmla_orphans.clear()
+        for one in dict.fromkeys(i for i in ids if i):
+            await self._wmla_release_one(one)
+
+    async def _wmla_release_one(self, job_id: str) -> None:
         from extension.client import WmlaError
 
-        job_id = job_id or self.wmla_job_id
-        self.wmla_job_id = ""
-        if not job_id:
-            return
         try:
             await self._wmla_call("DELETE", f"jobs/{job_id}", what=f"releasing {job_id}")
             self.log.info("%s: released notebook job %s", self._log_name, job_id)
@@ -449,8 +456,24 @@ class WmlaSpawnerMixin(LoggingConfigurable):
         self.wmla_leaf = state.get("wmla_leaf", "")
 
     def clear_state(self) -> None:
+        # LocalProcessSpawner.poll() clears the state of a server that died by itself before
+        # JupyterHub's stop, which then skips stop(): keep the job id to release it
+        if self.wmla_job_id:
+            self._wmla_orphans.append(self.wmla_job_id)
         super().clear_state()
         self.wmla_job_id = ""
+
+    def run_post_stop_hook(self):
+        """JupyterHub runs this after every stop, also of a server that died by itself (when it
+        does not call stop()): release whatever job is still held, then the configured hook."""
+        configured = super().run_post_stop_hook()
+
+        async def release_then_hook() -> None:
+            await self.wmla_release()
+            if inspect.isawaitable(configured):
+                await configured
+
+        return release_then_hook()
 
     # -- the spawn page ------------------------------------------------------------------------
     def wmla_options_form(self) -> str:

@@ -62,6 +62,7 @@ def _impatient(spawner):  # a spawn that runs out of start_timeout while it wait
 
 c.Spawner.pre_spawn_hook = _impatient
 c.Spawner.start_timeout = 120
+c.Spawner.poll_interval = 2  # notice a server that died by itself soon
 c.Spawner.http_timeout = 90
 """
 
@@ -297,6 +298,17 @@ def test_stopping_a_server_releases_its_plan(hub: Hub) -> None:
     freed = wait_for(lambda: leaf(hub, path).get("running") == 0 and leaf(hub, path), "release")
     assert freed["allocated"] == {"gpu": 0, "cpu": 0, "memory": 0}
     stop(hub, "user2")
+
+
+def test_a_server_that_dies_by_itself_releases_its_job(hub: Hub) -> None:
+    """JupyterHub does not call stop() for a server it finds dead; the job is released anyway."""
+    assert spawn(hub, "user2").status_code in (201, 202)
+    wait_ready(hub, "user2")
+    (job,) = notebook_jobs(hub, "user2")
+    server_process(hub, "user2").kill()
+    wait_for(lambda: server_model(hub, "user2") is None, "the hub to notice", timeout=60)
+    wait_for(lambda: notebook_jobs(hub, "user2") == [], "the job to be released")
+    assert hub.clients["admin"].get(f"/jobs/{job['id']}").json()["state"] == "CANCELLED"
 
 
 def test_a_server_that_can_never_fit_fails_at_once_with_the_message(hub: Hub) -> None:
