@@ -36,8 +36,11 @@ lint: install
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# each benchmark prints its figures and compares with a baseline measured in the same run
 bench: install
 	$(BIN)/python benchmarks/bench_scheduler.py
+	$(BIN)/python benchmarks/bench_usage.py
+	$(BIN)/python benchmarks/bench_overhead.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info node_modules
