@@ -386,3 +386,35 @@ def test_a_spawn_that_gives_up_waiting_releases_its_job(hub: Hub) -> None:
         assert any(j["reason"].startswith("cancelled") for j in cancelled), cancelled
     finally:
         admin.delete(f"/jobs/{blocker.json()['id']}")
+
+
+async def test_the_kube_spawner_is_admitted_by_the_real_service(hub: Hub, tmp_path: Path) -> None:
+    """WmlaKubeSpawner's admission against this module's real service; only the Kubernetes API
+    is missing (the pod is built offline, as in test_kube.py)."""
+    pytest.importorskip("kubespawner")
+    from kubernetes_asyncio.config import kube_config
+
+    from tests.spawner.test_kube import KUBECONFIG, make_spawner
+
+    (tmp_path / "kubeconfig").write_text(KUBECONFIG)
+    old = kube_config.KUBE_CONFIG_DEFAULT_LOCATION
+    kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(tmp_path / "kubeconfig")
+    try:
+        spawner = make_spawner(
+            "user1",
+            service_url=hub.api,
+            service_token=hub.clients["admin"].headers["Authorization"].split()[1],
+            user_plans={"user1": "/project1/dev-team"},
+            gpus=1,
+        )
+        await spawner.load_user_options()  # admission happens here, after profile overrides
+        job_id = spawner.wmla_job_id
+        assert job_id and spawner.wmla_leaf == "/project1/dev-team/user1"
+        pod = spawner.api.api_client.sanitize_for_serialization(await spawner.get_pod_manifest())
+        assert pod["metadata"]["annotations"]["wmla.jupyter.org/job-id"] == job_id
+        assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+        assert [j["id"] for j in notebook_jobs(hub, "user1")] == [job_id]
+        await spawner.wmla_release()
+        assert notebook_jobs(hub, "user1") == []
+    finally:
+        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = old
