@@ -92,7 +92,7 @@ class WmlaKubeSpawner(WmlaSpawnerMixin, KubeSpawner):
 
     _wmla_admitted = False
 
-    async def load_user_options(self):
+    async def load_user_options(self) -> None:
         await super().load_user_options()
         validate_username(self.user.name)
         if not self._wmla_admitted:
@@ -145,7 +145,7 @@ class WmlaKubeSpawner(WmlaSpawnerMixin, KubeSpawner):
         if overlay["lifecycle_hooks"] and "postStart" not in (self.lifecycle_hooks or {}):
             self.lifecycle_hooks = {**(self.lifecycle_hooks or {}), **overlay["lifecycle_hooks"]}
 
-    async def start(self):
+    async def start(self) -> tuple[str, int]:
         self._wmla_admitted = False
         try:
             return await super().start()

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import os
 import site
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner, set_user_setuid
 from traitlets import Bool, Integer, Unicode, default
@@ -104,11 +106,11 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
 
     # -- the spawn page --------------------------------------------------------------------
     @default("options_form")
-    def _wmla_options_form_default(self):
+    def _wmla_options_form_default(self) -> Callable[[Any], str]:
         return lambda spawner: spawner.wmla_options_form() if spawner.profiles else ""
 
     @default("options_from_form")
-    def _wmla_options_from_form_default(self):
+    def _wmla_options_from_form_default(self) -> Callable[[Mapping[str, list]], dict]:
         return self.wmla_options_from_form
 
     # -- folder and account ------------------------------------------------------------------
@@ -172,7 +174,7 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         self._wmla_pythonpath = os.pathsep.join(paths)
 
     # -- start -------------------------------------------------------------------------------
-    async def start(self):
+    async def start(self) -> tuple[str, int]:
         try:  # also a start cut short by start_timeout: JupyterHub then skips stop()
             await self.wmla_admit()
             folder, self._wmla_account = await asyncio.to_thread(self._prepare)
@@ -182,7 +184,7 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
             await self.wmla_release()
             raise
 
-    def make_preexec_fn(self, name):
+    def make_preexec_fn(self, name: str) -> Callable[[], None]:
         folder = str(self.wmla_folder)
         account = self._wmla_account
         become = set_user_setuid(account.name, chdir=False) if account else None
@@ -194,14 +196,14 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
 
         return preexec
 
-    def user_env(self, env):
+    def user_env(self, env: dict[str, str]) -> dict[str, str]:
         account = self._wmla_account
         env["USER"] = account.name if account else self.user.name
         env["HOME"] = str(self.wmla_folder)
         env["SHELL"] = "/bin/bash"
         return env
 
-    def get_env(self):
+    def get_env(self) -> dict[str, str]:
         env = super().get_env()
         folder = str(self.wmla_folder)
         ipython_dir = str(self.wmla_folder / ".ipython") if self.autoload_magics else None
@@ -210,11 +212,11 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
             env["PYTHONPATH"] = self._wmla_pythonpath
         return env
 
-    def get_args(self):
+    def get_args(self) -> list[str]:
         args = super().get_args()
         if not self.notebook_dir:  # the Jupyter root is the user's folder, nothing above it
             args.append(f"--ServerApp.root_dir={self.wmla_folder}")
         return args
 
-    async def move_certs(self, paths):
+    async def move_certs(self, paths: dict) -> dict:
         return paths  # internal SSL is not supported here: the folder is the only home

@@ -17,7 +17,7 @@ import asyncio
 import html
 import inspect
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any
 
 from traitlets import Any as AnyTrait
@@ -321,7 +321,7 @@ class WmlaSpawnerMixin(LoggingConfigurable):
             self._wmla_changed.set()
         self.log.info("%s: %s", self._log_name, message)
 
-    async def progress(self):  # noqa: D401 - JupyterHub's hook
+    async def progress(self) -> AsyncIterator[dict]:
         """The admission's events while it waits, then the base spawner's own."""
         sent = 0
         while True:
@@ -463,7 +463,7 @@ class WmlaSpawnerMixin(LoggingConfigurable):
         super().clear_state()
         self.wmla_job_id = ""
 
-    def run_post_stop_hook(self):
+    def run_post_stop_hook(self) -> Awaitable[None]:
         """JupyterHub runs this after every stop, also of a server that died by itself (when it
         does not call stop()): release whatever job is still held, then the configured hook."""
         configured = super().run_post_stop_hook()
