@@ -408,14 +408,15 @@ class WmlaSpawnerMixin(LoggingConfigurable):
         try:
             await self._wmla_call("DELETE", f"jobs/{job_id}", what=f"releasing {job_id}")
             self.log.info("%s: released notebook job %s", self._log_name, job_id)
-        except WmlaError as err:
-            if err.status in (404, 409):  # already ended or gone: nothing is held
+        except (WmlaError, AdmissionError) as err:
+            if getattr(err, "status", 0) in (404, 409):  # already ended or gone: nothing held
                 return
-            self.log.error("%s: could not release notebook job %s: %s", self._log_name, job_id,
-                           err)  # fmt: skip
-        except AdmissionError as err:
-            self.log.error("%s: could not release notebook job %s: %s", self._log_name, job_id,
-                           err)  # fmt: skip
+            # kept to try again at the next stop or start of this server
+            self._wmla_orphans.append(job_id)
+            self.log.error(
+                "%s: could not release notebook job %s (will retry): %s",
+                self._log_name, job_id, err,
+            )  # fmt: skip
 
     async def stop(self, now: bool = False) -> None:
         self._wmla_stopping = True
