@@ -27,7 +27,6 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -297,7 +296,3 @@ def load_trace_scenario(
 def team_of(plan_path: str) -> str:
     """The team (top-level plan) of a plan path."""
     return plan_path.split("/", 2)[1]
-
-
-def describe(value: Any) -> str:  # pragma: no cover - small helper for messages
-    return repr(value)
