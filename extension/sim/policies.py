@@ -23,6 +23,7 @@ from extension.scheduler import (
     Grow,
     Job,
     JobState,
+    PlanError,
     Preempt,
     Reject,
     Resources,
@@ -91,8 +92,8 @@ class Wmla(Policy):
             if job.leaf not in self.plans:  # user leaves are created on first use
                 try:
                     self.plans.ensure_user_leaf(job.spec.plan, job.spec.user)
-                except Exception:  # noqa: BLE001 - the core rejects it with the reason
-                    pass
+                except PlanError:
+                    pass  # the core rejects the job and says why
         self.dirty = True
 
     def _gone(self, job: ReplayJob) -> None:
