@@ -127,6 +127,7 @@ class Replay:
         self.tick: float | None = None  # the next such multiple, when something waits for it
         self.recorder = Recorder(self)
         self.preemptions = 0
+        self._touched: list[ReplayJob] = []  # placement changed during this instant
         self.shrinks = 0
         policy.attach(self)
 
@@ -196,6 +197,10 @@ class Replay:
             nxt = self.backend.next_time()
             if nxt is None or nxt > now + EPS:
                 break
+        for job in self._touched:  # a broken gang is one seen partial between instants
+            if 0 < len(job.core.placement) < job.core.min_workers:
+                job.broken = True
+        self._touched.clear()
         self.recorder.observe(now)
 
     def _arrive(self, now: float) -> None:
@@ -325,8 +330,7 @@ class Replay:
         held = workers * job.gpu
         whole = workers >= core.min_workers
         busy = held if job.state == "RUNNING" and whole and not core.terminating else 0.0
-        if 0 < workers < core.min_workers:
-            job.broken = True
+        self._touched.append(job)
         self.recorder.change(job, held - job.held, busy - job.busy)
         job.held, job.busy = held, busy
 

@@ -243,3 +243,13 @@ def test_aggregated_snapshots_replay_a_contended_trace_exactly(tmp_path):
         figures.pop("sim_wall_s")
         figures.pop("core_cycles_full_snapshot")
     assert fast == full
+
+
+def test_pod_fifo_gang_bound_whole_in_one_instant_is_not_broken(tmp_path):
+    path = tmp_path / "one_gang.csv"
+    path.write_text("job_id,submit_s,duration_s,gpus,team,user,status\ng,0,60,8,t,,\n")
+    scenario = trace_scenario(read_trace(path), parse_nodes("2x4", None))
+    p = Replay(scenario, make_policy("pod-fifo")).run().to_json()
+    # both pods bind in the same pass: never seen partial, nothing held idle
+    assert p["broken_gangs"] == 0 and p["gpu_allocation"]["held_idle_gpu_hours"] == 0
+    assert p["jobs"]["finished"] == 1
