@@ -39,6 +39,7 @@ import random
 import shlex
 import shutil
 import signal
+import site
 import socket
 import subprocess
 import sys
@@ -156,6 +157,9 @@ class LocalBackend:
     - ``extra_env``: variables every worker gets (a job's own ``env`` wins over them).
     - ``pythonpath``: prepended to the workers' PYTHONPATH so ``extension.runtime`` imports.
     - ``port_range``: where rendezvous ports (MASTER_PORT) are picked, below the ephemeral range.
+    - ``account_python``: when workers run as an account that cannot reach ``python`` (a pyenv
+      under /root), the interpreter they use instead over the service's packages; "auto" (the
+      default) is the system Python of the same major.minor; "" never falls back.
     - ``stop_orphans``: in ``recover``, stop gangs on record that the service did not list
       (nothing would account for their devices otherwise).
     """
@@ -179,6 +183,7 @@ class LocalBackend:
         pythonpath: str | None = PROJECT_ROOT,
         stop_orphans: bool = True,
         port_range: tuple[int, int] = (20000, 32767),
+        account_python: str = "auto",
     ) -> None:
         if not nodes:
             raise ValueError("LocalBackend needs at least one node; see capacity.detect_nodes()")
@@ -189,6 +194,7 @@ class LocalBackend:
         self._nodes = list(nodes)
         self.state_dir = os.path.abspath(os.fspath(state_dir))
         self.python = python
+        self.account_python = account_python
         self.run_as_user = run_as_user
         if real_gpus is None:
             from extension.backends.capacity import physical_gpus
@@ -402,7 +408,9 @@ class LocalBackend:
                 f"job {spec.id}: workdir must be an absolute path, got {spec.workdir!r}"
             )
         account = self._account(spec)
+        hub_paths: list[str] = []
         if account is not None:
+            command, hub_paths = self._python_for(account, command)
             _check_reachable(spec, command, account)
         devices = self._allocate(spec, placement)
         launch = uuid.uuid4().hex[:12]
@@ -431,6 +439,7 @@ class LocalBackend:
                     devices=devices[rank],
                     node=node,
                     nccl=self.real_gpus and gpus > 0,
+                    hub_paths=hub_paths,
                 )
                 workers.append(
                     self._spawn(
@@ -522,6 +531,30 @@ class LocalBackend:
             create_time = 0.0
         return _Worker(rank, node, tuple(devices), proc.pid, create_time, exit_file, proc=proc)
 
+    def _python_for(
+        self, account: pwd.struct_passwd, command: list[str]
+    ) -> tuple[list[str], list[str]]:
+        """The command with an interpreter the account can run, and the hub's package folders
+        it then needs on PYTHONPATH. When the service's Python is out of the account's reach
+        (a pyenv under /root, mode 0700), ``account_python`` ("auto": the system Python of the
+        same major.minor, so compiled packages load unchanged) runs over the service's
+        packages, as the spawner does for notebooks. Otherwise the command is unchanged and
+        _check_reachable says why it cannot run."""
+        if command[0] != self.python or not self.account_python:
+            return command, []
+        if not _blocked_for(self.python, account, os.X_OK):
+            return command, []
+        wanted = self.account_python
+        if wanted == "auto":
+            version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+            wanted = shutil.which(version, path="/usr/bin:/usr/local/bin") or ""
+        paths = [p for p in site.getsitepackages() if os.path.isdir(p)]
+        if not wanted or _blocked_for(wanted, account, os.X_OK):
+            return command, []
+        if any(_blocked_for(p, account, os.X_OK) for p in paths):
+            return command, []
+        return [wanted, *command[1:]], paths
+
     def _account(self, spec: JobSpec) -> pwd.struct_passwd | None:
         if self.run_as_user is False:
             return None
@@ -569,6 +602,7 @@ class LocalBackend:
         devices: tuple[int, ...],
         node: str,
         nccl: bool,
+        hub_paths: Sequence[str] = (),
     ) -> dict[str, str]:
         env = {
             k: v
@@ -586,8 +620,9 @@ class LocalBackend:
         env.setdefault("OMP_NUM_THREADS", str(threads))  # torchrun's guard against oversubscription
         env["PYTHONUNBUFFERED"] = "1"  # logs readable while the job runs
         env.update({str(k): str(v) for k, v in spec.env.items()})
-        if self.pythonpath:
-            parts = [self.pythonpath, *[p for p in env.get("PYTHONPATH", "").split(":") if p]]
+        if self.pythonpath or hub_paths:
+            given = [p for p in env.get("PYTHONPATH", "").split(":") if p]
+            parts = [p for p in (self.pythonpath, *hub_paths) if p] + given
             env["PYTHONPATH"] = ":".join(dict.fromkeys(parts))
         # Ours last: a job's env cannot move a worker to another rank or device.
         env.update(

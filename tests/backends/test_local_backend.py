@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import sys
@@ -401,13 +402,42 @@ async def test_an_interpreter_the_account_cannot_reach_fails_clearly(local_rig) 
     hidden.mkdir(mode=0o700)
     program = hidden / "python"
     program.symlink_to(sys.executable)
-    backend = local_rig.backend(run_as_user=True, python=str(program))
+    backend = local_rig.backend(run_as_user=True, python=str(program), account_python="")
     workdir = local_rig.shared / "nobody" / "jobs" / "unreachable"
     await backend.start(local_rig.spec("unreachable", user="nobody", workdir=workdir), ("local",))
     event = await local_rig.events.wait("unreachable", "failed")
     assert f"user 'nobody' cannot run {program}" in event.message
     assert f"no access to the directory {hidden}" in event.message
     assert backend.devices_in_use() == {}
+
+
+@needs_root
+async def test_an_unreachable_interpreter_falls_back_to_the_system_python_over_our_packages(
+    local_rig,
+) -> None:
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    system = shutil.which(version, path="/usr/bin:/usr/local/bin")
+    if system is None:
+        pytest.skip(f"no system {version} to fall back to")
+    hidden = local_rig.shared / "private-auto"
+    hidden.mkdir(mode=0o700)
+    program = hidden / "python"
+    program.symlink_to(sys.executable)
+    backend = local_rig.backend(run_as_user=True, python=str(program))  # account_python="auto"
+    probe = local_rig.shared / "probe.py"
+    probe.write_text(
+        "import json, os, sys, psutil\n"
+        "from extension import runtime\n"
+        "json.dump({'exe': sys.executable, 'uid': os.getuid()}, open('probe.json', 'w'))\n"
+    )
+    probe.chmod(0o644)
+    workdir = local_rig.shared / "nobody" / "jobs" / "fallback"
+    spec = local_rig.spec("fallback", ["python", str(probe)], user="nobody", workdir=workdir)
+    await backend.start(spec, ("local",))
+    event = await local_rig.events.wait("fallback", "finished", "failed")
+    assert event.kind == "finished", backend.logs("fallback")
+    seen = json.loads((workdir / "probe.json").read_text())
+    assert seen == {"exe": system, "uid": pwd.getpwnam("nobody").pw_uid}
 
 
 async def test_run_as_user_required_but_no_account_fails_with_a_clear_message(local_rig) -> None:
