@@ -37,6 +37,7 @@ from .resources import RESOURCES, UNLIMITED, Resources, format_amount
 from .shares import dominant_ratio, water_fill
 
 EPS = 1e-9
+_UNKNOWN = object()  # a cache miss, where None is a cached answer
 
 
 class _Plan:
@@ -170,17 +171,23 @@ class _Cycle:
             self._add_plan(plan.path, plan.share, plan.limit, plan.user_leaf)
         self.live: list[tuple[Job, _Plan]] = []  # pending (not rejected) and running
         self.running_jobs = 0
-        cache = self._impossible_cache
+        cache, leaves = self._impossible_cache, self._leaves
+        live, decisions = self.live, self.decisions
         pending, running = JobState.PENDING, JobState.RUNNING
-        for job in [*self.snap.jobs, *extra]:
-            leaf, problem = self._leaf_of(job)
+        for job in [*self.snap.jobs, *extra]:  # the hot loop: locals, one lookup per question
+            found = leaves.get((job.plan, job.user))
+            if found is None:
+                found = leaves[(job.plan, job.user)] = self._find_leaf(job)
+            leaf, problem = found
+            w = job.per_worker
             if job.state is pending:
                 # 2. reject (Admission 3); answers are per leaf and shape, so mostly a lookup
                 if problem is None:
-                    key = (leaf, job.per_worker, job.min_workers)
-                    problem = cache[key] if key in cache else self.impossible(job, leaf)
+                    problem = cache.get((leaf, w, job.min_workers), _UNKNOWN)
+                    if problem is _UNKNOWN:
+                        problem = self.impossible(job, leaf)
                 if problem:
-                    self.decisions.append(Reject(job.id, problem))
+                    decisions.append(Reject(job.id, problem))
                     continue
                 leaf.queue.append(job)
                 leaf.pending += 1
@@ -189,7 +196,6 @@ class _Cycle:
             else:
                 self.running_jobs += 1
                 leaf.running += 1
-                w = job.per_worker
                 for i in self._nodes_of(job):
                     row = self.free[i]
                     row[0] -= w[0]
@@ -202,8 +208,8 @@ class _Cycle:
                         inc[2] += w[2]
                 self._charge(leaf, w, job.workers)
                 self.running.append((job, leaf))
-            self.live.append((job, leaf))
-            w, k, d = job.per_worker, job.max_workers, leaf.demand  # 3. demand, leaf part
+            live.append((job, leaf))
+            k, d = job.max_workers, leaf.demand  # 3. demand, leaf part
             d[0] += w[0] * k
             d[1] += w[1] * k
             d[2] += w[2] * k
@@ -386,16 +392,30 @@ class _Cycle:
         holder = self._holder()
         if holder is not None:  # Admission 4: what was freed since it blocked goes to it first
             self._try_start(*holder)
+        held = holder[0] if holder is not None else None
+        failed, blocked = self._failed_shapes, self.blocked
+        unbounded = self.snap.instance.max_jobs is None
         while self.root.active:
             leaf = self._pick()
-            while leaf.pos < len(leaf.queue):
-                job = leaf.queue[leaf.pos]
+            queue = leaf.queue
+            # Free capacity only shrinks during this pass, so a shape that found no room once
+            # finds none again; where no limit or job cap could give a different reason, the
+            # job is passed over without the full attempt (this is the loop 10,000 pending
+            # jobs go through).
+            quick = unbounded and not leaf.limited
+            while leaf.pos < len(queue):
+                job = queue[leaf.pos]
                 leaf.pos += 1
-                if holder is not None and job is holder[0]:
+                if job is held:
                     continue  # tried first, above
+                if quick and (job.per_worker, job.min_workers) in failed:
+                    key = (leaf, job.per_worker, job.min_workers, job.max_workers)
+                    if key not in blocked:
+                        blocked[key] = (job, leaf)
+                    continue
                 if self._try_start(job, leaf):
                     break
-            if leaf.pos >= len(leaf.queue):
+            if leaf.pos >= len(queue):
                 self._deactivate(leaf)
 
     def _holder(self) -> tuple[Job, _Plan] | None:
@@ -561,6 +581,7 @@ class _Cycle:
         self.pool = [
             [f[0] + i[0], f[1] + i[1], f[2] + i[2]] for f, i in zip(self.free, self.incoming)
         ]
+        self._pool_rooms: dict[tuple, float] = {}
         for job, leaf in self.blocked.values():
             self._reclaim_for(job, leaf)
 
@@ -608,7 +629,7 @@ class _Cycle:
             self.waits[job.id] = on_its_way
             return
         if all(need[r] <= self.total_free[r] + self.total_incoming[r] for r in range(3)):
-            if gang_room(self.pool, w, job.min_workers) >= job.min_workers:
+            if self._pool_room(w, job.min_workers) >= job.min_workers:
                 self._claim(job, k)
                 self.waits[job.id] = on_its_way
                 return
@@ -624,7 +645,7 @@ class _Cycle:
         chosen: list[tuple] = []  # (victim, vleaf, nodes released)
         gained = [0.0, 0.0, 0.0]
         want = [w[r] * k for r in range(3)]
-        base = gang_room(self.pool, w, k)
+        base = self._pool_room(w, k)
         for victim, vleaf, nodes in steps:
             for r in range(3):
                 gained[r] += victim.per_worker[r] * len(nodes)
@@ -639,7 +660,7 @@ class _Cycle:
                 break
         target = k
         while target >= job.min_workers:
-            if self._room_with(chosen, w, target, gang_room(self.pool, w, target)) >= target:
+            if self._room_with(chosen, w, target, self._pool_room(w, target)) >= target:
                 break
             target -= 1
         if target < job.min_workers:
@@ -719,7 +740,7 @@ class _Cycle:
     def _prune(self, chosen: list[tuple], w: tuple, target: int) -> list[tuple]:
         """Least loss: drop any whole-gang victim, newest choice first, that is not needed."""
         merged = self._merge(chosen)
-        base = gang_room(self.pool, w, target)
+        base = self._pool_room(w, target)
         for item in reversed(list(merged)):
             trial = [c for c in merged if c is not item]
             if self._room_with(trial, w, target, base) >= target:
@@ -757,7 +778,17 @@ class _Cycle:
                 out[victim.id] = (victim, vleaf, list(nodes))
         return list(out.values())
 
+    def _pool_room(self, w: tuple, count: int) -> float:
+        """gang_room of the pool, remembered until the pool changes (a claim or a victim):
+        most reclaimers of a busy tick ask about the same few shapes."""
+        key = (w, count)
+        room = self._pool_rooms.get(key)
+        if room is None:
+            room = self._pool_rooms[key] = gang_room(self.pool, w, count)
+        return room
+
     def _commit_victims(self, job: Job, leaf: _Plan, chosen: list[tuple]) -> None:
+        self._pool_rooms.clear()
         for victim, vleaf, nodes in chosen:
             self.victims.add(victim.id)
             count = len(nodes)
@@ -782,6 +813,7 @@ class _Cycle:
     def _claim(self, job: Job, k: int) -> None:
         """Hold what the reclaimer will use, free capacity first, then what is being released:
         it is not free for growth or for another reclaimer in this cycle."""
+        self._pool_rooms.clear()
         w = job.per_worker
         placement = place_gang(self.pool, self.names, w, k) or place_gang(
             self.pool, self.names, w, job.min_workers
