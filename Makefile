@@ -41,6 +41,7 @@ bench: install
 	$(BIN)/python benchmarks/bench_scheduler.py
 	$(BIN)/python benchmarks/bench_usage.py
 	$(BIN)/python benchmarks/bench_overhead.py
+	$(BIN)/python benchmarks/bench_trace.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info node_modules
