@@ -157,6 +157,9 @@ class LocalBackend:
     - ``extra_env``: variables every worker gets (a job's own ``env`` wins over them).
     - ``pythonpath``: prepended to the workers' PYTHONPATH so ``extension.runtime`` imports.
     - ``port_range``: where rendezvous ports (MASTER_PORT) are picked, below the ephemeral range.
+    - ``account_template``: the Unix account of a hub user, ``{username}`` replaced (default
+      "{username}"); it must match the spawner's ``system_user_template``, so that a user's
+      notebook and jobs run as one account and can both use the user's folder.
     - ``account_python``: when workers run as an account that cannot reach ``python`` (a pyenv
       under /root), the interpreter they use instead over the service's packages; "auto" (the
       default) is the system Python of the same major.minor; "" never falls back.
@@ -184,6 +187,7 @@ class LocalBackend:
         stop_orphans: bool = True,
         port_range: tuple[int, int] = (20000, 32767),
         account_python: str = "auto",
+        account_template: str = "{username}",
     ) -> None:
         if not nodes:
             raise ValueError("LocalBackend needs at least one node; see capacity.detect_nodes()")
@@ -195,6 +199,12 @@ class LocalBackend:
         self.state_dir = os.path.abspath(os.fspath(state_dir))
         self.python = python
         self.account_python = account_python
+        if "{username}" not in account_template:
+            raise ValueError(
+                f"account_template {account_template!r} must contain {{username}}, e.g. "
+                "'{username}' or 'wmla-{username}' (the spawner's system_user_template)"
+            )
+        self.account_template = account_template
         self.run_as_user = run_as_user
         if real_gpus is None:
             from extension.backends.capacity import physical_gpus
@@ -559,7 +569,7 @@ class LocalBackend:
         if self.run_as_user is False:
             return None
         try:
-            account = pwd.getpwnam(spec.user)
+            account = pwd.getpwnam(self.account_template.format(username=spec.user))
         except KeyError:
             account = None
         if self.run_as_user is None:

@@ -91,7 +91,11 @@ def hub(tmp_path_factory: pytest.TempPathFactory):
     storage = Path(tempfile.mkdtemp(prefix="wmla-spawner-storage-"))
     os.chmod(storage, 0o711)
     created = []
-    hub = Hub(tmp, {"tick": 1, "grace": 1, "device_layout": "1x4", "cpu_oversubscription": 4})
+    traits = {"tick": 1, "grace": 1, "device_layout": "1x4", "cpu_oversubscription": 4}
+    # jobs run as the same accounts as the notebooks (the backend's and the spawner's templates
+    # agree), so a user's job can read the code in the user's own 0700 folder
+    traits["backend_options"] = {"account_template": PREFIX + "{username}"}
+    hub = Hub(tmp, traits)
     hub.env["WMLA_STORAGE_ROOT"] = str(storage)
     hub.storage = storage
     hub.os_isolation = AS_ROOT
@@ -190,6 +194,8 @@ def progress_events(hub: Hub, user: str):
         stream=True,
         timeout=120,
     ) as r:
+        if r.status_code == 400 and "is not starting" in r.text:
+            return  # the spawn already ended (a refusal can be that quick)
         assert r.status_code == 200, r.text
         for line in r.iter_lines(decode_unicode=True):
             if line and line.startswith("data:"):
@@ -318,8 +324,13 @@ def test_a_server_that_can_never_fit_fails_at_once_with_the_message(hub: Hub) ->
     else:
         events = list(progress_events(hub, "user1"))
         failed = [e for e in events if e.get("failed")]
-        assert failed, events
-        message = failed[-1]["message"]
+        if failed:
+            message = failed[-1]["message"]
+        else:  # it failed before the progress stream opened: the hub logged why
+            wait_for(lambda: server_model(hub, "user1") is None, "the failed spawn to end")
+            lines = [x for x in hub.log().splitlines() if "can never hold this server" in x]
+            assert lines, (events, hub.log())
+            message = "Spawn failed: " + lines[-1]
     assert "Spawn failed" in message or r.status_code >= 400
     assert "/project1" in message and "gpu" in message and "8" in message, message
     assert notebook_jobs(hub, "user1") == [], hub.log()
@@ -418,3 +429,98 @@ async def test_the_kube_spawner_is_admitted_by_the_real_service(hub: Hub, tmp_pa
         assert notebook_jobs(hub, "user1") == []
     finally:
         kube_config.KUBE_CONFIG_DEFAULT_LOCATION = old
+
+
+# -- a kernel of the spawned server (issue 5's end-to-end path) ----------------------------------
+async def run_in_kernel(hub: Hub, user: str, code: str, timeout: float = 240) -> str:
+    """Execute ``code`` in a new kernel of ``user``'s spawned server, over the server's own
+    REST + websocket API (what JupyterLab does); return the text it printed. Fails on an error."""
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    token = hub.clients[user].headers["Authorization"]
+    base = f"{hub.url}/user/{user}"
+    r = requests.post(f"{base}/api/kernels", headers={"Authorization": token}, json={}, timeout=60)
+    assert r.status_code == 201, r.text
+    kernel = r.json()["id"]
+    url = f"{base}/api/kernels/{kernel}/channels".replace("http://", "ws://", 1)
+    conn = await websocket_connect(HTTPRequest(url, headers={"Authorization": token}))
+    msg_id = secrets.token_hex(8)
+    conn.write_message(
+        json.dumps(
+            {
+                "header": {
+                    "msg_id": msg_id,
+                    "username": user,
+                    "session": secrets.token_hex(8),
+                    "msg_type": "execute_request",
+                    "version": "5.3",
+                },
+                "parent_header": {},
+                "metadata": {},
+                "content": {"code": code, "silent": False, "store_history": True},
+                "channel": "shell",
+                "buffers": [],
+            }
+        )
+    )
+    printed: list[str] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            raw = await conn.read_message()
+            assert raw is not None, "the kernel's websocket closed"
+            if not isinstance(raw, str):
+                continue  # binary frames (widget buffers)
+            msg = json.loads(raw)
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                printed.append(content["text"])
+            elif kind == "error":
+                raise AssertionError("\n".join(content["traceback"]) + "".join(printed))
+            elif kind == "status" and content["execution_state"] == "idle":
+                return "".join(printed)
+        raise AssertionError(f"the cell did not finish in {timeout} s: {''.join(printed)}")
+    finally:
+        conn.close()
+        requests.delete(
+            f"{base}/api/kernels/{kernel}", headers={"Authorization": token}, timeout=30
+        )
+
+
+async def test_a_kernel_of_a_spawned_server_trains_with_the_magics_already_loaded(hub: Hub) -> None:
+    if server_model(hub, "user2") is None:
+        assert spawn(hub, "user2").status_code in (201, 202)
+    wait_ready(hub, "user2")
+    token = hub.clients["user2"].headers["Authorization"]
+    example = (REPO / "examples" / "pytorch_mnist" / "main.py").read_text()
+    for path, body in (
+        ("models", {"type": "directory"}),
+        ("models/mnist", {"type": "directory"}),
+        ("models/mnist/main.py", {"type": "file", "format": "text", "content": example}),
+    ):
+        r = requests.put(
+            f"{hub.url}/user/user2/api/contents/{path}",
+            headers={"Authorization": token},
+            json=body,
+            timeout=30,
+        )
+        assert r.status_code in (200, 201), r.text
+    # no %load_ext: the spawner's startup file loaded the magics into every kernel
+    out = await run_in_kernel(
+        hub,
+        "user2",
+        "%wmla_train --plan /sample-project/training --workers 2 --cpus 100m --memory 512Mi "
+        "--model-dir models/mnist --model-main main.py --wait -- --batch-size 64 --epochs 2\n"
+        "print('state:', wmla_last_job['state'], wmla_last_job['id'])",
+    )
+    assert "state: FINISHED" in out, out
+    job_id = out.rsplit("state: FINISHED", 1)[1].split()[0]
+    job = hub.clients["user2"].get(f"/jobs/{job_id}").json()
+    assert job["leaf"] == "/sample-project/training/user2" and job["workers"]["max"] == 2
+    model = Path(job["workdir"]) / "model.pt"
+    assert model.is_file() and str(model).startswith(str(hub.storage / "user2"))
+    if hub.os_isolation:  # the workers ran as user2's account: its files are its own
+        assert model.stat().st_uid == pwd.getpwnam(account("user2")).pw_uid
