@@ -72,6 +72,22 @@ class Caller:
     admin: bool = False
 
 
+def plans_after(
+    tree: PlanTree, records: list[PlanRecord], create: bool, delete: Iterable[str] = ()
+) -> PlanTree:
+    """The tree with a change applied, on a copy, validated by the core (PlanError on a
+    refusal, the original untouched): what change_plans stores and the admin page previews."""
+    tree = tree.copy()
+    for path in delete:
+        tree.remove(path)
+    for rec in records:
+        if create:
+            tree.add(rec.path, rec.share, rec.limit)
+        else:
+            tree.update(rec.path, rec.share, rec.limit)
+    return tree
+
+
 class Scheduler:
     """Plans, jobs and the loop. The REST handlers call the public methods."""
 
@@ -617,15 +633,8 @@ class Scheduler:
         delete: Iterable[str] = (),
     ) -> None:
         """Validate on a copy of the tree, then write to the store, then swap the tree in."""
-        tree = self.plans.copy()
         delete = list(delete)
-        for path in delete:
-            tree.remove(path)
-        for rec in records:
-            if create:
-                tree.add(rec.path, rec.share, rec.limit)
-            else:
-                tree.update(rec.path, rec.share, rec.limit)
+        tree = plans_after(self.plans, records, create, delete)
         self.store.save_plans(records, self.clock(), delete=delete)
         self.plans = tree
         for path in delete:

@@ -24,7 +24,7 @@ from extension.scheduler import (
 from extension.scheduler.plans import ROOT, parent_of, split_path
 from extension.scheduler.resources import RESOURCES, format_amount
 
-from ..scheduling import Scheduler
+from ..scheduling import Scheduler, plans_after
 from ..store import PlanRecord
 
 ACTIONS = ("create", "update", "move", "delete")
@@ -204,16 +204,8 @@ def move_plan(sched: Scheduler, path: str, new_parent: str) -> tuple[list[PlanRe
 def apply_to_copy(
     tree: PlanTree, records: list[PlanRecord], create: bool, delete: list[str]
 ) -> PlanTree:
-    """The change on a copy of the tree, validated by the core as ``change_plans`` does."""
-    tree = tree.copy()
-    for path in delete:
-        tree.remove(path)
-    for rec in records:
-        if create:
-            tree.add(rec.path, rec.share, rec.limit)
-        else:
-            tree.update(rec.path, rec.share, rec.limit)
-    return tree
+    """The change on a copy of the tree, validated by the core exactly as change_plans does."""
+    return plans_after(tree, records, create, delete)
 
 
 def preview(
