@@ -311,6 +311,12 @@ class Scheduler:
             try:
                 await call()
             except Exception as err:  # the backend could not do it: the job fails, visibly
+                if getattr(err, "permanent", True) is False:
+                    # refused for now, before anything was created (a namespace quota that may
+                    # free up): back to the queue with the platform's words, not a failure
+                    self.log.warning("backend refused %s for now: %s", job_id, err)
+                    self.emit(BackendEvent(job_id, "refused", self.clock(), message=str(err)))
+                    return
                 self.log.exception("backend call for %s failed", job_id)
                 self.emit(
                     BackendEvent(job_id, "failed", self.clock(), message=f"backend error: {err}")
@@ -392,6 +398,12 @@ class Scheduler:
                 "preemptions": row.preemptions + 1,
             }
             return values, "released", row.reason
+        if ev.kind == "refused":  # the service's own: a start the platform refused for now
+            job.state, job.placement, job.started = JobState.PENDING, (), None
+            job.terminating = False
+            reason = f"waiting: the platform refused to start it for now: {ev.message}"
+            values = {"state": JobState.PENDING.value, "placement": [], "terminating": False}
+            return {**values, "reason": reason}, "refused", reason
         self.log.warning("unknown backend event %r for %s", ev.kind, ev.job_id)
         return None
 

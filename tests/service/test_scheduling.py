@@ -346,3 +346,34 @@ async def test_cycle_hooks_see_every_cycle_and_cannot_break_it(rig: Rig) -> None
     await rig.cycle()
     assert rig.state(job) == "RUNNING"
     assert seen and "/sample-project/training/user1" in seen[-1][0] and seen[-1][1]
+
+
+class _RefusedForNow(Exception):
+    """What KubernetesBackend raises when a namespace quota would refuse a pod for now."""
+
+    permanent = False
+
+
+async def test_a_start_the_platform_refuses_for_now_goes_back_to_the_queue(rig: Rig) -> None:
+    real_start = rig.backend.start
+    refusals = []
+
+    async def refuse_once(spec, placement):  # noqa: ANN001, ANN202 - the double's own signature
+        if not refusals:
+            refusals.append(spec.id)
+            raise _RefusedForNow("exceeded quota: pods=3, used: pods=3, limited: pods=3")
+        await real_start(spec, placement)
+
+    rig.backend.start = refuse_once
+    job = await rig.submit("user1", "/project1/dev-team", "1")
+    await rig.cycle()
+    await rig.sched.drain()
+    await rig.cycle()  # the refusal is folded in: pending again, not failed
+    row = rig.store.job(job)
+    assert refusals == [job]
+    assert row.state in ("PENDING", "RUNNING") and row.preemptions == 0
+    assert "refused" in [e for e, _ in rig.events(job)]
+    await rig.cycle()
+    await rig.sched.drain()
+    await rig.cycle()
+    assert rig.state(job) == "RUNNING"  # started again once the platform took it
