@@ -582,7 +582,20 @@ class _Cycle:
             [f[0] + i[0], f[1] + i[1], f[2] + i[2]] for f, i in zip(self.free, self.incoming)
         ]
         self._pool_rooms: dict[tuple, float] = {}
-        for job, leaf in self.blocked.values():
+        delta = self.delta
+        for (leaf, w, n, _), (job, _) in self.blocked.items():
+            # the leaf's own check of _within_deserved, inline: on a busy cluster most blocked
+            # leaves already hold their share and stop here
+            a, d = leaf.alloc, leaf.deserved
+            promised = delta.get(leaf.path)
+            if promised:
+                a = (a[0] + promised[0], a[1] + promised[1], a[2] + promised[2])
+            if (
+                (w[0] and a[0] + w[0] * n > d[0] + EPS)
+                or (w[1] and a[1] + w[1] * n > d[1] + EPS)
+                or (w[2] and a[2] + w[2] * n > d[2] + EPS)
+            ):
+                continue
             self._reclaim_for(job, leaf)
 
     def _alloc(self, plan: _Plan, r: int) -> float:
