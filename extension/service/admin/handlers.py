@@ -18,13 +18,12 @@ from typing import Any
 from urllib.parse import urlencode
 
 import jinja2
-from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
 from extension.scheduler import PlanError, QuantityError
 from extension.scheduler.plans import ROOT
 
-from ..handlers import ADMIN_SCOPE, APIError, parse_plan
+from ..handlers import ADMIN_SCOPE, APIError, BaseHandler, parse_plan
 from ..scheduling import Caller, Scheduler
 from . import views
 
@@ -55,11 +54,7 @@ class FormError(Exception):
         self.status, self.message, self.form, self.extra = status, message, form, extra or {}
 
 
-class AdminBase(HubOAuthenticated, web.RequestHandler):
-    @property
-    def sched(self) -> Scheduler:
-        return self.settings["wmla_scheduler"]
-
+class AdminBase(BaseHandler):
     @property
     def prefix(self) -> str:
         return self.settings["wmla_prefix"]
