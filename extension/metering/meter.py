@@ -103,7 +103,7 @@ class Metering(LoggingConfigurable):
         self.clock = clock
         self.ledger = Ledger(self.bucket, self.full_resolution, self.retention)
         self.last_id = 0
-        self.figures: dict = {}
+        self._result: Any = None  # the last cycle's; its plan figures are built on first read
         self.cycles = 0
         self.scheduler: Any = None
         self.sampler = UtilizationSampler() if self.sample_interval > 0 else None
@@ -117,6 +117,11 @@ class Metering(LoggingConfigurable):
         )
         self.registry.register(_Collector(self))
         self.refresh()
+
+    @property
+    def figures(self) -> dict:
+        """The plan figures of the last cycle seen (empty before the first)."""
+        return self._result.plans if self._result is not None else {}
 
     # -- wiring ------------------------------------------------------------------------------
     def attach(self, scheduler: Any) -> None:
@@ -132,7 +137,7 @@ class Metering(LoggingConfigurable):
         """Called by the loop after each cycle; never raises (the loop must go on)."""
         try:
             self.cycles += 1
-            self.figures = dict(result.plans)
+            self._result = result
             self.cycle_seconds.observe(max(0.0, seconds))
             self.refresh()
             if self.sampler is not None and now - self._sampled >= self.sample_interval:

@@ -16,19 +16,20 @@ snapshot and ``now`` give the same decisions.
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import threading
 from collections.abc import Iterable
+from operator import attrgetter
 
 from .decisions import (
     CycleResult,
     Decision,
     Grow,
-    PlanFigures,
     Preempt,
     Reject,
     Shrink,
     Start,
-    Wait,
 )
 from .model import Job, JobState, Snapshot
 from .placement import fit_count, gang_room, max_workers_on, place_gang
@@ -37,11 +38,15 @@ from .resources import RESOURCES, UNLIMITED, Resources, format_amount
 from .shares import dominant_ratio, water_fill
 
 EPS = 1e-9
-_UNKNOWN = object()  # a cache miss, where None is a cached answer
 
 
 class _Plan:
-    """A plan vertex as the cycle sees it; vectors are mutable [gpu, cpu, memory] lists."""
+    """A plan vertex as the cycle sees it; vectors are mutable [gpu, cpu, memory] lists.
+
+    The vertex itself (path, share, limit, parent, children, chain) lives as long as the plan
+    tree's version and the instance do (see ``_Index``); the per-cycle fields are zeroed by
+    ``_Index.reset`` at the start of every cycle.
+    """
 
     __slots__ = (
         "path",
@@ -50,6 +55,7 @@ class _Plan:
         "parent",
         "children",
         "user_leaf",
+        "implicit",
         "alloc",
         "demand",
         "deserved",
@@ -57,8 +63,9 @@ class _Plan:
         "version",
         "heap",
         "active",
-        "queue",
-        "pos",
+        "buckets",
+        "heads",
+        "answers",
         "pending",
         "running",
         "chain",
@@ -73,6 +80,7 @@ class _Plan:
         self.parent = parent
         self.children: list[_Plan] = []
         self.user_leaf = leaf
+        self.implicit = False  # a user leaf the tree does not have, made for a job's first use
         self.alloc = [0, 0, 0]
         self.demand = [0, 0, 0]
         self.deserved = [0.0, 0.0, 0.0]
@@ -80,8 +88,11 @@ class _Plan:
         self.version = 0
         self.heap: list = []
         self.active = 0  # leaf: has jobs left to try; inner: number of active children
-        self.queue: list[Job] = []
-        self.pos = 0
+        # leaf: pending jobs by (worker, min, max); the lists are kept between cycles and
+        # emptied by reset, so a settled cycle allocates (and the GC walks) next to nothing
+        self.buckets: dict[tuple, list[Job]] = {}
+        self.heads: list | None = None  # leaf: the buckets' first jobs in fair order (a heap)
+        self.answers: dict[tuple, str | None] = {}  # leaf: Admission 3 by (worker, min)
         self.pending = 0
         self.running = 0
         self.chain: list[_Plan] = []  # self and its ancestors up to the root, bottom-up
@@ -98,14 +109,18 @@ def schedule(snapshot: Snapshot, now: float) -> CycleResult:
     cycle.admit()
     cycle.reclaim()
     cycle.grow()
-    return cycle.result()
+    out = cycle.result()
+    cycle.done()
+    return out
 
 
 def check_submission(snapshot: Snapshot, job: Job) -> str | None:
     """The reason ``job`` can never run as asked, or None; the service calls it at submit time."""
     cycle = _Cycle(snapshot, 0.0)
     cycle.index(extra=[job])
-    return cycle.impossible(job)
+    answer = cycle.impossible(job)
+    cycle.done()
+    return answer
 
 
 class _NodeFigures:
@@ -119,20 +134,127 @@ class _NodeFigures:
         self.largest = [max((row[r] for row in self.capacity), default=0) for r in range(3)]
         self.machines = tuple(sum(row[r] for row in self.capacity) for r in range(3))
         self.most_on_empty: dict[tuple, float] = {}  # worker shape -> max_workers_on
+        self.fits_on_empty: dict[tuple, dict[int, int]] = {}  # shape -> {node: workers}
 
 
 _last_nodes: tuple = (None, None)  # (instance, its _NodeFigures), swapped in one assignment
 
 
 def _nodes(inst) -> _NodeFigures:
-    """An Instance is immutable, so the last one's figures are kept: a simulator passes the same
-    one every cycle and would otherwise pay O(nodes) of Python per cycle for them."""
+    """An Instance is immutable, so the last one's figures are kept: a service or a simulator
+    passes the same nodes every cycle and would otherwise pay O(nodes) of Python per cycle."""
     global _last_nodes
     held, figures = _last_nodes
-    if held is not inst:
+    if held is not inst and held != inst:
         figures = _NodeFigures(inst)
-        _last_nodes = (inst, figures)
+    _last_nodes = (inst, figures)
     return figures
+
+
+class _Index:
+    """The plan vertices of one plan tree version on one instance, with what depends on those
+    alone: the (plan, user) -> leaf answers and each leaf's Admission 3 answers. Building it is
+    O(plans) of Python and it changes only when an admin changes a plan, so it is kept between
+    cycles (one at a time: ``_checkout`` hands it to one cycle and ``_Cycle.done`` returns it;
+    a cycle that raises never returns it, so a half-updated index is never reused)."""
+
+    def __init__(self, tree, version: int, inst) -> None:
+        self.tree, self.version, self.instance = tree, version, inst
+        root = _Plan(ROOT, 1.0, inst.quota, None, False)
+        root.chain = [root]
+        root.limited = [root] if any(v != UNLIMITED for v in root.limit) else []
+        self.root = root
+        self.plans: dict[str, _Plan] = {ROOT: root}
+        self.leaves: dict[tuple[str, str], tuple[_Plan | None, str | None]] = {}
+        self.too_big: dict[tuple, str | None] = {}
+        self.implicit: list[_Plan] = []
+        self.order: list[_Plan] | None = None  # bottom_up, rebuilt after a plan is added
+        for plan in sorted(tree, key=lambda p: (p.path.count("/"), p.path)):
+            self.add(plan.path, plan.share, plan.limit, plan.user_leaf)
+
+    def add(self, path: str, share: float, limit: Resources, user_leaf: bool) -> _Plan:
+        parent = self.plans[path.rsplit("/", 1)[0] or ROOT]
+        plan = _Plan(path, share, limit, parent, user_leaf)
+        # children stay in path order however the vertices were made, so a kept index and a
+        # fresh one hand out shares (and break ties) identically
+        bisect.insort(parent.children, plan, key=_path_of)
+        plan.chain = [plan, *parent.chain]
+        own = any(v != UNLIMITED for v in plan.limit)
+        plan.limited = [plan, *parent.limited] if own else parent.limited
+        self.plans[path] = plan
+        self.order = None
+        return plan
+
+    def bottom_up(self) -> list[_Plan]:
+        """Deepest first, then by path: a total order, the same for a kept or a fresh index."""
+        if self.order is None:
+            self.order = sorted(self.plans.values(), key=lambda p: (-len(p.chain), p.path))
+        return self.order
+
+    def reset(self) -> None:
+        """Zero what the last cycle wrote; keep the vertices and the emptied bucket lists."""
+        for p in self.plans.values():
+            p.alloc[:] = (0, 0, 0)
+            p.demand[:] = (0, 0, 0)
+            p.deserved[:] = (0.0, 0.0, 0.0)
+            p.ratio = p.weight = 0.0
+            p.active = p.pending = p.running = 0
+            if p.heap:
+                p.heap.clear()
+            if p.buckets:
+                for jobs in p.buckets.values():
+                    jobs.clear()
+                if len(p.buckets) > 64:  # shapes nobody asks for any more
+                    p.buckets.clear()
+
+    def stale(self) -> bool:
+        """Made-up leaves whose jobs are all gone cost every cycle a little: start afresh when
+        they are most of the tree."""
+        idle = sum(1 for p in self.implicit if not (p.pending or p.running))
+        return idle > 256 and idle * 2 > len(self.plans)
+
+
+_index_lock = threading.Lock()
+_kept: _Index | None = None
+
+
+def _checkout(tree, inst) -> _Index:
+    global _kept
+    with _index_lock:
+        held, _kept = _kept, None
+    if (
+        held is None
+        or held.tree is not tree
+        or held.version != getattr(tree, "version", None)
+        or (held.instance is not inst and held.instance != inst)
+    ):
+        return _Index(tree, getattr(tree, "version", None), inst)
+    held.instance = inst
+    return held
+
+
+def _give_back(index: _Index) -> None:
+    global _kept
+    if not index.stale():
+        with _index_lock:
+            _kept = index
+
+
+def _path_of(plan: _Plan) -> str:
+    return plan.path
+
+
+_by_time = attrgetter("submitted", "id")
+_by_priority = attrgetter("priority")
+
+
+def _in_order(jobs: list[Job]) -> list[Job]:
+    """Sort a bucket into the order inside a leaf: priority (high first), then submission
+    time, then id (two sorts in C: a stable sort keeps the time order among equal priorities)."""
+    if len(jobs) > 1:
+        jobs.sort(key=_by_time)
+        jobs.sort(key=_by_priority, reverse=True)
+    return jobs
 
 
 class _Cycle:
@@ -147,11 +269,17 @@ class _Cycle:
         # capacity-blocked, first of each (leaf, shape) in fair order: the reclaim candidates
         self.blocked: dict[tuple, tuple[Job, _Plan]] = {}
         self.running: list[tuple[Job, _Plan]] = []
+        self.elastic: list[tuple[Job, _Plan]] = []  # pending (not rejected) and running
+        self.holder: tuple[Job, _Plan] | None = None
         self.reserved_for: str | None = None
         self.victims: set[str] = set()
-        self._impossible_cache: dict[tuple, str | None] = {}
-        self._too_big_cache: dict[tuple, str | None] = {}
-        self._leaves: dict[tuple[str, str], tuple[_Plan | None, str | None]] = {}
+        self._index: _Index | None = None
+
+    def done(self) -> None:
+        """The cycle is over: the plan index may serve the next one."""
+        if self._index is not None:
+            _give_back(self._index)
+            self._index = None
 
     # 1. index ----------------------------------------------------------------------------------
     def index(self, extra: Iterable[Job] = ()) -> None:
@@ -159,80 +287,85 @@ class _Cycle:
         nodes = _nodes(inst)
         self.names, self.node_at, self.capacity = nodes.names, nodes.node_at, nodes.capacity
         self.largest, self.most_on_empty = nodes.largest, nodes.most_on_empty
+        self.fits_on_empty = nodes.fits_on_empty
         self.free = [row[:] for row in self.capacity]
         self.incoming = [[0, 0, 0] for _ in inst.nodes]  # held by terminating jobs
         self.total_capacity = list(nodes.total)
-        root = _Plan(ROOT, 1.0, inst.quota, None, False)
-        root.chain = [root]
-        root.limited = [root] if any(v != UNLIMITED for v in root.limit) else []
-        self.root = root
-        self.plans: dict[str, _Plan] = {ROOT: root}
-        for plan in sorted(self.snap.plans, key=lambda p: (p.path.count("/"), p.path)):
-            self._add_plan(plan.path, plan.share, plan.limit, plan.user_leaf)
-        self.live: list[tuple[Job, _Plan]] = []  # pending (not rejected) and running
+        index = self._index = _checkout(self.snap.plans, inst)
+        index.reset()
+        self.root, self.plans, self.leaves = index.root, index.plans, index.leaves
+        self._too_big_cache = index.too_big
         self.running_jobs = 0
-        cache, leaves = self._impossible_cache, self._leaves
-        live, decisions = self.live, self.decisions
+        leaves, decisions, elastic = self.leaves, self.decisions, self.elastic
         pending, running = JobState.PENDING, JobState.RUNNING
+        wanted = self.snap.reserved
+        free, incoming, node_at = self.free, self.incoming, self.node_at
         for job in [*self.snap.jobs, *extra]:  # the hot loop: locals, one lookup per question
             found = leaves.get((job.plan, job.user))
             if found is None:
                 found = leaves[(job.plan, job.user)] = self._find_leaf(job)
-            leaf, problem = found
-            w = job.per_worker
-            if job.state is pending:
-                # 2. reject (Admission 3); answers are per leaf and shape, so mostly a lookup
-                if problem is None:
-                    problem = cache.get((leaf, w, job.min_workers), _UNKNOWN)
-                    if problem is _UNKNOWN:
-                        problem = self.impossible(job, leaf)
-                if problem:
-                    decisions.append(Reject(job.id, problem))
+            leaf = found[0]
+            state = job.state
+            if state is pending:
+                if leaf is None:  # 2. reject (Admission 3): no such plan or leaf
+                    decisions.append(Reject(job.id, found[1]))
                     continue
-                leaf.queue.append(job)
+                w = job.per_worker
+                key = (w, job.min_workers, job.max_workers)
+                bucket = leaf.buckets.get(key)
+                if bucket is None:  # a bucket exists only for a shape its leaf can run
+                    # 2. reject, answered once per leaf and shape for as long as the index
+                    problem = self.impossible(job, leaf)
+                    if problem:
+                        decisions.append(Reject(job.id, problem))
+                        continue
+                    bucket = leaf.buckets[key] = []
+                bucket.append(job)
                 leaf.pending += 1
-            elif job.state is not running or leaf is None:
+                if job.max_workers > job.min_workers:
+                    elastic.append((job, leaf))
+                if wanted is not None and job.id == wanted:
+                    self.holder = (job, leaf)
+            elif state is not running or leaf is None:
                 continue
             else:
                 self.running_jobs += 1
                 leaf.running += 1
-                for i in self._nodes_of(job):
-                    row = self.free[i]
-                    row[0] -= w[0]
-                    row[1] -= w[1]
-                    row[2] -= w[2]
+                w0, w1, w2 = w = job.per_worker
+                for name in job.placement:
+                    i = node_at.get(name)
+                    if i is None:
+                        continue
+                    row = free[i]
+                    row[0] -= w0
+                    row[1] -= w1
+                    row[2] -= w2
                     if job.terminating:
-                        inc = self.incoming[i]
-                        inc[0] += w[0]
-                        inc[1] += w[1]
-                        inc[2] += w[2]
-                self._charge(leaf, w, job.workers)
+                        inc = incoming[i]
+                        inc[0] += w0
+                        inc[1] += w1
+                        inc[2] += w2
+                k = job.workers  # charged to the leaf here, to its ancestors in compute_demand
+                a, d, m = leaf.alloc, leaf.demand, job.max_workers
+                a[0] += w0 * k
+                a[1] += w1 * k
+                a[2] += w2 * k
+                d[0] += w0 * m  # 3. demand, leaf part (pending jobs: per bucket, below)
+                d[1] += w1 * m
+                d[2] += w2 * m
                 self.running.append((job, leaf))
-            live.append((job, leaf))
-            k, d = job.max_workers, leaf.demand  # 3. demand, leaf part
-            d[0] += w[0] * k
-            d[1] += w[1] * k
-            d[2] += w[2] * k
+                if job.max_workers > job.min_workers:
+                    elastic.append((job, leaf))
         self.total_free = [sum(column) for column in zip(*self.free)] or [0, 0, 0]
         for r in range(3):  # the quota can be below the machines
             used = nodes.machines[r] - self.total_free[r]
             self.total_free[r] = min(self.total_free[r], self.total_capacity[r] - used)
 
-    def _add_plan(self, path: str, share: float, limit: Resources, user_leaf: bool) -> _Plan:
-        parent = self.plans[path.rsplit("/", 1)[0] or ROOT]
-        plan = _Plan(path, share, limit, parent, user_leaf)
-        parent.children.append(plan)
-        plan.chain = [plan, *parent.chain]
-        own = any(v != UNLIMITED for v in plan.limit)
-        plan.limited = [plan, *parent.limited] if own else parent.limited
-        self.plans[path] = plan
-        return plan
-
     def _leaf_of(self, job: Job) -> tuple[_Plan | None, str | None]:
         key = (job.plan, job.user)
-        found = self._leaves.get(key)
+        found = self.leaves.get(key)
         if found is None:
-            found = self._leaves[key] = self._find_leaf(job)
+            found = self.leaves[key] = self._find_leaf(job)
         return found
 
     def _find_leaf(self, job: Job) -> tuple[_Plan | None, str | None]:
@@ -247,7 +380,10 @@ class _Cycle:
             return None, str(err)
         leaf = self.plans.get(path)
         if leaf is None:  # created on first use at share 1 (Words: User leaf)
-            leaf = self._add_plan(path, 1.0, Resources(UNLIMITED, UNLIMITED, UNLIMITED), True)
+            unlimited = Resources(UNLIMITED, UNLIMITED, UNLIMITED)
+            leaf = self._index.add(path, 1.0, unlimited, True)
+            leaf.implicit = True
+            self._index.implicit.append(leaf)
         elif leaf.children:
             return None, f"{path} is a plan with children, not a user leaf"
         return leaf, None
@@ -270,11 +406,11 @@ class _Cycle:
             leaf, problem = self._leaf_of(job)
             if problem:
                 return problem
-        key = (leaf, job.per_worker, job.min_workers)
-        cache = self._impossible_cache
+        w, n = job.per_worker, job.min_workers
+        key = (w, n)
+        cache = leaf.answers
         if key in cache:
             return cache[key]
-        w, n = job.per_worker, job.min_workers
         req = [w[r] * n for r in range(3)]
         answer = None
         for p in leaf.limited:
@@ -335,41 +471,67 @@ class _Cycle:
 
     # 3. demand ---------------------------------------------------------------------------------
     def compute_demand(self) -> None:
-        """Leaves summed their jobs' max requests while indexing; cap by limits, bottom-up."""
-        self.bottom_up = sorted(self.plans.values(), key=lambda p: -len(p.chain))
+        """Leaves add up their pending buckets (running jobs were added while indexing); then
+        bottom-up, each plan's demand is capped by its limit and handed to its parent together
+        with what it holds."""
+        self.bottom_up = self._index.bottom_up()
         for plan in self.bottom_up:
             d, lim = plan.demand, plan.limit
+            if plan.pending:
+                for (w, _, most), jobs in plan.buckets.items():
+                    if jobs:
+                        k = most * len(jobs)
+                        d[0] += w[0] * k
+                        d[1] += w[1] * k
+                        d[2] += w[2] * k
             for r in range(3):
                 if d[r] > lim[r]:
                     d[r] = lim[r]
-            if plan.parent is not None:
-                pd = plan.parent.demand
+            parent = plan.parent
+            if parent is not None:
+                pd, pa, a = parent.demand, parent.alloc, plan.alloc
                 pd[0] += d[0]
                 pd[1] += d[1]
                 pd[2] += d[2]
+                pa[0] += a[0]
+                pa[1] += a[1]
+                pa[2] += a[2]
         rd = self.root.demand
         for r in range(3):
             rd[r] = min(rd[r], self.total_capacity[r])
 
     # 4. deserved -------------------------------------------------------------------------------
     def compute_deserved(self) -> None:
-        self.root.deserved = list(self.root.demand)
+        self.root.deserved[:] = self.root.demand
         stack = [self.root]
         while stack:
             plan = stack.pop()
             kids = plan.children
             if not kids:
                 continue
-            weights = [k.share for k in kids]
+            have = plan.deserved
+            weights = None
             for r in range(3):
-                got = water_fill(plan.deserved[r], [k.demand[r] for k in kids], weights)
+                if not have[r]:  # nothing to hand out: the children keep their zero
+                    continue
+                if weights is None:
+                    weights = [k.share for k in kids]
+                got = water_fill(have[r], [k.demand[r] for k in kids], weights)
                 for kid, amount in zip(kids, got):
                     kid.deserved[r] = amount
-            stack.extend(kids)
-        cap = self.total_capacity
-        for plan in self.plans.values():
-            plan.ratio = dominant_ratio(plan.alloc, plan.deserved)
-            plan.weight = -sum(plan.deserved[r] / cap[r] for r in range(3) if cap[r] > 0)
+            if weights is not None:
+                stack.extend(kids)
+        c0, c1, c2 = self.total_capacity
+        for plan in self.bottom_up:
+            a, d = plan.alloc, plan.deserved
+            if a[0] or a[1] or a[2]:
+                plan.ratio = dominant_ratio(a, d)
+            if d[0] or d[1] or d[2]:
+                plan.weight = -(
+                    (d[0] / c0 if c0 > 0 else 0)
+                    + (d[1] / c1 if c1 > 0 else 0)
+                    + (d[2] / c2 if c2 > 0 else 0)
+                )
 
     # 5. admit ----------------------------------------------------------------------------------
     def admit(self) -> None:
@@ -379,54 +541,81 @@ class _Cycle:
         Order: from the root, the child with the lowest dominant ratio that still has a job to
         try; equal ratios go to the child that deserves more (its deserved fractions of the
         instance summed over resources), then by path; inside a leaf, priority (high first),
-        then submission time, then job id.
+        then submission time, then job id. A leaf merges its buckets (jobs of one priority and
+        shape) by their first jobs.
         """
         self._failed_shapes: set[tuple] = set()
         for plan in self.bottom_up:
-            if plan.queue:
-                plan.queue.sort(key=lambda j: (-j.priority, j.submitted, j.id))
+            if plan.pending:
                 plan.active = 1
+                plan.heads = None  # built on the leaf's first turn, if it needs them
             if plan.active and plan.parent is not None:
                 plan.parent.active += 1
-                self._enqueue(plan)
-        holder = self._holder()
+        for plan in self.bottom_up:  # each parent's order of its children, heapified at once
+            if plan.active and plan.children:
+                heap = plan.heap
+                heap.extend(
+                    (round(c.ratio, 9), c.weight, c.path, c.version, c)
+                    for c in plan.children
+                    if c.active
+                )
+                heapq.heapify(heap)
+        holder = self.holder
         if holder is not None:  # Admission 4: what was freed since it blocked goes to it first
             self._try_start(*holder)
         held = holder[0] if holder is not None else None
+        held_leaf = holder[1] if holder is not None else None
         failed, blocked = self._failed_shapes, self.blocked
         unbounded = self.snap.instance.max_jobs is None
+        heappop, heapreplace = heapq.heappop, heapq.heapreplace
         while self.root.active:
             leaf = self._pick()
-            queue = leaf.queue
             # Free capacity only shrinks during this pass, so a shape that found no room once
-            # finds none again; where no limit or job cap could give a different reason, the
-            # job is passed over without the full attempt (this is the loop 10,000 pending
-            # jobs go through).
+            # finds none again; where no limit or job cap could give a different reason, a
+            # bucket of such a shape is passed over whole (its first job stands for it in
+            # reclaim), and a leaf of only such buckets at once: this is how a busy tick with
+            # 10,000 pending jobs costs a few thousand steps.
             quick = unbounded and not leaf.limited
-            while leaf.pos < len(queue):
-                job = queue[leaf.pos]
-                leaf.pos += 1
-                if job is held:
-                    continue  # tried first, above
-                if quick and (job.per_worker, job.min_workers) in failed:
+            heads = leaf.heads
+            if heads is None:
+                buckets = [(key, jobs) for key, jobs in leaf.buckets.items() if jobs]
+                if (
+                    quick
+                    and leaf is not held_leaf
+                    and all((w, n) in failed for (w, n, _), _ in buckets)
+                ):
+                    for (w, n, most), jobs in buckets:
+                        key = (leaf, w, n, most)
+                        if key not in blocked:
+                            blocked[key] = (_in_order(jobs)[0], leaf)
+                    self._deactivate(leaf)
+                    continue
+                heads = leaf.heads = []
+                for seq, (_, jobs) in enumerate(buckets):
+                    first = _in_order(jobs)[0]
+                    heads.append((-first.priority, first.submitted, first.id, seq, jobs, 0))
+                heapq.heapify(heads)
+            while heads:
+                _, _, _, seq, jobs, i = heads[0]
+                job = jobs[i]
+                if quick and job is not held and (job.per_worker, job.min_workers) in failed:
                     key = (leaf, job.per_worker, job.min_workers, job.max_workers)
                     if key not in blocked:
                         blocked[key] = (job, leaf)
+                    heappop(heads)  # the rest of the bucket has the same shape
                     continue
+                if i + 1 < len(jobs):
+                    after = jobs[i + 1]
+                    entry = (-after.priority, after.submitted, after.id, seq, jobs, i + 1)
+                    heapreplace(heads, entry)
+                else:
+                    heappop(heads)
+                if job is held:
+                    continue  # tried first, above
                 if self._try_start(job, leaf):
                     break
-            if leaf.pos >= len(queue):
+            if not heads:
                 self._deactivate(leaf)
-
-    def _holder(self) -> tuple[Job, _Plan] | None:
-        """The pending job that held the reservation after the last cycle, if still pending."""
-        wanted = self.snap.reserved
-        if wanted is None:
-            return None
-        for job, leaf in self.live:
-            if job.id == wanted:
-                return (job, leaf) if job.state is JobState.PENDING else None
-        return None
 
     def _pick(self) -> _Plan:
         plan = self.root
@@ -533,27 +722,37 @@ class _Cycle:
         resource (gpu, else cpu, else memory), then name."""
         w = job.per_worker
         main = 0 if w[0] else (1 if w[1] else 2)
-        room = {
-            i: int(fit_count(self.capacity[i], w))
-            for i in range(len(self.names))
-            if fit_count(self.capacity[i], w) >= 1
-        }
+        room = dict(self._fits_on_empty(w))
+        free, names = self.free, self.names
+        order = [(-free[i][main], names[i], i) for i in room]
+        heapq.heapify(order)
         held: list[int] = []
-        for _ in range(job.min_workers):
-            choices = [i for i, k in room.items() if k > 0]
-            if not choices:
-                break
-            i = min(choices, key=lambda i: (-self.free[i][main], self.names[i]))
+        while order and len(held) < job.min_workers:
+            _, _, i = heapq.heappop(order)
             room[i] -= 1
-            row = self.free[i]
+            row = free[i]
             take = [max(0, min(row[r], w[r])) for r in range(3)]
             for r in range(3):
                 row[r] -= take[r]
                 self.total_free[r] -= take[r]
             held.append(i)
+            if room[i] > 0:
+                heapq.heappush(order, (-row[main], names[i], i))
         self.reserved_for = job.id
         nodes = ", ".join(sorted({self.names[i] for i in held}))
         self.reservation = f"holds the reservation: capacity freed on {nodes} goes to it first"
+
+    def _fits_on_empty(self, w: tuple) -> dict[int, int]:
+        """How many workers of this shape each node could hold empty (those that hold one)."""
+        fits = self.fits_on_empty.get(tuple(w))
+        if fits is None:
+            fits = {}
+            for i, row in enumerate(self.capacity):
+                k = fit_count(row, w)
+                if k >= 1:
+                    fits[i] = int(min(k, 1 << 30))
+            self.fits_on_empty[tuple(w)] = fits
+        return fits
 
     # 6. reclaim --------------------------------------------------------------------------------
     def reclaim(self) -> None:
@@ -857,7 +1056,7 @@ class _Cycle:
         """Admission 5: elastic jobs grow one worker at a time toward max, the job whose leaf has
         the lowest dominant ratio first (then priority, submission time, id)."""
         heap = []
-        for job, leaf in self.live:
+        for job, leaf in self.elastic:
             if not job.elastic or job.id in self.victims or job.terminating:
                 continue
             if job.id in self.started:
@@ -906,35 +1105,46 @@ class _Cycle:
         for job, nodes in self.grown.values():
             added = tuple(names[i] for i in nodes)
             decisions.append(Grow(job.id, added, job.workers + len(added)))
-        reasons: dict[tuple, str] = {}  # free capacity is fixed now: one message per shape
-        started, waits = self.started, self.waits
+        # Every job still pending waits: by default for capacity, one message per shape (free
+        # capacity is fixed now); then the reasons the cycle gave single jobs.
+        waiting = out.waiting
+        reasons: dict[tuple, str] = {}
         for plan in self.bottom_up:
-            for job in plan.queue:
-                if job.id in started:
-                    continue
-                reason = waits.get(job.id)
-                if job.id == self.reserved_for:
-                    reason = f"{reason}; {self.reservation}"
-                if not reason:
-                    shape = (job.per_worker, job.min_workers)
-                    reason = reasons.get(shape)
+            if not plan.buckets:
+                continue
+            for (w, n, _), jobs in plan.buckets.items():
+                if jobs:
+                    reason = reasons.get((w, n))
                     if reason is None:
-                        reason = reasons[shape] = self._capacity_reason(job)
-                decisions.append(Wait(job.id, reason))
+                        reason = reasons[(w, n)] = self._capacity_reason(jobs[0])
+                    waiting.update(dict.fromkeys(map(_id_of, jobs), reason))
+        for job_id in self.started:
+            del waiting[job_id]
+        waiting.update(self.waits)
+        if self.reserved_for is not None:
+            held = self.reserved_for
+            waiting[held] = f"{waiting[held]}; {self.reservation}"
+        rows = []
         for plan in self.bottom_up:  # leaves count their jobs; parents add their children's
-            if plan.parent is not None:
-                plan.parent.pending += plan.pending
-                plan.parent.running += plan.running
-            out.plans[plan.path] = PlanFigures(
-                path=plan.path,
-                share=plan.share,
-                limit=Resources(*plan.limit),
-                deserved=Resources(*plan.deserved),
-                allocated=Resources(*plan.alloc),
-                demand=Resources(*plan.demand),
-                pending=plan.pending,
-                running=plan.running,
+            parent = plan.parent
+            if parent is not None:
+                parent.pending += plan.pending
+                parent.running += plan.running
+            if plan.implicit and not (plan.pending or plan.running):
+                continue  # a made-up leaf whose jobs are gone is not a plan any more
+            rows.append(
+                (
+                    plan.path,
+                    plan.share,
+                    plan.limit,
+                    tuple(plan.deserved),
+                    tuple(plan.alloc),
+                    tuple(plan.demand),
+                    plan.pending,
+                    plan.running,
+                )
             )
+        out.figure_rows = rows
         return out
 
     def _capacity_reason(self, job: Job) -> str:
@@ -957,3 +1167,6 @@ def _amount(name: str, value: float) -> str:
         if name == "gpu"
         else format_amount(name, value)
     )
+
+
+_id_of = attrgetter("id")

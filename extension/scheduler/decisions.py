@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .resources import Resources
 
@@ -94,11 +94,49 @@ class PlanFigures:
         }
 
 
-@dataclass
 class CycleResult:
-    decisions: list[Decision] = field(default_factory=list)
-    plans: dict[str, PlanFigures] = field(default_factory=dict)
-    reserved: str | None = None  # the job holding the reservation: pass it to the next cycle
+    """What one cycle decided.
+
+    ``decisions``: what to carry out (Start, Grow, Shrink, Preempt, Reject). ``waiting``: every
+    job that stays pending, by id, with the reason its status shows (``of(Wait)`` gives them as
+    Wait decisions). ``plans``: every plan's figures, built on first read from the rows the
+    cycle recorded (a cycle of a big tree need not pay for figures nobody reads). ``reserved``:
+    the job holding the reservation; pass it to the next cycle's Snapshot.
+    """
+
+    def __init__(
+        self,
+        decisions: list[Decision] | None = None,
+        plans: dict[str, PlanFigures] | None = None,
+        reserved: str | None = None,
+        waiting: dict[str, str] | None = None,
+    ) -> None:
+        self.decisions: list[Decision] = decisions if decisions is not None else []
+        self.waiting: dict[str, str] = waiting if waiting is not None else {}
+        self.reserved = reserved
+        self._plans = plans
+        # (path, share, limit, deserved, allocated, demand, pending, running) per plan
+        self.figure_rows: list[tuple] = []
+
+    @property
+    def plans(self) -> dict[str, PlanFigures]:
+        if self._plans is None:
+            self._plans = {
+                row[0]: PlanFigures(
+                    path=row[0],
+                    share=row[1],
+                    limit=Resources(*row[2]),
+                    deserved=Resources(*row[3]),
+                    allocated=Resources(*row[4]),
+                    demand=Resources(*row[5]),
+                    pending=row[6],
+                    running=row[7],
+                )
+                for row in self.figure_rows
+            }
+        return self._plans
 
     def of(self, kind: type) -> list:
+        if kind is Wait:
+            return [Wait(job_id, reason) for job_id, reason in self.waiting.items()]
         return [d for d in self.decisions if isinstance(d, kind)]

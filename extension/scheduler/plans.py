@@ -84,6 +84,8 @@ class PlanTree:
     def __init__(self, plans: Iterable[Plan] = ()) -> None:
         self._plans: dict[str, Plan] = {}
         self._children: dict[str, list[str]] = {ROOT: []}
+        # bumped by every change: the scheduler keeps its index of a tree until this moves
+        self.version = 0
         for plan in sorted(plans, key=lambda p: (p.path.count("/"), p.path)):
             self.add(plan.path, plan.share, plan.limit, user_leaf=plan.user_leaf)
 
@@ -138,6 +140,7 @@ class PlanTree:
         self._plans[path] = plan
         self._children.setdefault(parent, []).append(path)
         self._children.setdefault(path, [])
+        self.version += 1
         return plan
 
     def update(self, path: str, share: float | None = None, limit: Resources | None = None) -> Plan:
@@ -151,6 +154,7 @@ class PlanTree:
         for child in self.children(path):
             _check_child_limit(child, new)
         self._plans[path] = new
+        self.version += 1
         return new
 
     def remove(self, path: str) -> Plan:
@@ -163,6 +167,7 @@ class PlanTree:
         del self._plans[path]
         del self._children[path]
         self._children[parent_of(path)].remove(path)
+        self.version += 1
         return plan
 
     def ensure_user_leaf(self, plan: str, user: str) -> Plan:

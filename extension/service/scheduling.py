@@ -24,6 +24,7 @@ from typing import Any
 
 from extension.backends.base import Backend, BackendEvent, JobSpec
 from extension.scheduler import (
+    CycleResult,
     Grow,
     Instance,
     Job,
@@ -38,7 +39,6 @@ from extension.scheduler import (
     Shrink,
     Snapshot,
     Start,
-    Wait,
     check_submission,
     schedule,
 )
@@ -115,7 +115,7 @@ class Scheduler:
         self.plans = PlanTree()
         self.members: dict[str, tuple[list[str], list[str]]] = {}
         self.jobs: dict[str, Job] = {}  # live (pending and running) jobs, in the core's terms
-        self.figures: dict[str, PlanFigures] = {}
+        self.result: CycleResult | None = None  # the last cycle's
         self.reserved: str | None = None  # CycleResult.reserved, passed to the next cycle
         self.cycles = 0
         self._events: list[BackendEvent] = []
@@ -245,6 +245,11 @@ class Scheduler:
         self._wake.set()
         await future
 
+    @property
+    def figures(self) -> dict[str, PlanFigures]:
+        """Every plan's figures after the last cycle, built when first read (not every tick)."""
+        return self.result.plans if self.result is not None else {}
+
     # -- the loop -----------------------------------------------------------------------
     async def _run(self) -> None:
         while not self._stopping:
@@ -278,14 +283,14 @@ class Scheduler:
         result = schedule(snapshot, now)
         self.cycles += 1
         try:
-            self._apply(result.decisions, now)
+            self._apply(result.decisions, result.waiting, now)
         except Exception:
             # the store refused the cycle's changes: carry out nothing of it, and take the
             # jobs back as the store has them (the next cycle decides again)
             self._calls.clear()
             self._reload_jobs()
             raise
-        self.figures = result.plans
+        self.result = result
         # the reservation holder is tried first next cycle (docs/scheduling.md, Reservation):
         # what a reclaim freed goes to the reclaimer, not back to its victim
         self.reserved = result.reserved
@@ -415,7 +420,7 @@ class Scheduler:
         self._reasons.pop(job.id, None)
         self._resize_to.pop(job.id, None)
 
-    def _apply(self, decisions: Iterable, now: float) -> None:
+    def _apply(self, decisions: Iterable, waiting: dict[str, str], now: float) -> None:
         changes: list[tuple[str, dict, str | None, str]] = []
         log: list[tuple[str, str, dict]] = []
         for d in decisions:
@@ -458,13 +463,12 @@ class Scheduler:
                 values = {"state": JobState.REJECTED.value, "ended": now, "reason": d.reason}
                 changes.append((job.id, values, "rejected", d.reason))
                 log.append((job.id, "reject", {"reason": d.reason}))
-            elif isinstance(d, Wait):
-                if self._reasons.get(job.id) != d.reason:  # write only what changed
-                    changes.append((job.id, {"reason": d.reason}, None, ""))
-            if not isinstance(d, Wait):
-                self._reasons.pop(d.job_id, None)
-            else:
-                self._reasons[d.job_id] = d.reason
+            self._reasons.pop(d.job_id, None)
+        reasons = self._reasons
+        for job_id, reason in waiting.items():
+            if reasons.get(job_id) != reason and job_id in self.jobs:  # write only what changed
+                changes.append((job_id, {"reason": reason}, None, ""))
+                reasons[job_id] = reason
         if changes or log:
             self.store.update_jobs(changes, now, log)
 

@@ -216,8 +216,8 @@ class Simulation:
                 self.live.pop(d.job_id, None)
                 self.backend.cancel(d.job_id, now)
                 sim.state, sim.error, sim.ended = "REJECTED", d.reason, now
-            else:
-                sim.reason = d.reason
+        for job_id, reason in result.waiting.items():
+            self.jobs[job_id].reason = reason
         for job in self.live.values():  # user leaves are created on first use
             if job.leaf not in self.plans:
                 self.plans.ensure_user_leaf(job.plan, job.user)

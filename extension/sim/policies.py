@@ -30,7 +30,6 @@ from extension.scheduler import (
     Shrink,
     Snapshot,
     Start,
-    Wait,
     schedule,
 )
 from extension.scheduler.placement import max_workers_on, place_gang
@@ -183,7 +182,7 @@ class Wmla(Policy):
             self.plans, r.instance, merged + jobs, self.config, reserved=self.reserved
         )
         result = schedule(snapshot, now)
-        if any(isinstance(d, Wait) for d in result.decisions):
+        if result.waiting:
             return None
         return result
 

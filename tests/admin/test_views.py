@@ -56,7 +56,7 @@ def sched(tmp_path: Path) -> Scheduler:
 
 def run_cycle(s: Scheduler) -> None:
     """The figures a cycle would publish, from the same core."""
-    s.figures = schedule(Snapshot(s.plans, s.instance, list(s.jobs.values()), s.config), 1000).plans
+    s.result = schedule(Snapshot(s.plans, s.instance, list(s.jobs.values()), s.config), 1000)
 
 
 def job(id: str, plan: str, workers: int, placement: tuple[str, ...] = ()) -> Job:

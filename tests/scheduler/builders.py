@@ -88,6 +88,4 @@ def starts(result) -> dict[str, tuple]:
 
 
 def waits(result) -> dict[str, str]:
-    from extension.scheduler import Wait
-
-    return {d.job_id: d.reason for d in result.decisions if isinstance(d, Wait)}
+    return dict(result.waiting)

@@ -18,7 +18,6 @@ from extension.scheduler import (
     Shrink,
     Snapshot,
     Start,
-    Wait,
     schedule,
 )
 from extension.scheduler.placement import place_gang
@@ -102,13 +101,13 @@ def check_invariants(tree, nodes, jobs, result) -> None:
     # work conservation, reservations and reclaims aside: a job waiting for capacity does not
     # fit in what is free
     quiet = not any(isinstance(d, (Preempt, Shrink)) for d in result.decisions)
-    reasons = [d.reason for d in result.decisions if isinstance(d, Wait)]
+    reasons = list(result.waiting.values())
     if quiet and not any("reservation" in r or "releas" in r for r in reasons):
         free = [[n.capacity[r] - used[n.name][r] for r in range(3)] for n in nodes]
-        for d in result.decisions:
-            if isinstance(d, Wait) and d.reason.startswith("waiting for capacity"):
-                job = by_id[d.job_id]
-                assert place_gang(free, names, job.per_worker, job.min_workers) is None, d
+        for job_id, reason in result.waiting.items():
+            if reason.startswith("waiting for capacity"):
+                job = by_id[job_id]
+                assert place_gang(free, names, job.per_worker, job.min_workers) is None, job_id
 
 
 def apply(jobs: list[Job], result, now: float) -> None:
