@@ -71,6 +71,7 @@ class _Plan:
         "chain",
         "limited",
         "weight",
+        "under",
     )
 
     def __init__(self, path: str, share: float, limit: Resources, parent: _Plan | None, leaf: bool):
@@ -98,6 +99,7 @@ class _Plan:
         self.chain: list[_Plan] = []  # self and its ancestors up to the root, bottom-up
         self.limited: list[_Plan] = []  # the members of chain with any limit
         self.weight = 0.0  # minus the deserved fraction of the instance: the order's tie-break
+        self.under: list[tuple[Job, _Plan]] = []  # reclaim: victims-to-be in this subtree
 
 
 def schedule(snapshot: Snapshot, now: float) -> CycleResult:
@@ -169,6 +171,11 @@ class _Index:
         self.too_big: dict[tuple, str | None] = {}
         self.implicit: list[_Plan] = []
         self.order: list[_Plan] | None = None  # bottom_up, rebuilt after a plan is added
+        # per node, rewritten in place by every cycle: free, held by terminating jobs, and
+        # (reclaim) free plus what is being released
+        self.free = [list(node.capacity) for node in inst.nodes]
+        self.incoming = [[0, 0, 0] for _ in inst.nodes]
+        self.pool = [[0, 0, 0] for _ in inst.nodes]
         for plan in sorted(tree, key=lambda p: (p.path.count("/"), p.path)):
             self.add(plan.path, plan.share, plan.limit, plan.user_leaf)
 
@@ -201,6 +208,8 @@ class _Index:
             p.active = p.pending = p.running = 0
             if p.heap:
                 p.heap.clear()
+            if p.under:
+                p.under.clear()
             if p.buckets:
                 for jobs in p.buckets.values():
                     jobs.clear()
@@ -266,9 +275,10 @@ class _Cycle:
         self.waits: dict[str, str] = {}
         self.started: dict[str, list[int]] = {}  # job id -> node indexes (Start this cycle)
         self.grown: dict[str, tuple[Job, list[int]]] = {}  # job id -> (job, nodes added)
-        # capacity-blocked, first of each (leaf, shape) in fair order: the reclaim candidates
-        self.blocked: dict[tuple, tuple[Job, _Plan]] = {}
-        self.running: list[tuple[Job, _Plan]] = []
+        # capacity-blocked, first of each bucket (leaf and shape) in fair order: the reclaim
+        # candidates, keyed by the bucket's identity (no key to build per bucket)
+        self.blocked: dict[int, Job] = {}
+        self.running: list[Job] = []
         self.elastic: list[tuple[Job, _Plan]] = []  # pending (not rejected) and running
         self.holder: tuple[Job, _Plan] | None = None
         self.reserved_for: str | None = None
@@ -288,11 +298,14 @@ class _Cycle:
         self.names, self.node_at, self.capacity = nodes.names, nodes.node_at, nodes.capacity
         self.largest, self.most_on_empty = nodes.largest, nodes.most_on_empty
         self.fits_on_empty = nodes.fits_on_empty
-        self.free = [row[:] for row in self.capacity]
-        self.incoming = [[0, 0, 0] for _ in inst.nodes]  # held by terminating jobs
         self.total_capacity = list(nodes.total)
         index = self._index = _checkout(self.snap.plans, inst)
         index.reset()
+        self.free, self.incoming = index.free, index.incoming  # held by terminating jobs
+        for row, cap in zip(self.free, self.capacity):
+            row[:] = cap
+        for row in self.incoming:
+            row[:] = (0, 0, 0)
         self.root, self.plans, self.leaves = index.root, index.plans, index.leaves
         self._too_big_cache = index.too_big
         self.running_jobs = 0
@@ -353,7 +366,7 @@ class _Cycle:
                 d[0] += w0 * m  # 3. demand, leaf part (pending jobs: per bucket, below)
                 d[1] += w1 * m
                 d[2] += w2 * m
-                self.running.append((job, leaf))
+                self.running.append(job)
                 if job.max_workers > job.min_workers:
                     elastic.append((job, leaf))
         self.total_free = [sum(column) for column in zip(*self.free)] or [0, 0, 0]
@@ -584,10 +597,9 @@ class _Cycle:
                     and leaf is not held_leaf
                     and all((w, n) in failed for (w, n, _), _ in buckets)
                 ):
-                    for (w, n, most), jobs in buckets:
-                        key = (leaf, w, n, most)
-                        if key not in blocked:
-                            blocked[key] = (_in_order(jobs)[0], leaf)
+                    for _, jobs in buckets:
+                        if id(jobs) not in blocked:
+                            blocked[id(jobs)] = _in_order(jobs)[0]
                     self._deactivate(leaf)
                     continue
                 heads = leaf.heads = []
@@ -599,9 +611,8 @@ class _Cycle:
                 _, _, _, seq, jobs, i = heads[0]
                 job = jobs[i]
                 if quick and job is not held and (job.per_worker, job.min_workers) in failed:
-                    key = (leaf, job.per_worker, job.min_workers, job.max_workers)
-                    if key not in blocked:
-                        blocked[key] = (job, leaf)
+                    if id(jobs) not in blocked:
+                        blocked[id(jobs)] = job
                     heappop(heads)  # the rest of the bucket has the same shape
                     continue
                 if i + 1 < len(jobs):
@@ -676,7 +687,7 @@ class _Cycle:
             placement = place_gang(self.free, self.names, w, n)
         if placement is None:
             self._failed_shapes.add(shape)
-            self.blocked.setdefault((leaf, w, n, job.max_workers), (job, leaf))
+            self.blocked.setdefault(id(leaf.buckets[(w, n, job.max_workers)]), job)
             if self.reserved_for is None and any(w):
                 self.waits[job.id] = self._capacity_reason(job)
                 self._reserve(job)
@@ -762,27 +773,34 @@ class _Cycle:
         if not self.blocked:  # nothing to reclaim for: skip the O(jobs) victim list
             return
         # victims-to-be by plan subtree, so a reclaimer looks only under borrowing siblings
-        self.under: dict[int, list[tuple[Job, _Plan]]] = {}
-        for job, leaf in self.running:
+        leaves, now, min_runtime = self.leaves, self.now, self.config.min_runtime
+        victims = 0
+        for job in self.running:
             if (
                 job.preemptible
                 and not job.terminating
                 and job.started is not None
-                and self.now - job.started >= self.config.min_runtime
+                and now - job.started >= min_runtime
             ):
+                leaf = leaves[(job.plan, job.user)][0]
+                entry = (job, leaf)
                 for p in leaf.chain:
-                    self.under.setdefault(id(p), []).append((job, leaf))
-        if not self.under:
+                    p.under.append(entry)
+                victims += 1
+        if not victims:
             return
         self.total_incoming = [sum(row[r] for row in self.incoming) for r in range(3)]
         # per node: free now plus what terminating jobs (and this cycle's victims) will free;
         # kept up to date by _commit_victims and _claim for the rest of the phase
-        self.pool = [
-            [f[0] + i[0], f[1] + i[1], f[2] + i[2]] for f, i in zip(self.free, self.incoming)
-        ]
+        self.pool = self._index.pool
+        for row, f, i in zip(self.pool, self.free, self.incoming):
+            row[0] = f[0] + i[0]
+            row[1] = f[1] + i[1]
+            row[2] = f[2] + i[2]
         self._pool_rooms: dict[tuple, float] = {}
         delta = self.delta
-        for (leaf, w, n, _), (job, _) in self.blocked.items():
+        for job in self.blocked.values():
+            leaf, w, n = leaves[(job.plan, job.user)][0], job.per_worker, job.min_workers
             # the leaf's own check of _within_deserved, inline: on a busy cluster most blocked
             # leaves already hold their share and stop here
             a, d = leaf.alloc, leaf.deserved
@@ -897,7 +915,7 @@ class _Cycle:
             if parent is None:
                 break
             for sibling in parent.children:
-                if sibling is mine or id(sibling) not in self.under:
+                if sibling is mine or not sibling.under:
                     continue
                 if not any(
                     w[r] and self._alloc(sibling, r) > sibling.deserved[r] + EPS for r in range(3)
@@ -905,7 +923,7 @@ class _Cycle:
                     continue
                 out.extend(
                     (victim, vleaf, sibling)
-                    for victim, vleaf in self.under[id(sibling)]
+                    for victim, vleaf in sibling.under
                     if victim.id not in self.victims
                 )
         return out
@@ -1124,7 +1142,9 @@ class _Cycle:
         if self.reserved_for is not None:
             held = self.reserved_for
             waiting[held] = f"{waiting[held]}; {self.reservation}"
-        rows = []
+        # one flat list of numbers (FIGURE_FIELDS per plan): a tuple per plan would be thousands
+        # of objects for the garbage collector to walk every cycle
+        flat = out.figure_data
         for plan in self.bottom_up:  # leaves count their jobs; parents add their children's
             parent = plan.parent
             if parent is not None:
@@ -1132,19 +1152,9 @@ class _Cycle:
                 parent.running += plan.running
             if plan.implicit and not (plan.pending or plan.running):
                 continue  # a made-up leaf whose jobs are gone is not a plan any more
-            rows.append(
-                (
-                    plan.path,
-                    plan.share,
-                    plan.limit,
-                    tuple(plan.deserved),
-                    tuple(plan.alloc),
-                    tuple(plan.demand),
-                    plan.pending,
-                    plan.running,
-                )
-            )
-        out.figure_rows = rows
+            d, a, m = plan.deserved, plan.alloc, plan.demand
+            flat += (plan.path, plan.share, plan.limit, d[0], d[1], d[2], a[0], a[1], a[2])
+            flat += (m[0], m[1], m[2], plan.pending, plan.running)
         return out
 
     def _capacity_reason(self, job: Job) -> str:

@@ -94,6 +94,9 @@ class PlanFigures:
         }
 
 
+FIGURE_FIELDS = 14
+
+
 class CycleResult:
     """What one cycle decided.
 
@@ -115,25 +118,29 @@ class CycleResult:
         self.waiting: dict[str, str] = waiting if waiting is not None else {}
         self.reserved = reserved
         self._plans = plans
-        # (path, share, limit, deserved, allocated, demand, pending, running) per plan
-        self.figure_rows: list[tuple] = []
+        # per plan, FIGURE_FIELDS values: path, share, limit, deserved (3), allocated (3),
+        # demand (3), pending, running
+        self.figure_data: list = []
 
     @property
     def plans(self) -> dict[str, PlanFigures]:
         if self._plans is None:
-            self._plans = {
-                row[0]: PlanFigures(
-                    path=row[0],
-                    share=row[1],
-                    limit=Resources(*row[2]),
-                    deserved=Resources(*row[3]),
-                    allocated=Resources(*row[4]),
-                    demand=Resources(*row[5]),
-                    pending=row[6],
-                    running=row[7],
+            data, plans = self.figure_data, {}
+            for i in range(0, len(data), FIGURE_FIELDS):
+                path, share, limit, d0, d1, d2, a0, a1, a2, m0, m1, m2, pending, running = data[
+                    i : i + FIGURE_FIELDS
+                ]
+                plans[path] = PlanFigures(
+                    path=path,
+                    share=share,
+                    limit=Resources(*limit),
+                    deserved=Resources(d0, d1, d2),
+                    allocated=Resources(a0, a1, a2),
+                    demand=Resources(m0, m1, m2),
+                    pending=pending,
+                    running=running,
                 )
-                for row in self.figure_rows
-            }
+            self._plans = plans
         return self._plans
 
     def of(self, kind: type) -> list:
