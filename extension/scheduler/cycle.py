@@ -38,6 +38,7 @@ from .resources import RESOURCES, UNLIMITED, Resources, format_amount
 from .shares import dominant_ratio, water_fill
 
 EPS = 1e-9
+INF = float("inf")
 
 
 class _Plan:
@@ -276,8 +277,9 @@ class _Cycle:
         self.started: dict[str, list[int]] = {}  # job id -> node indexes (Start this cycle)
         self.grown: dict[str, tuple[Job, list[int]]] = {}  # job id -> (job, nodes added)
         # capacity-blocked, first of each bucket (leaf and shape) in fair order: the reclaim
-        # candidates, keyed by the bucket's identity (no key to build per bucket)
-        self.blocked: dict[int, Job] = {}
+        # candidates, keyed by the bucket's identity (no key to build per bucket); a whole
+        # bucket stands for its first job until reclaim needs to know which that is
+        self.blocked: dict[int, Job | list[Job]] = {}
         self.running: list[Job] = []
         self.elastic: list[tuple[Job, _Plan]] = []  # pending (not rejected) and running
         self.holder: tuple[Job, _Plan] | None = None
@@ -515,30 +517,52 @@ class _Cycle:
 
     # 4. deserved -------------------------------------------------------------------------------
     def compute_deserved(self) -> None:
+        """Top-down water-filling per resource. Two shortcuts give exactly what ``water_fill``
+        would: a plan with one child, and a resource whose children all fit (the common case
+        below the contended levels of the tree)."""
         self.root.deserved[:] = self.root.demand
-        stack = [self.root]
-        while stack:
-            plan = stack.pop()
+        for plan in reversed(self.bottom_up):  # parents before their children
             kids = plan.children
             if not kids:
                 continue
             have = plan.deserved
+            if len(kids) == 1:
+                kid = kids[0]
+                kd, dm, share = kid.deserved, kid.demand, kid.share
+                for r in range(3):
+                    if have[r]:
+                        cap = dm[r]
+                        if cap <= have[r]:
+                            kd[r] = float(cap)
+                        else:
+                            fair = float(have[r]) * share / share
+                            kd[r] = cap if cap <= fair else fair
+                continue
             weights = None
             for r in range(3):
-                if not have[r]:  # nothing to hand out: the children keep their zero
+                amount = have[r]
+                if not amount:  # nothing to hand out: the children keep their zero
+                    continue
+                caps = [k.demand[r] for k in kids]
+                if sum(caps) <= amount:
+                    for kid, cap in zip(kids, caps):
+                        kid.deserved[r] = float(cap)
                     continue
                 if weights is None:
                     weights = [k.share for k in kids]
-                got = water_fill(have[r], [k.demand[r] for k in kids], weights)
-                for kid, amount in zip(kids, got):
-                    kid.deserved[r] = amount
-            if weights is not None:
-                stack.extend(kids)
+                for kid, got in zip(kids, water_fill(amount, caps, weights)):
+                    kid.deserved[r] = got
         c0, c1, c2 = self.total_capacity
         for plan in self.bottom_up:
             a, d = plan.alloc, plan.deserved
-            if a[0] or a[1] or a[2]:
-                plan.ratio = dominant_ratio(a, d)
+            if a[0] > 0 or a[1] > 0 or a[2] > 0:  # dominant_ratio, inline (every plan, every cycle)
+                worst = 0.0
+                for r in range(3):
+                    if a[r] > 0:
+                        q = a[r] / d[r] if d[r] > 0 else INF
+                        if q > worst:
+                            worst = q
+                plan.ratio = worst
             if d[0] or d[1] or d[2]:
                 plan.weight = -(
                     (d[0] / c0 if c0 > 0 else 0)
@@ -591,19 +615,20 @@ class _Cycle:
             quick = unbounded and not leaf.limited
             heads = leaf.heads
             if heads is None:
-                buckets = [(key, jobs) for key, jobs in leaf.buckets.items() if jobs]
-                if (
-                    quick
-                    and leaf is not held_leaf
-                    and all((w, n) in failed for (w, n, _), _ in buckets)
-                ):
-                    for _, jobs in buckets:
-                        if id(jobs) not in blocked:
-                            blocked[id(jobs)] = _in_order(jobs)[0]
-                    self._deactivate(leaf)
-                    continue
+                if quick and leaf is not held_leaf:
+                    for (w, n, _), jobs in leaf.buckets.items():
+                        if jobs and (w, n) not in failed:
+                            break
+                    else:  # every shape failed: each bucket is blocked, first job unsorted yet
+                        for jobs in leaf.buckets.values():
+                            if jobs and id(jobs) not in blocked:
+                                blocked[id(jobs)] = jobs
+                        self._deactivate(leaf)
+                        continue
                 heads = leaf.heads = []
-                for seq, (_, jobs) in enumerate(buckets):
+                for seq, jobs in enumerate(leaf.buckets.values()):
+                    if not jobs:
+                        continue
                     first = _in_order(jobs)[0]
                     heads.append((-first.priority, first.submitted, first.id, seq, jobs, 0))
                 heapq.heapify(heads)
@@ -689,7 +714,7 @@ class _Cycle:
             self._failed_shapes.add(shape)
             self.blocked.setdefault(id(leaf.buckets[(w, n, job.max_workers)]), job)
             if self.reserved_for is None and any(w):
-                self.waits[job.id] = self._capacity_reason(job)
+                self.waits[job.id] = self._capacity_reason(w, n)
                 self._reserve(job)
             return False
         self._take(placement, w)
@@ -800,7 +825,8 @@ class _Cycle:
         self._pool_rooms: dict[tuple, float] = {}
         delta = self.delta
         for job in self.blocked.values():
-            leaf, w, n = leaves[(job.plan, job.user)][0], job.per_worker, job.min_workers
+            some = job[0] if job.__class__ is list else job  # every job of a bucket alike
+            leaf, w, n = leaves[(some.plan, some.user)][0], some.per_worker, some.min_workers
             # the leaf's own check of _within_deserved, inline: on a busy cluster most blocked
             # leaves already hold their share and stop here
             a, d = leaf.alloc, leaf.deserved
@@ -813,7 +839,7 @@ class _Cycle:
                 or (w[2] and a[2] + w[2] * n > d[2] + EPS)
             ):
                 continue
-            self._reclaim_for(job, leaf)
+            self._reclaim_for(_in_order(job)[0] if job.__class__ is list else job, leaf)
 
     def _alloc(self, plan: _Plan, r: int) -> float:
         d = self.delta.get(plan.path)
@@ -1126,16 +1152,18 @@ class _Cycle:
         # Every job still pending waits: by default for capacity, one message per shape (free
         # capacity is fixed now); then the reasons the cycle gave single jobs.
         waiting = out.waiting
-        reasons: dict[tuple, str] = {}
+        by_shape: dict[tuple, list[str]] = {}
         for plan in self.bottom_up:
             if not plan.buckets:
                 continue
             for (w, n, _), jobs in plan.buckets.items():
                 if jobs:
-                    reason = reasons.get((w, n))
-                    if reason is None:
-                        reason = reasons[(w, n)] = self._capacity_reason(jobs[0])
-                    waiting.update(dict.fromkeys(map(_id_of, jobs), reason))
+                    ids = by_shape.get((w, n))
+                    if ids is None:
+                        ids = by_shape[(w, n)] = []
+                    ids += map(_id_of, jobs)
+        for (w, n), ids in by_shape.items():
+            waiting.update(dict.fromkeys(ids, self._capacity_reason(w, n)))
         for job_id in self.started:
             del waiting[job_id]
         waiting.update(self.waits)
@@ -1157,8 +1185,7 @@ class _Cycle:
             flat += (m[0], m[1], m[2], plan.pending, plan.running)
         return out
 
-    def _capacity_reason(self, job: Job) -> str:
-        w, n = job.per_worker, job.min_workers
+    def _capacity_reason(self, w: tuple, n: int) -> str:
         room = int(gang_room(self.free, w, n))
         return (
             f"waiting for capacity: needs {_size(w, n)}, each worker on one node; "

@@ -23,6 +23,22 @@ def fit_count(row: Sequence[float], worker: Sequence[float]) -> float:
     return n
 
 
+def _fit(row: Sequence[float], w0: float, w1: float, w2: float) -> float:
+    """fit_count for a row already known to hold one worker, without the loop (hot path)."""
+    n = INF
+    if w0 > 0:
+        n = row[0] // w0
+    if w1 > 0:
+        k = row[1] // w1
+        if k < n:
+            n = k
+    if w2 > 0:
+        k = row[2] // w2
+        if k < n:
+            n = k
+    return n
+
+
 def place_gang(
     free: Sequence[Sequence[float]],
     names: Sequence[str],
@@ -44,7 +60,7 @@ def place_gang(
     for i, row in enumerate(free):
         if row[0] < w0 or row[1] < w1 or row[2] < w2:
             continue  # not even one worker: the common case on a busy cluster, kept cheap
-        fits.append((fit_count(row, worker), i))
+        fits.append((_fit(row, w0, w1, w2), i))
     if sum(min(n, count) for n, _ in fits) < count:
         return None
     if prefer:
@@ -73,7 +89,8 @@ def gang_room(free: Sequence[Sequence[float]], worker: Sequence[float], count: i
     room = 0.0
     for row in free:
         if row[0] >= w0 and row[1] >= w1 and row[2] >= w2:
-            room += min(fit_count(row, worker), count)
+            k = _fit(row, w0, w1, w2)
+            room += k if k < count else count
     return room
 
 
