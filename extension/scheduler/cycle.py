@@ -916,7 +916,10 @@ class _Cycle:
                 break
         target = k
         while target >= job.min_workers:
-            if self._room_with(chosen, w, target, self._pool_room(w, target)) >= target:
+            if (
+                self._enough(chosen, w, target)
+                and self._room_with(chosen, w, target, self._pool_room(w, target)) >= target
+            ):
                 break
             target -= 1
         if target < job.min_workers:
@@ -999,9 +1002,21 @@ class _Cycle:
         base = self._pool_room(w, target)
         for item in reversed(list(merged)):
             trial = [c for c in merged if c is not item]
-            if self._room_with(trial, w, target, base) >= target:
+            if self._enough(trial, w, target) and self._room_with(trial, w, target, base) >= target:
                 merged = trial
         return merged
+
+    def _enough(self, chosen: list[tuple], w: tuple, count: int) -> bool:
+        """In total, what is free, what is on its way and not promised yet, and what ``chosen``
+        would release cover ``count`` workers. A claim by amount takes from the totals alone,
+        so the per-node pool by itself could promise the same released capacity twice."""
+        for r in range(3):
+            if w[r]:
+                have = self.total_free[r] + self.total_incoming[r]
+                have += sum(v.per_worker[r] * len(nodes) for v, _, nodes in chosen)
+                if w[r] * count > have + EPS:
+                    return False
+        return True
 
     def _room_with(self, chosen: list[tuple], w: tuple, count: int, base: float) -> float:
         """gang_room of the pool once ``chosen`` let go; ``base`` is the pool's own room. Only
