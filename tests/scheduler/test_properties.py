@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -141,15 +143,19 @@ def settle(jobs: list[Job], result) -> None:
             )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(worlds(), st.lists(st.integers(0, 30), min_size=1, max_size=6))
-def test_invariants_hold_over_a_random_job_stream(world, finish_picks):
+def run_stream(world, finish_picks, fresh_index: bool) -> list[tuple]:
+    """Cycles over a job stream, checking the invariants after each; with ``fresh_index`` every
+    cycle sees a copy of the tree, so the core builds its plan index anew each time instead of
+    keeping it between cycles. Returns what every cycle decided."""
     tree, nodes, jobs = world
-    live = [j for j in jobs]
+    live = copy.deepcopy(jobs)
+    seen = []
     for step, pick in enumerate(finish_picks):
         now = 100.0 * (step + 1)
-        snap = Snapshot(tree, Instance(nodes), live, SchedulerConfig(grace=0))
+        plans = tree.copy() if fresh_index else tree
+        snap = Snapshot(plans, Instance(nodes), live, SchedulerConfig(grace=0))
         result = schedule(snap, now)
+        seen.append((result.decisions, result.waiting, result.plans, result.reserved))
         rejected = {d.job_id for d in result.decisions if d.__class__.__name__ == "Reject"}
         live = [j for j in live if j.id not in rejected]
         apply(live, result, now)
@@ -159,6 +165,15 @@ def test_invariants_hold_over_a_random_job_stream(world, finish_picks):
         if runners:  # one job finishes: demand changes, the next cycle must still hold
             done = runners[pick % len(runners)]
             live = [j for j in live if j is not done]
+    return seen
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds(), st.lists(st.integers(0, 30), min_size=1, max_size=6))
+def test_invariants_hold_over_a_random_job_stream(world, finish_picks):
+    kept = run_stream(world, finish_picks, fresh_index=False)
+    # the plan index kept between cycles decides exactly as one built for every cycle
+    assert kept == run_stream(world, finish_picks, fresh_index=True)
 
 
 @settings(max_examples=150, deadline=None)

@@ -181,3 +181,20 @@ def test_reclaim_happens_at_the_level_where_the_borrowing_happened():
     assert [(p.job_id, p.for_job) for p in result.of(Preempt)] == [("t2-c", "t1-1")]
     assert not starts(result)
     assert not [d for d in result.decisions if isinstance(d, Start)]
+
+
+def test_released_capacity_claimed_by_one_reclaimer_is_not_promised_to_the_next():
+    # c-1 is on its way out (2 GPUs of n1): a-job, first in the fair order, claims them; b-job
+    # is owed its share too and must get it from a victim, not from the same released GPUs
+    plans = tree({"/a": (1, None), "/b": (1, None), "/c": (1, None)})
+    jobs = [
+        running("c-1", "/c", ("n1",) * 2, started=0, terminating=True),
+        running("c-2", "/c", ("n1",) * 2, started=2),
+        running("c-3", "/c", ("n2",) * 4, started=1),
+        pending("a-job", "/a", workers=2),
+        pending("b-job", "/b", workers=2),
+    ]
+    result = run_cycle(plans, nodes(2, gpu=4), jobs)
+    assert "being released" in waits(result)["a-job"]
+    assert [(p.job_id, p.for_job) for p in result.of(Preempt)] == [("c-2", "b-job")]
+    assert "reclaiming from c-2" in waits(result)["b-job"]
