@@ -232,20 +232,22 @@ def _checkout(tree, inst) -> _Index:
     global _kept
     with _index_lock:
         held, _kept = _kept, None
+    version = getattr(tree, "version", None)  # a tree without one is never kept
     if (
         held is None
+        or version is None
         or held.tree is not tree
-        or held.version != getattr(tree, "version", None)
+        or held.version != version
         or (held.instance is not inst and held.instance != inst)
     ):
-        return _Index(tree, getattr(tree, "version", None), inst)
+        return _Index(tree, version, inst)
     held.instance = inst
     return held
 
 
 def _give_back(index: _Index) -> None:
     global _kept
-    if not index.stale():
+    if index.version is not None and not index.stale():
         with _index_lock:
             _kept = index
 
