@@ -1,6 +1,7 @@
 """``wmla simulate``: the arguments and what runs them (docs/simulate.md).
 
-- ``--scenario FILE`` alone: the scenario runner (engine.py), output unchanged.
+- ``--scenario FILE`` alone: the scenario runner (engine.py: the replay loop with a core cycle
+  at every instant and a timeline).
 - ``--trace CSV --nodes N --gpus-per-node G`` or ``--scenario FILE --policy ...``: the replay
   under each ``--policy`` (repeatable, or ``all``), compared in one run; ``--json`` prints one
   object, ``--report out.html`` writes a self-contained page.
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 
 
 def _scenario_runner(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """The scenario runner exactly as before (the lead's scenario tests pin its output)."""
+    """The scenario runner (its output is pinned by the scenario tests)."""
     from .engine import public_json, simulate
     from .scenario import ScenarioError, load_scenario
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import heapq
 
 from extension.scheduler import (
+    CycleResult,
     Grow,
     Job,
     JobState,
@@ -121,15 +122,23 @@ class Wmla(Policy):
         return self.timers[0] if self.timers else None
 
     def step(self, now: float) -> None:
-        while self.timers and self.timers[0] <= now + 1e-9:
-            heapq.heappop(self.timers)
-            self.dirty = True
+        self.pop_timers(now)
         if not self.dirty:
             return
         self.dirty = False
         if not self.replay.n_pending and not self.elastic:
             self.reserved = None  # what the skipped cycle would have answered: no holder
             return
+        self.cycle(now)
+
+    def pop_timers(self, now: float) -> None:
+        """Timers due by now (a ``min_runtime`` running out) make the next cycle worth running."""
+        while self.timers and self.timers[0] <= now + 1e-9:
+            heapq.heappop(self.timers)
+            self.dirty = True
+
+    def cycle(self, now: float) -> CycleResult:
+        """One core cycle on the live jobs, its decisions carried out on the replay."""
         r = self.replay
         result = self._aggregated_cycle(now) if self.aggregate else None
         if result is None:
@@ -163,6 +172,7 @@ class Wmla(Policy):
                 job = self.live[d.job_id]
                 self._gone(job)
                 r.reject(job, d.reason, now)
+        return result
 
     def _aggregated_cycle(self, now: float):
         """The cycle on the aggregated snapshot, or None when its answer may differ."""

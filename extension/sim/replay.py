@@ -8,9 +8,9 @@ previous instant (the state did not change within it); then the policy decides
 scheduler); events in between wait for the next one. The policies live in ``policies.py``; what
 is measured and how is in docs/simulate.md.
 
-Unlike ``engine.py`` (the scenario runner, which runs a core cycle at every event and whose
-output the scenario tests pin down), this loop lets a policy skip a cycle that cannot change
-anything, which is what makes a month of Philly replay in seconds.
+The scenario runner (``engine.py``) is this loop with a policy that runs a core cycle at every
+instant and records the timeline; ``Wmla`` here skips a cycle that cannot change anything,
+which is what makes a month of Philly replay in seconds.
 """
 
 from __future__ import annotations
@@ -158,6 +158,7 @@ class Replay:
             self._instant(now)
             if self.progress is not None:
                 self._report_progress(now)
+        self.stopped_at = now  # the last instant (or ``until``)
         unfinished = sum(1 for j in self.jobs.values() if j.state in ("PENDING", "RUNNING"))
         unfinished += len(self.order) - self.next_arrival
         end = until if unfinished and math.isfinite(until) else now

@@ -173,12 +173,12 @@ def test_seed_002_pod_fifo_without_an_operator_stays_deadlocked():
     assert p["deadlocked_gpu_hours"] == pytest.approx(4 * 10_000 / 3600, abs=1e-3)
 
 
-# -- the replay's wmla is the scenario runner's core loop, with skipped no-op cycles -----------
+# -- the replay's wmla decides as the scenario runner's cycle at every instant -----------------
 @pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_wmla_replay_matches_the_scenario_runner(path):
     engine = simulate(load_scenario(path))
     replay = Replay(load_scenario(path), Wmla()).run().replay
-    expected = {k: (s.state, s.started, s.ended, s.preemptions) for k, s in engine.jobs.items()}
+    expected = {k: (j.state, j.first_start, j.ended, j.preemptions) for k, j in engine.jobs.items()}
     got = {k: (j.state, j.first_start, j.ended, j.preemptions) for k, j in replay.jobs.items()}
     assert got == expected
     assert replay.policy.cycles <= engine.cycles
