@@ -5,7 +5,8 @@ of one worker, charged to ``<plan>/<user>``. The spawner submits it through the 
 admin on the user's behalf (``"user"`` in the body), waits while it is PENDING (the spawn page's
 progress shows the service's reason, e.g. "/project1/dev-team at its gpu limit: 2 of 2 in use"),
 fails at once when the service answers 422 (it can never fit), and cancels the job when the
-server stops, which releases the plan's resources.
+server stops, which releases the plan's resources. A server whose job the service ended (an
+admin cancelled it) is stopped at the hub's next poll.
 
 The service is reached over HTTP through ``extension.client`` (blocking, so in a thread: the
 hub's event loop never waits on a socket).
@@ -25,6 +26,7 @@ from traitlets import Dict, Float, Integer, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 NOTEBOOK_KIND = "notebook"
+ENDED_STATES = ("FINISHED", "FAILED", "CANCELLED", "REJECTED")
 DEFAULT_PLAN = "/sample-project/notebooks"
 SPAWNER_SERVICE = "wmla-spawner"
 PROFILE_KEYS = {"slug", "display_name", "description", "plan", "gpu", "cpu", "memory", "default"}
@@ -417,6 +419,35 @@ class WmlaSpawnerMixin(LoggingConfigurable):
                 "%s: could not release notebook job %s (will retry): %s",
                 self._log_name, job_id, err,
             )  # fmt: skip
+
+    async def poll(self) -> int | None:
+        """The base spawner's answer; and a running server whose notebook job the service ended
+        (an admin cancelled it) is stopped here, since it no longer holds its plan's resources.
+        Only a job the service says has ended counts: an unreachable service changes nothing."""
+        status = await super().poll()
+        if status is not None or not self.wmla_job_id or self._wmla_waiting:
+            return status
+        if self._wmla_stopping:
+            return status
+        state = await self._wmla_job_state(self.wmla_job_id)
+        if state not in ENDED_STATES:
+            return status
+        self.log.warning(
+            "%s: notebook job %s is %s in the wmla service: stopping the server",
+            self._log_name, self.wmla_job_id, state,
+        )  # fmt: skip
+        await self.stop(now=True)
+        return 0
+
+    async def _wmla_job_state(self, job_id: str) -> str | None:
+        from extension.client import WmlaError
+
+        try:
+            job = await self._wmla_call("GET", f"jobs/{job_id}", what=f"looking at {job_id}")
+        except (WmlaError, AdmissionError) as err:
+            self.log.debug("%s: looking at job %s: %s", self._log_name, job_id, err)
+            return None
+        return job.get("state") if isinstance(job, dict) else None
 
     async def stop(self, now: bool = False) -> None:
         self._wmla_stopping = True

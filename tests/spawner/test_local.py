@@ -317,6 +317,27 @@ def test_a_server_that_dies_by_itself_releases_its_job(hub: Hub) -> None:
     assert hub.clients["admin"].get(f"/jobs/{job['id']}").json()["state"] == "CANCELLED"
 
 
+def test_a_server_whose_job_an_admin_cancels_is_stopped(hub: Hub) -> None:
+    """The notebook job is what charges the server to its plan: once an admin cancels it, the
+    server goes too (at the hub's next poll) instead of running uncharged."""
+    assert spawn(hub, "user2").status_code in (201, 202)
+    wait_ready(hub, "user2")
+    (job,) = notebook_jobs(hub, "user2")
+    process = server_process(hub, "user2")
+    cancelled = hub.clients["admin"].delete(f"/jobs/{job['id']}")
+    assert cancelled.status_code == 200, cancelled.text
+    wait_for(lambda: server_model(hub, "user2") is None, "the hub to stop the server", timeout=60)
+    wait_for(lambda: not _alive(process), "the server process to end")
+    assert "is CANCELLED in the wmla service: stopping the server" in hub.log()
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_a_server_that_can_never_fit_fails_at_once_with_the_message(hub: Hub) -> None:
     r = spawn(hub, "user1", "huge")
     if r.status_code >= 400:  # the spawn failed before the hub answered
