@@ -32,7 +32,7 @@ from .decisions import (
     Start,
 )
 from .model import Job, JobState, Snapshot
-from .placement import fit_count, gang_room, max_workers_on, place_gang
+from .placement import FitIndex, fit_count, gang_room, max_workers_on, place_gang
 from .plans import ROOT, PlanError, leaf_path
 from .resources import RESOURCES, UNLIMITED, Resources, format_amount
 from .shares import dominant_ratio, water_fill
@@ -288,6 +288,7 @@ class _Cycle:
         self.reserved_for: str | None = None
         self.victims: set[str] = set()
         self._index: _Index | None = None
+        self._fits: dict[tuple, FitIndex] = {}
 
     def done(self) -> None:
         """The cycle is over: the plan index may serve the next one."""
@@ -584,6 +585,9 @@ class _Cycle:
         shape) by their first jobs.
         """
         self._failed_shapes: set[tuple] = set()
+        # per worker shape tried this pass: nodes by how many such workers they hold, kept in
+        # step with self.free by _take and _reserve (the only writers during admission)
+        self._fits: dict[tuple, FitIndex] = {}
         for plan in self.bottom_up:
             if plan.pending:
                 plan.active = 1
@@ -654,6 +658,7 @@ class _Cycle:
                     break
             if not heads:
                 self._deactivate(leaf)
+        self._fits = {}  # free rows change again in reclaim and grow: not kept in step there
 
     def _pick(self) -> _Plan:
         plan = self.root
@@ -711,7 +716,14 @@ class _Cycle:
             and req[1] <= tf[1]
             and req[2] <= tf[2]
         ):
-            placement = place_gang(self.free, self.names, w, n)
+            fits = self._fits.get(w)
+            if fits is None:
+                fits = self._fits[w] = FitIndex(self.free, self.names, w)
+            node = fits.tightest(n)
+            if node is not None:  # one node takes the gang whole: what place_gang would give
+                placement = [node] * n
+            else:
+                placement = place_gang(self.free, self.names, w, n)
         if placement is None:
             self._failed_shapes.add(shape)
             self.blocked.setdefault(id(leaf.buckets[(w, n, job.max_workers)]), job)
@@ -753,6 +765,9 @@ class _Cycle:
         tf[0] -= w[0] * n
         tf[1] -= w[1] * n
         tf[2] -= w[2] * n
+        for fits in self._fits.values():
+            for i in dict.fromkeys(placement):
+                fits.update(i)
 
     def _reserve(self, job: Job) -> None:
         """Admission 4: hold what is free on the nodes the gang will need, so capacity freed
@@ -774,6 +789,8 @@ class _Cycle:
                 row[r] -= take[r]
                 self.total_free[r] -= take[r]
             held.append(i)
+            for fits in self._fits.values():
+                fits.update(i)
             if room[i] > 0:
                 heapq.heappush(order, (-row[main], names[i], i))
         self.reserved_for = job.id

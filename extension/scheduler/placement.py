@@ -7,6 +7,7 @@ whole gang fits (the tentative-then-commit pattern of Volcano's statement).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 INF = float("inf")
@@ -97,3 +98,54 @@ def gang_room(free: Sequence[Sequence[float]], worker: Sequence[float], count: i
 def max_workers_on(capacity: Sequence[Sequence[float]], worker: Sequence[float]) -> float:
     """How many workers of this size the nodes could hold if they were empty."""
     return sum(fit_count(row, worker) for row in capacity)
+
+
+class FitIndex:
+    """The nodes that hold at least one worker of one shape, sorted by (how many they hold,
+    name), kept in step with ``free`` by ``update(i)`` after node ``i`` changed.
+
+    ``tightest(count)`` is then one bisection: it answers what ``place_gang`` does for a gang
+    that one node can take whole and that prefers no node (the tightest such node), without a
+    pass over every node. That is every one-worker job and most small gangs, so a stream of
+    admissions into a large idle cluster costs O(log nodes) each instead of O(nodes).
+    """
+
+    def __init__(
+        self, free: Sequence[Sequence[float]], names: Sequence[str], worker: Sequence[float]
+    ) -> None:
+        self.free, self.names = free, names
+        self.w0, self.w1, self.w2 = worker
+        self.fit: dict[int, float] = {}
+        order = []
+        for i, row in enumerate(free):
+            k = self._fit_of(row)
+            if k >= 1:
+                self.fit[i] = k
+                order.append((k, names[i], i))
+        order.sort()
+        self.order = order
+
+    def _fit_of(self, row: Sequence[float]) -> float:
+        w0, w1, w2 = self.w0, self.w1, self.w2
+        if row[0] < w0 or row[1] < w1 or row[2] < w2:
+            return 0
+        return _fit(row, w0, w1, w2)
+
+    def update(self, i: int) -> None:
+        old = self.fit.get(i)
+        new = self._fit_of(self.free[i])
+        if old == new:
+            return
+        name = self.names[i]
+        if old is not None:
+            del self.order[bisect.bisect_left(self.order, (old, name, i))]
+            del self.fit[i]
+        if new >= 1:
+            bisect.insort(self.order, (new, name, i))
+            self.fit[i] = new
+
+    def tightest(self, count: int) -> int | None:
+        """The node ``place_gang`` would give a whole ``count``-worker gang, or None when no
+        node can take it whole (then ``place_gang`` decides, across nodes)."""
+        j = bisect.bisect_left(self.order, (count,))  # (count,) sorts before (count, name, i)
+        return self.order[j][2] if j < len(self.order) else None

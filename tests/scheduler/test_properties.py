@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +23,7 @@ from extension.scheduler import (
     Start,
     schedule,
 )
-from extension.scheduler.placement import place_gang
+from extension.scheduler.placement import FitIndex, place_gang
 from extension.scheduler.resources import UNLIMITED
 
 
@@ -197,3 +198,13 @@ def test_steady_demand_converges_to_deserved_within_one_gang(tree, node_count, d
             [p.to_dict() for p in tree],
             sorted((p, f.allocated.gpu, round(f.deserved.gpu, 2)) for p, f in result.plans.items()),
         )
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds(), st.lists(st.integers(0, 30), min_size=1, max_size=4))
+def test_admission_through_the_fit_index_places_as_a_full_pass_over_the_nodes(world, finish_picks):
+    fast = run_stream(world, finish_picks, fresh_index=True)
+    with pytest.MonkeyPatch.context() as patch:  # every gang placed by place_gang's full pass
+        patch.setattr(FitIndex, "tightest", lambda self, count: None)
+        slow = run_stream(world, finish_picks, fresh_index=True)
+    assert fast == slow
