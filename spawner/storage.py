@@ -12,8 +12,15 @@ import pwd
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
+
+from extension.backends.accounts import (  # noqa: F401 - part of this module's API
+    Account,
+    account_python,
+    folder_unreachable,
+    stat_mode,
+    unreachable,
+)
 
 # Folder names, label values and Linux account names all accept this (no '/', no '..').
 USERNAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
@@ -41,13 +48,6 @@ def user_folder(storage_root: str | os.PathLike, user: str) -> Path:
 
 def is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
-
-
-@dataclass(frozen=True)
-class Account:
-    name: str
-    uid: int
-    gid: int
 
 
 def find_account(name: str, min_uid: int) -> Account | None:
@@ -107,94 +107,3 @@ def ensure_folder(storage_root: str | os.PathLike, user: str, account: Account |
     if account is not None:
         os.chown(folder, account.uid, account.gid)
     return folder
-
-
-def _allows(info: os.stat_result, account: Account, bit: int) -> bool:
-    """Whether mode bits grant ``bit`` (1 = x, 4 = r) to the account (no ACLs considered)."""
-    if info.st_uid == account.uid:
-        return bool(info.st_mode & (bit << 6))
-    try:
-        groups = os.getgrouplist(account.name, account.gid)
-    except OSError:
-        groups = [account.gid]
-    if info.st_gid in groups:
-        return bool(info.st_mode & (bit << 3))
-    return bool(info.st_mode & bit)
-
-
-def unreachable(program: str, account: Account) -> str | None:
-    """Why ``account`` cannot run ``program`` (and its ``#!`` interpreter), or None.
-
-    Checked before the server starts: otherwise the failure is an opaque "Exception occurred in
-    preexec_fn" or a PermissionError from exec, e.g. a Python installed under /root (0700).
-    """
-    path = shutil.which(program) or program
-    seen = 0
-    while path and seen < 4:  # the program, then its interpreter (and theirs)
-        seen += 1
-        real = Path(os.path.realpath(path))
-        for folder in [*reversed(real.parents)]:
-            try:
-                info = folder.stat()
-            except OSError as err:
-                return f"{folder}: {err.strerror}"
-            if not _allows(info, account, 1):
-                return f"{folder} (mode {stat_mode(info)}) is not open to {account.name}"
-        try:
-            info = real.stat()
-        except OSError as err:
-            return f"{real}: {err.strerror}"
-        if not _allows(info, account, 1):
-            return f"{real} is not executable by {account.name}"
-        try:
-            with open(real, "rb") as f:
-                head = f.readline(200)
-        except OSError:
-            return None
-        if not head.startswith(b"#!"):
-            return None
-        words = head[2:].decode(errors="replace").split()
-        path = words[0] if words else ""
-        if path.endswith("/env") and len(words) > 1:
-            path = shutil.which(words[1]) or words[1]
-    return None
-
-
-def stat_mode(info: os.stat_result) -> str:
-    return oct(info.st_mode & 0o7777)[2:].rjust(4, "0")
-
-
-def folder_unreachable(path: str, account: Account) -> str | None:
-    """Why ``account`` cannot list and read ``path`` (a folder), or None."""
-    real = Path(os.path.realpath(path))
-    for folder in [*reversed(real.parents), real]:
-        try:
-            info = folder.stat()
-        except OSError as err:
-            return f"{folder}: {err.strerror}"
-        if not _allows(info, account, 1):
-            return f"{folder} (mode {stat_mode(info)}) is not open to {account.name}"
-    if not _allows(real.stat(), account, 4):
-        return f"{real} is not readable by {account.name}"
-    return None
-
-
-def account_python(account: Account, wanted: str, hub_paths: list[str]) -> str | None:
-    """A Python the account can run, with the hub's packages on ``hub_paths``, or None.
-
-    ``wanted``: a path, or "auto" for the system Python of the hub's major.minor version (its
-    compiled extensions then load unchanged).
-    """
-    import sys
-
-    if wanted == "auto":
-        version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-        found = shutil.which(version, path="/usr/bin:/usr/local/bin")
-        if found is None:
-            return None
-        wanted = found
-    if unreachable(wanted, account) is not None:
-        return None
-    if any(folder_unreachable(p, account) for p in hub_paths):
-        return None
-    return wanted

@@ -53,6 +53,7 @@ from urllib.parse import quote
 
 import psutil
 
+from extension.backends.accounts import Account, account_python, allows
 from extension.backends.base import BackendEvent, Emit, JobSpec
 from extension.scheduler import Node
 
@@ -554,16 +555,10 @@ class LocalBackend:
             return command, []
         if not _blocked_for(self.python, account, os.X_OK):
             return command, []
-        wanted = self.account_python
-        if wanted == "auto":
-            version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-            wanted = shutil.which(version, path="/usr/bin:/usr/local/bin") or ""
         paths = [p for p in site.getsitepackages() if os.path.isdir(p)]
-        if not wanted or _blocked_for(wanted, account, os.X_OK):
-            return command, []
-        if any(_blocked_for(p, account, os.X_OK) for p in paths):
-            return command, []
-        return [wanted, *command[1:]], paths
+        who = Account(account.pw_name, account.pw_uid, account.pw_gid)
+        python = account_python(who, self.account_python, paths)
+        return ([python, *command[1:]], paths) if python else (command, [])
 
     def _account(self, spec: JobSpec) -> pwd.struct_passwd | None:
         if self.run_as_user is False:
@@ -979,16 +974,10 @@ def _check_reachable(spec: JobSpec, command: list[str], account: pwd.struct_pass
 
 def _blocked_for(path: str, account: pwd.struct_passwd, mode: int) -> str:
     """Why ``account`` cannot use ``path`` with ``mode`` (from the permission bits), or ''."""
-    groups = set(os.getgrouplist(account.pw_name, account.pw_gid))
+    who = Account(account.pw_name, account.pw_uid, account.pw_gid)
 
     def allowed(st: os.stat_result, bit: int) -> bool:
-        if account.pw_uid == 0:
-            return True
-        if st.st_uid == account.pw_uid:
-            return bool(st.st_mode & (bit << 6))
-        if st.st_gid in groups:
-            return bool(st.st_mode & (bit << 3))
-        return bool(st.st_mode & bit)
+        return allows(st, who, bit)
 
     real = os.path.realpath(path)
     for route in (os.path.abspath(path), real):  # the path as given, then where links lead
