@@ -719,11 +719,7 @@ class _Cycle:
             fits = self._fits.get(w)
             if fits is None:
                 fits = self._fits[w] = FitIndex(self.free, self.names, w)
-            node = fits.tightest(n)
-            if node is not None:  # one node takes the gang whole: what place_gang would give
-                placement = [node] * n
-            else:
-                placement = place_gang(self.free, self.names, w, n)
+            placement = fits.place(n)  # what place_gang would give, without a pass over all
         if placement is None:
             self._failed_shapes.add(shape)
             self.blocked.setdefault(id(leaf.buckets[(w, n, job.max_workers)]), job)

@@ -104,10 +104,11 @@ class FitIndex:
     """The nodes that hold at least one worker of one shape, sorted by (how many they hold,
     name), kept in step with ``free`` by ``update(i)`` after node ``i`` changed.
 
-    ``tightest(count)`` is then one bisection: it answers what ``place_gang`` does for a gang
-    that one node can take whole and that prefers no node (the tightest such node), without a
-    pass over every node. That is every one-worker job and most small gangs, so a stream of
-    admissions into a large idle cluster costs O(log nodes) each instead of O(nodes).
+    ``place(count)`` then answers exactly what ``place_gang`` does for a gang that prefers no
+    node, without a pass over every node: the tightest node that takes the gang whole is one
+    bisection away (every one-worker job, most small gangs), and a gang spread over nodes
+    walks them from the roomiest down only as far as it needs. A stream of admissions into a
+    large idle cluster then costs O(log nodes) each instead of O(nodes).
     """
 
     def __init__(
@@ -149,3 +150,24 @@ class FitIndex:
         node can take it whole (then ``place_gang`` decides, across nodes)."""
         j = bisect.bisect_left(self.order, (count,))  # (count,) sorts before (count, name, i)
         return self.order[j][2] if j < len(self.order) else None
+
+    def spread(self, count: int) -> list[int] | None:
+        """``place_gang``'s answer for a gang no node takes whole: the nodes that hold the most
+        workers first (name order among equals), or None when they cannot hold all of it."""
+        order, placed = self.order, []
+        end = len(order)
+        while end:
+            most = order[end - 1][0]
+            start = bisect.bisect_left(order, (most,), 0, end)  # the nodes holding ``most``
+            for fit, _, i in order[start:end]:
+                take = min(fit, count - len(placed))
+                placed.extend([i] * int(take))
+                if len(placed) == count:
+                    return placed
+            end = start
+        return None
+
+    def place(self, count: int) -> list[int] | None:
+        """What ``place_gang(free, names, worker, count)`` gives, from the index."""
+        node = self.tightest(count)
+        return [node] * count if node is not None else self.spread(count)

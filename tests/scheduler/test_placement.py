@@ -57,8 +57,9 @@ def test_fit_index_gives_what_place_gang_gives_after_any_changes(
             free[i][r] = max(0, free[i][r] - k * worker[r])
         index.update(i)
         expected = place_gang(free, names, worker, count)
-        got = index.tightest(count)
-        if got is None:  # no node takes it whole: place_gang spreads it or finds no room
+        assert index.place(count) == expected
+        whole = index.tightest(count)
+        if whole is None:  # no node takes it whole: place_gang spreads it or finds no room
             assert expected is None or len(set(expected)) > 1
         else:
-            assert expected == [got] * count
+            assert expected == [whole] * count

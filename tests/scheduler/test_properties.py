@@ -204,7 +204,11 @@ def test_steady_demand_converges_to_deserved_within_one_gang(tree, node_count, d
 @given(worlds(), st.lists(st.integers(0, 30), min_size=1, max_size=4))
 def test_admission_through_the_fit_index_places_as_a_full_pass_over_the_nodes(world, finish_picks):
     fast = run_stream(world, finish_picks, fresh_index=True)
+
+    def full_pass(self: FitIndex, count: int) -> list[int] | None:
+        return place_gang(self.free, self.names, (self.w0, self.w1, self.w2), count)
+
     with pytest.MonkeyPatch.context() as patch:  # every gang placed by place_gang's full pass
-        patch.setattr(FitIndex, "tightest", lambda self, count: None)
+        patch.setattr(FitIndex, "place", full_pass)
         slow = run_stream(world, finish_picks, fresh_index=True)
     assert fast == slow
