@@ -31,9 +31,9 @@ from .decisions import (
     Shrink,
     Start,
 )
-from .model import Job, JobState, Snapshot
+from .model import Instance, Job, JobState, Snapshot
 from .placement import FitIndex, fit_count, gang_room, max_workers_on, place_gang
-from .plans import ROOT, PlanError, leaf_path
+from .plans import ROOT, PlanError, PlanTree, leaf_path
 from .resources import RESOURCES, UNLIMITED, Resources, format_amount
 from .shares import dominant_ratio, water_fill
 
@@ -129,7 +129,7 @@ def check_submission(snapshot: Snapshot, job: Job) -> str | None:
 class _NodeFigures:
     """What a cycle derives from an instance's nodes alone (names, capacity rows, totals)."""
 
-    def __init__(self, inst) -> None:
+    def __init__(self, inst: Instance) -> None:
         self.names = [n.name for n in inst.nodes]
         self.node_at = {name: i for i, name in enumerate(self.names)}
         self.capacity = [list(n.capacity) for n in inst.nodes]  # never written by a cycle
@@ -143,7 +143,7 @@ class _NodeFigures:
 _last_nodes: tuple = (None, None)  # (instance, its _NodeFigures), swapped in one assignment
 
 
-def _nodes(inst) -> _NodeFigures:
+def _nodes(inst: Instance) -> _NodeFigures:
     """An Instance is immutable, so the last one's figures are kept: a service or a simulator
     passes the same nodes every cycle and would otherwise pay O(nodes) of Python per cycle."""
     global _last_nodes
@@ -161,7 +161,7 @@ class _Index:
     cycles (one at a time: ``_checkout`` hands it to one cycle and ``_Cycle.done`` returns it;
     a cycle that raises never returns it, so a half-updated index is never reused)."""
 
-    def __init__(self, tree, version: int, inst) -> None:
+    def __init__(self, tree: PlanTree, version: int | None, inst: Instance) -> None:
         self.tree, self.version, self.instance = tree, version, inst
         root = _Plan(ROOT, 1.0, inst.quota, None, False)
         root.chain = [root]
@@ -228,7 +228,7 @@ _index_lock = threading.Lock()
 _kept: _Index | None = None
 
 
-def _checkout(tree, inst) -> _Index:
+def _checkout(tree: PlanTree, inst: Instance) -> _Index:
     global _kept
     with _index_lock:
         held, _kept = _kept, None
