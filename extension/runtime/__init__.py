@@ -10,6 +10,8 @@
         if runtime.should_stop():                # SIGTERM: preempted, cancelled or resized
             runtime.exit_stopped(state)          # save the checkpoint now, exit 143
     runtime.checkpoint.save(state)
+    runtime.cleanup()                            # leave the process group
+    runtime.leave(0)                             # exit (see leave(): never through teardown)
 
 Importing the package under the backend (``WMLA_JOB_ID`` set) installs the SIGTERM handler, so a
 signal that arrives before the loop starts is not lost, and enables ``faulthandler``. Outside the
@@ -22,7 +24,7 @@ import faulthandler
 import os
 
 from . import checkpoint
-from .distributed import barrier, cleanup, init_distributed
+from .distributed import barrier, cleanup, init_distributed, leave
 from .env import WorkerInfo, info, is_main, job_dir, rank, world_size
 from .metrics import report
 from .stop import (
@@ -52,6 +54,7 @@ __all__ = [
     "install_stop_handler",
     "is_main",
     "job_dir",
+    "leave",
     "rank",
     "report",
     "request_stop",

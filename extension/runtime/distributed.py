@@ -11,13 +11,17 @@ the middle of its own teardown and abort.
 from __future__ import annotations
 
 import datetime
+import logging
+import os
+import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from .env import info
 
 _store: Any = None
 _LEFT = "wmla/left"
+_joined = False  # this process created a process group (see leave())
 
 
 def init_distributed(timeout_s: float = 300.0) -> Any:
@@ -68,6 +72,8 @@ def init_distributed(timeout_s: float = 300.0) -> Any:
             timeout=timeout,
             **kwargs,
         )
+        global _joined
+        _joined = True
     return device
 
 
@@ -97,3 +103,21 @@ def cleanup(timeout_s: float = 30.0) -> None:
                 time.sleep(0.02)
     except Exception:  # a peer or the store is gone already: nothing left to wait for
         pass
+
+
+def leave(code: int) -> NoReturn:
+    """Exit the worker with ``code`` once its work is done and its group left (``cleanup()``).
+
+    A process that joined a process group exits at once (``os._exit``, after flushing stdout,
+    stderr and logging) instead of through interpreter finalization: a DDP module still holds
+    the group, and gloo's native threads that outlive the interpreter's teardown can abort the
+    process ("terminate called without an active exception", SIGABRT; pytorch/pytorch#179291).
+    That turned a worker which had finished, or saved its checkpoint, into a failed gang now and
+    then. Without a group (a script run by hand) this is ``sys.exit(code)``.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if _joined:
+        os._exit(code)
+    sys.exit(code)

@@ -75,16 +75,14 @@ def exit_stopped(state: Any = None, code: int = STOPPED_EXIT_CODE) -> None:
         from . import checkpoint
 
         checkpoint.save(state)
-    if "torch" in sys.modules:
-        from .distributed import cleanup
+    from .distributed import cleanup, leave
 
+    if "torch" in sys.modules:
         try:
             cleanup(timeout_s=5.0)
         except Exception:  # peers may be gone already; exiting is what matters
             pass
-    sys.stdout.flush()
-    sys.stderr.flush()
-    sys.exit(code)
+    leave(code)
 
 
 def _initialized_dist() -> Any:

@@ -260,3 +260,46 @@ def test_should_stop_agrees_across_ranks_of_a_real_gloo_group(tmp_path: Path) ->
         for p in procs:
             p.kill()
             p.wait()
+
+
+LEAVE_SCRIPT = textwrap.dedent(
+    """
+    import logging, sys, threading, time
+    from extension import runtime
+    runtime.init_distributed(timeout_s=60)
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+    # a thread that would keep an orderly interpreter exit waiting: leave() does not wait
+    threading.Thread(target=time.sleep, args=(600,)).start()
+    print("done, not flushed")
+    logging.info("logged")
+    runtime.cleanup()
+    runtime.leave(5)
+    """
+)
+
+
+def test_a_worker_that_joined_a_group_leaves_at_once_with_its_output_flushed(
+    tmp_path: Path,
+) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": "0", "WORLD_SIZE": "1"}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WMLA_JOB_ID="job-1")
+    env.update(WMLA_JOB_DIR=str(tmp_path), OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-c", LEAVE_SCRIPT], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 5, done.stderr
+    assert done.stdout == "done, not flushed\n"
+    assert "logged" in done.stderr
+
+
+def test_leave_without_a_group_is_an_ordinary_exit() -> None:
+    code = "from extension import runtime; print('bye'); runtime.leave(4)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WMLA_")}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (4, "bye\n"), done.stderr
