@@ -813,7 +813,7 @@ class _Cycle:
         if not self.blocked:  # nothing to reclaim for: skip the O(jobs) victim list
             return
         # victims-to-be by plan subtree, so a reclaimer looks only under borrowing siblings
-        leaves, now, min_runtime = self.leaves, self.now, self.config.min_runtime
+        now, min_runtime = self.now, self.config.min_runtime
         victims = 0
         for job in self.running:
             if (
@@ -822,7 +822,7 @@ class _Cycle:
                 and job.started is not None
                 and now - job.started >= min_runtime
             ):
-                leaf = leaves[(job.plan, job.user)][0]
+                leaf = self._leaf_of(job)[0]
                 entry = (job, leaf)
                 for p in leaf.chain:
                     p.under.append(entry)
@@ -841,7 +841,7 @@ class _Cycle:
         delta = self.delta
         for job in self.blocked.values():
             some = job[0] if job.__class__ is list else job  # every job of a bucket alike
-            leaf, w, n = leaves[(some.plan, some.user)][0], some.per_worker, some.min_workers
+            leaf, w, n = self._leaf_of(some)[0], some.per_worker, some.min_workers
             # the leaf's own check of _within_deserved, inline: on a busy cluster most blocked
             # leaves already hold their share and stop here
             a, d = leaf.alloc, leaf.deserved
@@ -1117,13 +1117,10 @@ class _Cycle:
                 self.total_free[r] -= from_free
                 self.total_incoming[r] -= from_incoming
         d = self.delta.setdefault
-        for p in self._leaf_for(job).chain:
+        for p in self._leaf_of(job)[0].chain:
             dp = d(p.path, [0.0, 0.0, 0.0])
             for r in range(3):
                 dp[r] += w[r] * len(placement)
-
-    def _leaf_for(self, job: Job) -> _Plan:
-        return self.plans[leaf_path(job.plan, job.user)]
 
     # 7. grow -----------------------------------------------------------------------------------
     def grow(self) -> None:
