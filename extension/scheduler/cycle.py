@@ -38,7 +38,6 @@ from .resources import RESOURCES, UNLIMITED, Resources, format_amount
 from .shares import dominant_ratio, water_fill
 
 EPS = 1e-9
-INF = float("inf")
 
 
 class _Plan:
@@ -136,7 +135,6 @@ class _NodeFigures:
         self.total = tuple(inst.capacity)  # quota applied
         self.largest = [max((row[r] for row in self.capacity), default=0) for r in range(3)]
         self.machines = tuple(sum(row[r] for row in self.capacity) for r in range(3))
-        self.most_on_empty: dict[tuple, float] = {}  # worker shape -> max_workers_on
         self.fits_on_empty: dict[tuple, dict[int, int]] = {}  # shape -> {node: workers}
 
 
@@ -301,7 +299,7 @@ class _Cycle:
         inst = self.snap.instance
         nodes = _nodes(inst)
         self.names, self.node_at, self.capacity = nodes.names, nodes.node_at, nodes.capacity
-        self.largest, self.most_on_empty = nodes.largest, nodes.most_on_empty
+        self.largest = nodes.largest
         self.fits_on_empty = nodes.fits_on_empty
         self.total_capacity = list(nodes.total)
         index = self._index = _checkout(self.snap.plans, inst)
@@ -472,20 +470,15 @@ class _Cycle:
                         f"smaller workers"
                     )
                     break
-        if answer is None and self._most(w) < n:
-            answer = (
-                f"rejected: the gang of {_size(w, n)} cannot be placed: the nodes hold at most "
-                f"{int(self._most(w))} such workers at once"
-            )
+        if answer is None:
+            most = max_workers_on(self.capacity, w)  # the empty nodes; once per shape (cached)
+            if most < n:
+                answer = (
+                    f"rejected: the gang of {_size(w, n)} cannot be placed: the nodes hold at "
+                    f"most {int(most)} such workers at once"
+                )
         cache[key] = answer
         return answer
-
-    def _most(self, w: tuple) -> float:
-        """max_workers_on the empty nodes, kept per worker shape with the instance's figures."""
-        most = self.most_on_empty.get(tuple(w))
-        if most is None:
-            most = self.most_on_empty[tuple(w)] = max_workers_on(self.capacity, w)
-        return most
 
     # 3. demand ---------------------------------------------------------------------------------
     def compute_demand(self) -> None:
@@ -520,34 +513,31 @@ class _Cycle:
 
     # 4. deserved -------------------------------------------------------------------------------
     def compute_deserved(self) -> None:
-        """Top-down water-filling per resource. Two shortcuts give exactly what ``water_fill``
-        would: a plan with one child, and a resource whose children all fit (the common case
-        below the contended levels of the tree)."""
+        """Top-down water-filling per resource (``water_fill``), parents before children. A plan
+        with nothing of a resource to hand out leaves its children at zero; where every child's
+        demand fits, each gets its demand (water_fill's own first case, without the call)."""
         self.root.deserved[:] = self.root.demand
         for plan in reversed(self.bottom_up):  # parents before their children
             kids = plan.children
             if not kids:
                 continue
             have = plan.deserved
-            if len(kids) == 1:
+            if len(kids) == 1:  # most plans above a user leaf: no lists to build
                 kid = kids[0]
-                kd, dm, share = kid.deserved, kid.demand, kid.share
                 for r in range(3):
-                    if have[r]:
-                        cap = dm[r]
-                        if cap <= have[r]:
-                            kd[r] = float(cap)
-                        else:
-                            fair = float(have[r]) * share / share
-                            kd[r] = cap if cap <= fair else fair
+                    amount, cap = have[r], kid.demand[r]
+                    if amount and cap <= amount:
+                        kid.deserved[r] = float(cap)
+                    elif amount:
+                        kid.deserved[r] = water_fill(amount, [cap], [kid.share])[0]
                 continue
             weights = None
             for r in range(3):
                 amount = have[r]
-                if not amount:  # nothing to hand out: the children keep their zero
+                if not amount:
                     continue
                 caps = [k.demand[r] for k in kids]
-                if sum(caps) <= amount:
+                if sum(caps) <= amount:  # water_fill's own first case, without the call
                     for kid, cap in zip(kids, caps):
                         kid.deserved[r] = float(cap)
                     continue
@@ -558,14 +548,8 @@ class _Cycle:
         c0, c1, c2 = self.total_capacity
         for plan in self.bottom_up:
             a, d = plan.alloc, plan.deserved
-            if a[0] > 0 or a[1] > 0 or a[2] > 0:  # dominant_ratio, inline (every plan, every cycle)
-                worst = 0.0
-                for r in range(3):
-                    if a[r] > 0:
-                        q = a[r] / d[r] if d[r] > 0 else INF
-                        if q > worst:
-                            worst = q
-                plan.ratio = worst
+            if a[0] > 0 or a[1] > 0 or a[2] > 0:  # else the ratio stays the reset's 0
+                plan.ratio = dominant_ratio(a, d)
             if d[0] or d[1] or d[2]:
                 plan.weight = -(
                     (d[0] / c0 if c0 > 0 else 0)

@@ -15,17 +15,12 @@ INF = float("inf")
 
 def fit_count(row: Sequence[float], worker: Sequence[float]) -> float:
     """How many workers of this size fit in ``row`` (infinite for a worker that asks nothing)."""
-    n = INF
-    for have, need in zip(row, worker):
-        if need > 0:
-            k = have // need
-            if k < n:
-                n = k
-    return n
+    w0, w1, w2 = worker
+    return _fit(row, w0, w1, w2)
 
 
 def _fit(row: Sequence[float], w0: float, w1: float, w2: float) -> float:
-    """fit_count for a row already known to hold one worker, without the loop (hot path)."""
+    """fit_count with the worker's three amounts unpacked (what the per-node loops call)."""
     n = INF
     if w0 > 0:
         n = row[0] // w0
