@@ -425,9 +425,7 @@ class WmlaSpawnerMixin(LoggingConfigurable):
         (an admin cancelled it) is stopped here, since it no longer holds its plan's resources.
         Only a job the service says has ended counts: an unreachable service changes nothing."""
         status = await super().poll()
-        if status is not None or not self.wmla_job_id or self._wmla_waiting:
-            return status
-        if self._wmla_stopping:
+        if status is not None or not self.wmla_job_id or self._wmla_waiting or self._wmla_stopping:
             return status
         state = await self._wmla_job_state(self.wmla_job_id)
         if state not in ENDED_STATES:

@@ -975,18 +975,14 @@ def _check_reachable(spec: JobSpec, command: list[str], account: pwd.struct_pass
 def _blocked_for(path: str, account: pwd.struct_passwd, mode: int) -> str:
     """Why ``account`` cannot use ``path`` with ``mode`` (from the permission bits), or ''."""
     who = Account(account.pw_name, account.pw_uid, account.pw_gid)
-
-    def allowed(st: os.stat_result, bit: int) -> bool:
-        return allows(st, who, bit)
-
     real = os.path.realpath(path)
     for route in (os.path.abspath(path), real):  # the path as given, then where links lead
         parts = route.split(os.sep)
         for i in range(1, len(parts)):
             folder = os.sep.join(parts[:i]) or os.sep
-            if not allowed(os.stat(folder), 1):
+            if not allows(os.stat(folder), who, 1):
                 return f"no access to the directory {folder}"
-    if not allowed(os.stat(real), 1 if mode == os.X_OK else 4):
+    if not allows(os.stat(real), who, 1 if mode == os.X_OK else 4):
         return f"{real} is not {'executable' if mode == os.X_OK else 'readable'} for it"
     return ""
 
