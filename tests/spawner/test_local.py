@@ -358,9 +358,9 @@ def test_a_server_that_can_never_fit_fails_at_once_with_the_message(hub: Hub) ->
     assert server_model(hub, "user1") is None
 
 
-def test_a_server_waits_for_room_with_the_reason_then_starts(hub: Hub) -> None:
-    admin = hub.clients["admin"]
-    blocker = admin.post(
+def fill_dev_team(hub: Hub) -> requests.Response:
+    """An admin's notebook job for user2 that takes all of dev-team's 2 GPUs."""
+    blocker = hub.clients["admin"].post(
         "/jobs",
         json={
             "plan": "/project1/dev-team",
@@ -370,6 +370,12 @@ def test_a_server_waits_for_room_with_the_reason_then_starts(hub: Hub) -> None:
         },  # fmt: skip
     )
     assert blocker.status_code == 201, blocker.text
+    return blocker
+
+
+def test_a_server_waits_for_room_with_the_reason_then_starts(hub: Hub) -> None:
+    admin = hub.clients["admin"]
+    blocker = fill_dev_team(hub)
     admin.wait_state(blocker.json()["id"], {"RUNNING"})
     assert spawn(hub, "user1", "one-gpu").status_code in (201, 202)
     messages = []
@@ -397,16 +403,7 @@ def test_a_spawn_that_gives_up_waiting_releases_its_job(hub: Hub) -> None:
     """start_timeout cuts a waiting start short; JupyterHub then does not call stop(), so the
     spawner itself must cancel the pending notebook job."""
     admin = hub.clients["admin"]
-    blocker = admin.post(
-        "/jobs",
-        json={
-            "plan": "/project1/dev-team",
-            "kind": "notebook",
-            "user": "user2",
-            "resources": {"gpu": 2, "cpu": "100m", "memory": "64Mi"},
-        },  # fmt: skip
-    )
-    assert blocker.status_code == 201, blocker.text
+    blocker = fill_dev_team(hub)
     try:
         admin.wait_state(blocker.json()["id"], {"RUNNING"})
         assert spawn(hub, "user1", "impatient").status_code in (201, 202)
