@@ -8,28 +8,25 @@ the user's notebook runs as, so reading another user's folder fails at the OS le
 from __future__ import annotations
 
 import os
-import pwd
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
+from extension.backends import accounts
 from extension.backends.accounts import (  # noqa: F401 - part of this module's API
+    ACCOUNT,
     Account,
     account_python,
+    create_account,
+    find_account,
     folder_unreachable,
+    is_root,
     stat_mode,
     unreachable,
 )
+from extension.backends.accounts import AccountError as StorageError
 
 # Folder names, label values and Linux account names all accept this (no '/', no '..').
 USERNAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
-# useradd's default NAME_REGEX (Debian): a letter or '_' first, at most 32 characters.
-ACCOUNT = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
-
-
-class StorageError(RuntimeError):
-    """A user folder or account that cannot be set up; the message says how to fix it."""
 
 
 def validate_username(user: str) -> str:
@@ -46,64 +43,6 @@ def user_folder(storage_root: str | os.PathLike, user: str) -> Path:
     return Path(storage_root).resolve() / validate_username(user)
 
 
-def is_root() -> bool:
-    return hasattr(os, "geteuid") and os.geteuid() == 0
-
-
-def find_account(name: str, min_uid: int) -> Account | None:
-    try:
-        entry = pwd.getpwnam(name)
-    except KeyError:
-        return None
-    if entry.pw_uid < min_uid:
-        # a hub user named root or daemon must never run as that account
-        raise StorageError(
-            f"system account {name!r} has uid {entry.pw_uid}, below the minimum {min_uid} "
-            "for notebook accounts (c.WmlaLocalSpawner.min_uid); refusing to run as it"
-        )
-    return Account(name, entry.pw_uid, entry.pw_gid)
-
-
-def create_account(name: str, home: Path, min_uid: int) -> Account:
-    """``useradd`` an account for a hub user (home = their folder, no login shell)."""
-    if not ACCOUNT.match(name):
-        raise StorageError(
-            f"{name!r} is not a valid system account name (a lower-case letter or '_' first, "
-            "then letters, digits, '_' or '-', at most 32); set "
-            "c.WmlaLocalSpawner.system_user_template"
-        )
-    useradd = shutil.which("useradd")
-    if useradd is None:
-        raise StorageError(
-            f"no system account {name!r} and no useradd to create it; create the account or "
-            "set c.WmlaLocalSpawner.create_system_users = False and create accounts yourself"
-        )
-    cmd = [useradd, "--no-create-home", "--home-dir", str(home), "--shell",
-           "/usr/sbin/nologin", "--user-group", name]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    if done.returncode != 0 and find_account(name, min_uid) is None:
-        raise StorageError(f"useradd {name} failed: {done.stderr.strip() or done.returncode}")
-    account = find_account(name, min_uid)
-    if account is None:  # pragma: no cover - useradd said yes but the account is not there
-        raise StorageError(f"useradd {name} did not create the account")
-    return account
-
-
 def ensure_folder(storage_root: str | os.PathLike, user: str, account: Account | None) -> Path:
-    """Create ``<root>/<user>`` (mode 0700, owned by ``account`` when given) if it is missing.
-
-    An existing folder keeps its content; its owner and mode are set again, so a folder that
-    the service created first (as root) becomes the account's.
-    """
-    root = Path(storage_root).resolve()
-    if not root.exists():
-        root.mkdir(parents=True, mode=0o711)
-        os.chmod(root, 0o711)  # the umask may have taken bits away
-    folder = user_folder(root, user)
-    folder.mkdir(mode=0o700, exist_ok=True)
-    if folder.is_symlink() or not folder.is_dir():
-        raise StorageError(f"{folder} exists and is not a folder; move it away")
-    os.chmod(folder, 0o700)
-    if account is not None:
-        os.chown(folder, account.uid, account.gid)
-    return folder
+    """``<root>/<user>`` for a valid hub user name, created 0700 and the account's."""
+    return accounts.ensure_folder(storage_root, validate_username(user), account)

@@ -1,20 +1,33 @@
-"""What a system account can reach, from the permission bits: whether it can run a program or
-read a folder, and which Python it can run the hub's packages with.
+"""Hub users' system accounts: finding and creating them, their private folders, and what an
+account can reach (from the permission bits): whether it can run a program or read a folder,
+and which Python it can run the hub's packages with.
 
 Both places that run code as a hub user's own account use it: the spawner (notebook servers,
-spawner/local.py) and the local backend (job workers, backends/local.py). The usual trap it
-answers: the hub's Python installed under /root (mode 0700), which no other account can start;
-then the system Python of the same version runs over the hub's packages.
+spawner/local.py) and the local backend (job workers, backends/local.py), so a user's notebook
+and jobs run as one account, created the same way by either. The usual trap it answers: the
+hub's Python installed under /root (mode 0700), which no other account can start; then the
+system Python of the same version runs over the hub's packages.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
+import re
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+# useradd's default NAME_REGEX (Debian): a letter or '_' first, at most 32 characters.
+ACCOUNT = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+MIN_UID = 1000  # below: system accounts (root, daemon, ...), never a hub user's
+
+
+class AccountError(RuntimeError):
+    """A user account or folder that cannot be set up; the message says how to fix it."""
 
 
 @dataclass(frozen=True)
@@ -22,6 +35,76 @@ class Account:
     name: str
     uid: int
     gid: int
+    home: str = ""
+
+
+def is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def find_account(name: str, min_uid: int = MIN_UID) -> Account | None:
+    """The account called ``name``; one below ``min_uid`` is refused, never used."""
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return None
+    if entry.pw_uid < min_uid:
+        # a hub user named root or daemon must never run as that account
+        raise AccountError(
+            f"system account {name!r} has uid {entry.pw_uid}, below the minimum {min_uid} "
+            "for hub users' accounts (c.WmlaLocalSpawner.min_uid, LocalBackend min_uid); "
+            "refusing to run as it"
+        )
+    return Account(name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
+
+
+def create_account(name: str, home: str | os.PathLike, min_uid: int = MIN_UID) -> Account:
+    """``useradd`` an account for a hub user (home = their folder, no login shell)."""
+    if not ACCOUNT.match(name):
+        raise AccountError(
+            f"{name!r} is not a valid system account name (a lower-case letter or '_' first, "
+            "then letters, digits, '_' or '-', at most 32); set "
+            "c.WmlaLocalSpawner.system_user_template and the backend's account_template"
+        )
+    useradd = shutil.which("useradd")
+    if useradd is None:
+        raise AccountError(
+            f"no system account {name!r} and no useradd to create it; create the account, "
+            "or install useradd (package passwd)"
+        )
+    cmd = [useradd, "--no-create-home", "--home-dir", str(home), "--shell",
+           "/usr/sbin/nologin", "--user-group", name]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if done.returncode != 0 and find_account(name, min_uid) is None:
+        raise AccountError(f"useradd {name} failed: {done.stderr.strip() or done.returncode}")
+    account = find_account(name, min_uid)
+    if account is None:  # pragma: no cover - useradd said yes but the account is not there
+        raise AccountError(f"useradd {name} did not create the account")
+    return account
+
+
+def ensure_folder(storage_root: str | os.PathLike, user: str, account: Account | None) -> Path:
+    """Create ``<root>/<user>`` (mode 0700, owned by ``account`` when given) if it is missing.
+
+    An existing folder keeps its content; its owner and mode are set again, so a folder that
+    the service created first (as root) becomes the account's. Safe as root: the storage root
+    is root's and no user can write it, so ``<root>/<user>`` cannot be swapped for a link
+    between the check and the chown.
+    """
+    if not user or "/" in user or user in (".", "..") or "\x00" in user:
+        raise AccountError(f"user name {user!r} cannot name one folder under {storage_root}")
+    root = Path(storage_root).resolve()
+    if not root.exists():
+        root.mkdir(parents=True, mode=0o711)
+        os.chmod(root, 0o711)  # the umask may have taken bits away
+    folder = root / user
+    folder.mkdir(mode=0o700, exist_ok=True)
+    if folder.is_symlink() or not folder.is_dir():
+        raise AccountError(f"{folder} exists and is not a folder; move it away")
+    os.chmod(folder, 0o700, follow_symlinks=False)
+    if account is not None:
+        os.chown(folder, account.uid, account.gid, follow_symlinks=False)
+    return folder
 
 
 def system_python() -> str | None:

@@ -34,7 +34,6 @@ import fnmatch
 import json
 import logging
 import os
-import pwd
 import random
 import shlex
 import shutil
@@ -53,8 +52,17 @@ from urllib.parse import quote
 
 import psutil
 
-from extension.backends.accounts import Account, account_python, allows
+from extension.backends.accounts import (
+    MIN_UID,
+    Account,
+    AccountError,
+    account_python,
+    create_account,
+    find_account,
+    unreachable,
+)
 from extension.backends.base import BackendEvent, Emit, JobSpec
+from extension.backends.userfs import UserFileError, UserFiles
 from extension.scheduler import Node
 
 log = logging.getLogger("wmla.backends.local")
@@ -64,6 +72,9 @@ LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local_launc
 # ``from extension import runtime`` works in a training script however the project is installed.
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STOPPED_EXIT_CODE = 143  # what extension.runtime exits with after a SIGTERM checkpoint
+# All the launcher (root, when the service is) starts with: nothing of the service's or the job's
+# environment reaches a process that has not yet dropped to the user (local_launch.py).
+LAUNCHER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 DEFAULT_ENV_KEEP = (
     "PATH",
@@ -111,6 +122,15 @@ class _Worker:
         }
 
 
+@dataclass(frozen=True)
+class _Ready:
+    """What ``_prepare`` found out for one start: who runs it, and what exactly."""
+
+    account: Account | None
+    command: list[str]
+    hub_paths: list[str]
+
+
 @dataclass
 class _Gang:
     job_id: str
@@ -145,8 +165,14 @@ class LocalBackend:
     - ``python``: the interpreter that replaces a command's leading ``python``/``python3``
       (default: the service's own).
     - ``run_as_user``: run workers as the Unix account named like the job's user. None (default)
-      does it when the service runs as root and the account exists; True requires it (a job
-      whose user has no account fails with a message saying so); False never.
+      does it whenever the service runs as root: a user without an account gets one
+      (``create_accounts``) or the job is refused, never run as root; True requires it (also
+      when not root: then the account must be the service's own); False never (every job runs
+      as the service's account: as root that is root, so only for a machine with one tenant;
+      the service warns loudly).
+    - ``create_accounts``: as root, ``useradd`` a missing account the way the spawner does
+      (home = the user's folder, no login shell); False refuses such jobs instead.
+    - ``min_uid``: accounts below this uid (root, daemon, ...) are never run as (default 1000).
     - ``real_gpus``: whether device indexes are NVIDIA GPUs (torch backend nccl); None detects.
     - ``master_addr``: rendezvous address of rank 0 (default 127.0.0.1).
     - ``poll_interval``: seconds between checks of the workers (default 0.2).
@@ -189,6 +215,8 @@ class LocalBackend:
         port_range: tuple[int, int] = (20000, 32767),
         account_python: str = "auto",
         account_template: str = "{username}",
+        create_accounts: bool = True,
+        min_uid: int = MIN_UID,
     ) -> None:
         if not nodes:
             raise ValueError("LocalBackend needs at least one node; see capacity.detect_nodes()")
@@ -207,6 +235,8 @@ class LocalBackend:
             )
         self.account_template = account_template
         self.run_as_user = run_as_user
+        self.create_accounts = create_accounts
+        self.min_uid = int(min_uid)
         if real_gpus is None:
             from extension.backends.capacity import physical_gpus
 
@@ -233,7 +263,7 @@ class LocalBackend:
             offset += count
         self._used: dict[str, set[int]] = {n.name: set() for n in self._nodes}
         self._gangs: dict[str, _Gang] = {}
-        self._workdirs: dict[str, str] = {}
+        self._workdirs: dict[str, tuple[str, str]] = {}  # job id -> (workdir, user)
         self._recent_ports: list[int] = []
         self._monitor: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -258,9 +288,10 @@ class LocalBackend:
             )
         if old is not None:  # its stop is still under way: start once the old gang is gone
             await old.ended.wait()
-        self._workdirs[spec.id] = spec.workdir
+        self._workdirs[spec.id] = (spec.workdir, spec.user)
         try:
-            gang = self._launch(spec, tuple(placement))
+            ready = await asyncio.to_thread(self._prepare, spec)
+            gang = self._launch(spec, tuple(placement), ready)
         except StartError as err:
             self._emit(spec.id, "failed", placement=tuple(placement), message=str(err))
             return
@@ -285,9 +316,10 @@ class LocalBackend:
                 return
         else:
             log.warning("resize of job %s that is not running here: starting it", spec.id)
-        self._workdirs[spec.id] = spec.workdir
+        self._workdirs[spec.id] = (spec.workdir, spec.user)
         try:
-            new = self._launch(spec, tuple(placement))
+            ready = await asyncio.to_thread(self._prepare, spec)
+            new = self._launch(spec, tuple(placement), ready)
         except StartError as err:
             self._emit(spec.id, "failed", placement=tuple(placement), message=str(err))
             return
@@ -323,7 +355,7 @@ class LocalBackend:
         wanted = {spec.id: spec for spec in specs}
         on_disk = self._read_records()
         for spec in specs:
-            self._workdirs.setdefault(spec.id, spec.workdir)
+            self._workdirs.setdefault(spec.id, (spec.workdir, spec.user))
             if spec.id in self._gangs:
                 continue
             rec = on_disk.pop(spec.id, None)
@@ -351,24 +383,59 @@ class LocalBackend:
     def logs(self, job_id: str, worker: int | None = None, tail: int | None = None) -> str:
         """One worker's log, or every worker's with ``[worker-N]`` before each line.
 
-        ``tail`` keeps the last lines of each worker's log.
+        ``tail`` keeps the last lines of each worker's log. Read with the job's user's rights
+        (``UserFiles``): a log the user replaced by a link or a FIFO is refused, not followed.
+        Blocking (a helper process as root): call it from a thread on an event loop.
         """
-        workdir = self._workdirs.get(job_id)
-        if workdir is None:
+        known = self._workdirs.get(job_id)
+        if known is None:
             raise KeyError(f"job {job_id} has not run on this backend since the service started")
         if tail is not None and tail < 0:
             raise ValueError(f"tail must be 0 or more lines, got {tail}")
-        logs_dir = os.path.join(workdir, "logs")
-        if worker is not None:
-            path = os.path.join(logs_dir, f"worker-{int(worker)}.log")
-            if not os.path.exists(path):
-                raise KeyError(f"job {job_id} has no log for worker {worker} (looked in {path})")
-            return "".join(_tail_lines(path, tail))
-        out: list[str] = []
-        for rank in _ranks_with_logs(logs_dir):
-            path = os.path.join(logs_dir, f"worker-{rank}.log")
-            out.extend(f"[worker-{rank}] {line}" for line in _tail_lines(path, tail))
-        return "".join(line if line.endswith("\n") else line + "\n" for line in out)
+        workdir, user = known
+        try:
+            return self.files_for(user).read_logs(workdir, worker, tail)
+        except AccountError as err:
+            raise UserFileError(f"job {job_id}'s logs cannot be read: {err}") from None
+
+    def account_for(self, user: str, home: str | None = None) -> Account | None:
+        """The account ``user``'s workers run as (None: the service's own), created when
+        missing as root (``create_accounts``, home = ``home``, the user's folder).
+
+        Raises AccountError with what to do when there is none: as root a job never runs as
+        root by default.
+        """
+        if self.run_as_user is False:
+            return None
+        name = self.account_template.format(username=user)
+        found = find_account(name, self.min_uid)
+        if os.geteuid() != 0:
+            if self.run_as_user is None:
+                return None
+            if found is None:
+                raise AccountError(
+                    f"run_as_user is set but user {user!r} has no account {name!r} on this "
+                    "machine; create it (useradd) or set run_as_user=False"
+                )
+            if found.uid != os.geteuid():
+                raise AccountError(
+                    f"running workers as {user!r} needs the service to run as root; start it "
+                    "as root or set run_as_user=False"
+                )
+            return found
+        if found is None:
+            if not self.create_accounts or home is None:
+                raise AccountError(
+                    f"user {user!r} has no account {name!r} on this machine, and jobs never "
+                    "run as root; create it (useradd) or set LocalBackend create_accounts=True"
+                )
+            found = create_account(name, home, self.min_uid)
+            log.info("created account %s (uid %d) for hub user %s", name, found.uid, user)
+        return found
+
+    def files_for(self, user: str) -> UserFiles:
+        """``user``'s files with their account's rights (in-process when it is ours)."""
+        return UserFiles.of(self.account_for(user))
 
     async def close(self) -> None:
         """Stop watching. Running workers keep running; their records stay for ``recover``."""
@@ -397,15 +464,10 @@ class LocalBackend:
         return [w.pid for w in gang.workers] if gang else []
 
     # launching ---------------------------------------------------------------------------------
-    def _launch(self, spec: JobSpec, placement: tuple[str, ...]) -> _Gang:
-        if not placement:
-            raise StartError(f"job {spec.id}: the placement is empty; a gang needs 1+ workers")
-        unknown = sorted({n for n in placement if n not in self._used})
-        if unknown:
-            raise StartError(
-                f"job {spec.id}: unknown node(s) {', '.join(unknown)}; this backend has "
-                f"{', '.join(self._used)}"
-            )
+    def _prepare(self, spec: JobSpec) -> _Ready:
+        """Everything about a start that blocks or touches the user's folder, none of it as
+        root: the account (created when missing), an interpreter it can run, the job directory
+        made and the program checked by a helper that runs as the account. Runs in a thread."""
         command = list(spec.command)
         if not command or not all(isinstance(a, str) and a for a in command):
             raise StartError(
@@ -418,16 +480,45 @@ class LocalBackend:
             raise StartError(
                 f"job {spec.id}: workdir must be an absolute path, got {spec.workdir!r}"
             )
-        account = self._account(spec)
+        home = os.path.dirname(os.path.dirname(spec.workdir))  # <root>/<user>/jobs/<id>
+        try:
+            account = self.account_for(spec.user, home=home)
+        except AccountError as err:
+            raise StartError(f"job {spec.id}: {err}") from None
         hub_paths: list[str] = []
         if account is not None:
             command, hub_paths = self._python_for(account, command)
-            _check_reachable(spec, command, account)
+        files = UserFiles.of(account)
+        script = command[1] if len(command) > 1 and os.path.isabs(command[1]) else ""
+        try:
+            files.prepare_job(spec.workdir)
+            if account is not None:
+                problem = files.check_runnable(command[0], script, os.environ.get("PATH", ""))
+                if problem:
+                    raise StartError(
+                        f"job {spec.id}: user {account.name!r} {problem}; put it where the "
+                        "account can reach it, point LocalBackend(python=...) at such an "
+                        "interpreter, or set run_as_user=False"
+                    )
+        except UserFileError as err:
+            raise StartError(f"job {spec.id}: {err}") from None
+        return _Ready(account, command, hub_paths)
+
+    def _launch(self, spec: JobSpec, placement: tuple[str, ...], ready: _Ready) -> _Gang:
+        if not placement:
+            raise StartError(f"job {spec.id}: the placement is empty; a gang needs 1+ workers")
+        unknown = sorted({n for n in placement if n not in self._used})
+        if unknown:
+            raise StartError(
+                f"job {spec.id}: unknown node(s) {', '.join(unknown)}; this backend has "
+                f"{', '.join(self._used)}"
+            )
+        account, command, hub_paths = ready.account, ready.command, ready.hub_paths
         devices = self._allocate(spec, placement)
         launch = uuid.uuid4().hex[:12]
         workers: list[_Worker] = []
         try:
-            logs_dir = self._prepare_workdir(spec.workdir, account)
+            logs_dir = os.path.join(spec.workdir, "logs")
             exit_dir = os.path.join(self._job_dir(spec.id), launch)
             os.makedirs(exit_dir, mode=0o700, exist_ok=True)
             port = self._free_port()
@@ -505,46 +596,46 @@ class LocalBackend:
         devices: tuple[int, ...],
         exit_dir: str,
         logs_dir: str,
-        account: pwd.struct_passwd | None,
+        account: Account | None,
         world: int,
     ) -> _Worker:
-        log_path = os.path.join(logs_dir, f"worker-{rank}.log")
         exit_file = os.path.join(exit_dir, f"worker-{rank}.exit")
-        argv = [sys.executable, "-I", LAUNCHER, "--exit-file", exit_file]
-        if account is not None:
-            groups = os.getgrouplist(account.pw_name, account.pw_gid)
-            argv += ["--uid", str(account.pw_uid), "--gid", str(account.pw_gid)]
-            argv += ["--groups", ",".join(str(g) for g in groups)]
-        argv += ["--", *command]
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-        header = (
-            f"==== wmla: job {spec.id} worker {rank} of {world} on {node}, devices "
-            f"[{','.join(map(str, devices))}], {stamp}: {shlex.join(command)[:300]}\n"
+        launch = {
+            "argv": command,
+            "env": env,
+            "cwd": spec.workdir,
+            "log": os.path.join(logs_dir, f"worker-{rank}.log"),
+            "header": f"==== wmla: job {spec.id} worker {rank} of {world} on {node}, devices "
+            f"[{','.join(map(str, devices))}], {stamp}: {shlex.join(command)[:300]}\n",
+            "exit_file": exit_file,
+        }
+        if account is not None:
+            groups = os.getgrouplist(account.name, account.gid)
+            launch.update(uid=account.uid, gid=account.gid, groups=groups)
+        # The job's env travels in a file of the backend's private state directory, not in the
+        # launcher's environment: nothing of it may reach a process still running as root.
+        spec_file = os.path.join(exit_dir, f"worker-{rank}.json")
+        fd = os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(launch, out)
+        proc = subprocess.Popen(
+            [sys.executable, "-I", LAUNCHER, spec_file],
+            cwd="/",
+            env=LAUNCHER_ENV,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # own session: survives the service, one group to signal
+            close_fds=True,
         )
-        with open(log_path, "ab") as out:
-            out.write(header.encode())
-            out.flush()
-            if account is not None:
-                os.chown(log_path, account.pw_uid, account.pw_gid)
-            proc = subprocess.Popen(
-                argv,
-                cwd=spec.workdir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # own session: survives the service, one group to signal
-                close_fds=True,
-            )
         try:
             create_time = psutil.Process(proc.pid).create_time()
         except psutil.Error:  # already gone: poll() will tell how
             create_time = 0.0
         return _Worker(rank, node, tuple(devices), proc.pid, create_time, exit_file, proc=proc)
 
-    def _python_for(
-        self, account: pwd.struct_passwd, command: list[str]
-    ) -> tuple[list[str], list[str]]:
+    def _python_for(self, account: Account, command: list[str]) -> tuple[list[str], list[str]]:
         """The command with an interpreter the account can run, and the hub's package folders
         it then needs on PYTHONPATH. When the service's Python is out of the account's reach
         (a pyenv under /root, mode 0700), ``account_python`` ("auto": the system Python of the
@@ -553,51 +644,16 @@ class LocalBackend:
         _check_reachable says why it cannot run."""
         if command[0] != self.python or not self.account_python:
             return command, []
-        if not _blocked_for(self.python, account, os.X_OK):
+        if unreachable(self.python, account) is None:
             return command, []
         paths = [p for p in site.getsitepackages() if os.path.isdir(p)]
-        who = Account(account.pw_name, account.pw_uid, account.pw_gid)
-        python = account_python(who, self.account_python, paths)
+        python = account_python(account, self.account_python, paths)
         return ([python, *command[1:]], paths) if python else (command, [])
-
-    def _account(self, spec: JobSpec) -> pwd.struct_passwd | None:
-        if self.run_as_user is False:
-            return None
-        try:
-            account = pwd.getpwnam(self.account_template.format(username=spec.user))
-        except KeyError:
-            account = None
-        if self.run_as_user is None:
-            return account if (os.geteuid() == 0 and account is not None) else None
-        if account is None:
-            raise StartError(
-                f"job {spec.id}: run_as_user is set but user {spec.user!r} has no account on this "
-                "machine; create it (useradd) or set run_as_user=False"
-            )
-        if os.geteuid() != 0 and account.pw_uid != os.geteuid():
-            raise StartError(
-                f"job {spec.id}: running workers as {spec.user!r} needs the service to run as "
-                "root; start it as root or set run_as_user=False"
-            )
-        return account
-
-    def _prepare_workdir(self, workdir: str, account: pwd.struct_passwd | None) -> str:
-        logs_dir = os.path.join(workdir, "logs")
-        try:
-            os.makedirs(logs_dir, exist_ok=True)
-        except OSError as err:
-            raise StartError(f"cannot create the job directory {logs_dir}: {err}") from err
-        if account is not None:
-            # Only what the service itself made (owned by it) is handed to the user.
-            for path in (workdir, logs_dir):
-                if os.stat(path).st_uid == os.geteuid():
-                    os.chown(path, account.pw_uid, account.pw_gid)
-        return logs_dir
 
     def _worker_env(
         self,
         spec: JobSpec,
-        account: pwd.struct_passwd | None,
+        account: Account | None,
         *,
         rank: int,
         world: int,
@@ -615,11 +671,7 @@ class LocalBackend:
             if any(fnmatch.fnmatchcase(k, pattern) for pattern in self.env_keep)
         }
         if account is not None:
-            env.update(
-                HOME=account.pw_dir,
-                USER=account.pw_name,
-                LOGNAME=account.pw_name,
-            )
+            env.update(HOME=account.home, USER=account.name, LOGNAME=account.name)
         env.update(self.extra_env)
         threads = max(1, int(spec.per_worker.cpu) // 1000)
         env.setdefault("OMP_NUM_THREADS", str(threads))  # torchrun's guard against oversubscription
@@ -737,7 +789,7 @@ class LocalBackend:
     async def _fail(self, gang: _Gang, culprit: _Worker) -> None:
         gang.state = "stopping"
         await self._terminate(gang, self.failure_grace)
-        message = self._failure_message(gang, culprit)
+        message = await asyncio.to_thread(self._failure_message, gang, culprit)
         self._forget(gang, "failed")
         self._emit(
             gang.job_id,
@@ -760,9 +812,14 @@ class LocalBackend:
             )
         else:
             why = f"worker {worker.rank} exited with code {worker.exit_code}"
+        error = _exit_record(worker.exit_file).get("error")
+        if error:  # the launcher could not even start it (its log may not exist)
+            why = f"{why}: it could not be started: {error}"
         path = os.path.join(gang.workdir, "logs", f"worker-{worker.rank}.log")
-        lines = _tail_lines(path, self.log_tail_lines)
-        text = "".join(lines)[-8000:]
+        try:  # with the user's rights: a log replaced by a link to a secret is refused
+            text = self.files_for(gang.user).tail(path, self.log_tail_lines)[-8000:]
+        except (UserFileError, AccountError) as err:
+            return f"{why}; its log was not read: {err}"
         return f"{why}; last lines of {path}:\n{text}" if text else f"{why}; its log is empty"
 
     async def _end(self, gang: _Gang, grace: float, reason: str, emit_released: bool) -> str:
@@ -902,7 +959,7 @@ class LocalBackend:
             if not quiet:
                 self._emit(job_id, "lost", message=f"its worker record is unreadable ({err})")
             return None
-        self._workdirs.setdefault(job_id, gang.workdir)
+        self._workdirs.setdefault(job_id, (gang.workdir, gang.user))
         for worker in workers:
             _check_worker(worker)
         vanished = [w for w in workers if w.vanished]
@@ -949,44 +1006,6 @@ class LocalBackend:
             raise RuntimeError("this LocalBackend is closed; make a new one over the state_dir")
 
 
-def _check_reachable(spec: JobSpec, command: list[str], account: pwd.struct_passwd) -> None:
-    """Fail early, and clearly, when the account cannot run the program (or read the script)."""
-    program = command[0]
-    if os.sep not in program:
-        found = shutil.which(program)
-        program = found or program
-    paths = [(program, os.X_OK)]
-    if os.path.basename(program).startswith("python") and len(command) > 1:
-        if os.path.isabs(command[1]) and os.path.isfile(command[1]):
-            paths.append((command[1], os.R_OK))
-    for path, mode in paths:
-        if not os.path.exists(path):
-            continue  # the launcher reports a missing program (exit code 127)
-        blocked = _blocked_for(path, account, mode)
-        if blocked:
-            raise StartError(
-                f"job {spec.id}: user {account.pw_name!r} cannot "
-                f"{'run' if mode == os.X_OK else 'read'} {path} ({blocked}); put it where the "
-                "account can reach it, point LocalBackend(python=...) at such an interpreter, "
-                "or set run_as_user=False"
-            )
-
-
-def _blocked_for(path: str, account: pwd.struct_passwd, mode: int) -> str:
-    """Why ``account`` cannot use ``path`` with ``mode`` (from the permission bits), or ''."""
-    who = Account(account.pw_name, account.pw_uid, account.pw_gid)
-    real = os.path.realpath(path)
-    for route in (os.path.abspath(path), real):  # the path as given, then where links lead
-        parts = route.split(os.sep)
-        for i in range(1, len(parts)):
-            folder = os.sep.join(parts[:i]) or os.sep
-            if not allows(os.stat(folder), who, 1):
-                return f"no access to the directory {folder}"
-    if not allows(os.stat(real), who, 1 if mode == os.X_OK else 4):
-        return f"{real} is not {'executable' if mode == os.X_OK else 'readable'} for it"
-    return ""
-
-
 def _check_worker(worker: _Worker) -> None:
     """Bring ``worker.done`` / ``exit_code`` up to date without blocking."""
     if worker.proc is not None:
@@ -1026,19 +1045,27 @@ def _alive(pid: int, create_time: float) -> bool:
         return False
 
 
-def _read_exit(path: str) -> int | None:
+def _exit_record(path: str) -> dict[str, Any]:
+    """What the launcher wrote when its worker ended (in our state directory), or {}."""
     try:
         with open(path, encoding="utf-8") as src:
-            return int(json.load(src)["code"])
-    except (OSError, ValueError, KeyError, TypeError):
+            record = json.load(src)
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _read_exit(path: str) -> int | None:
+    try:
+        return int(_exit_record(path)["code"])
+    except (KeyError, TypeError, ValueError):
         return None
 
 
 def _exit_time(worker: _Worker) -> float:
     try:
-        with open(worker.exit_file, encoding="utf-8") as src:
-            return float(json.load(src)["at"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return float(_exit_record(worker.exit_file)["at"])
+    except (KeyError, TypeError, ValueError):
         return worker.exited_at or float("inf")
 
 
@@ -1057,41 +1084,6 @@ def _signal_name(num: int) -> str:
         return signal.Signals(num).name
     except ValueError:
         return f"signal {num}"
-
-
-def _tail_lines(path: str, count: int | None) -> list[str]:
-    """The last ``count`` lines of a file (all when None), read from the end."""
-    try:
-        with open(path, "rb") as src:
-            if count is None:
-                return src.read().decode(errors="replace").splitlines(keepends=True)
-            if count == 0:
-                return []
-            src.seek(0, os.SEEK_END)
-            end = src.tell()
-            chunk = b""
-            pos = end
-            while pos > 0 and chunk.count(b"\n") <= count:
-                step = min(8192, pos)
-                pos -= step
-                src.seek(pos)
-                chunk = src.read(step) + chunk
-            lines = chunk.decode(errors="replace").splitlines(keepends=True)
-            return lines[-count:]
-    except FileNotFoundError:
-        return []
-
-
-def _ranks_with_logs(logs_dir: str) -> list[int]:
-    ranks = []
-    try:
-        for name in os.listdir(logs_dir):
-            if name.startswith("worker-") and name.endswith(".log"):
-                with contextlib.suppress(ValueError):
-                    ranks.append(int(name[len("worker-") : -len(".log")]))
-    except FileNotFoundError:
-        pass
-    return sorted(ranks)
 
 
 def _rmtree(path: str) -> None:

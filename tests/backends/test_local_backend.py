@@ -360,6 +360,15 @@ def test_logs_of_an_unknown_job_say_so(local_rig) -> None:
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching accounts needs root")
 
 
+def nobody_folder(rig) -> Path:
+    """A user folder of the account nobody, as the spawner makes them (0700, theirs)."""
+    folder = rig.shared / "nobody"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    entry = pwd.getpwnam("nobody")
+    os.chown(folder, entry.pw_uid, entry.pw_gid)
+    return folder
+
+
 @needs_root
 async def test_as_root_workers_run_as_the_users_account(local_rig) -> None:
     nobody = pwd.getpwnam("nobody")
@@ -371,29 +380,31 @@ async def test_as_root_workers_run_as_the_users_account(local_rig) -> None:
     dump = local_rig.shared / "env_dump.py"
     dump.write_text(ENV_DUMP)
     dump.chmod(0o644)
-    workdir = local_rig.shared / "nobody" / "jobs" / "as-user"
+    workdir = nobody_folder(local_rig) / "jobs" / "as-user"
     spec = local_rig.spec("as-user", ["python", str(dump)], user="nobody", workdir=workdir)
     await backend.start(spec, ("local",))
     await local_rig.events.wait("as-user", "finished", "failed")
     assert local_rig.events.kinds("as-user") == ["running", "finished"], backend.logs("as-user")
     env = json.loads((workdir / "env-0.json").read_text())
     assert env["uid"] == nobody.pw_uid
-    assert os.stat(workdir).st_uid == nobody.pw_uid  # the job dir the service made is theirs
+    assert os.stat(workdir).st_uid == nobody.pw_uid  # made by the user, not chowned by root
     assert os.stat(workdir / "logs" / "worker-0.log").st_uid == nobody.pw_uid
 
 
 @needs_root
-async def test_by_default_a_user_without_an_account_runs_as_the_service(local_rig) -> None:
+async def test_as_root_a_user_without_an_account_never_runs_as_root(local_rig) -> None:
     user = "wmla-no-such-account"
     with pytest.raises(KeyError):
         pwd.getpwnam(user)
-    backend = local_rig.backend(run_as_user=None)  # only where the account exists
+    backend = local_rig.backend(run_as_user=None, create_accounts=False)
     dump = local_rig.base / "env_dump.py"
     dump.write_text(ENV_DUMP)
     await backend.start(local_rig.spec("as-svc", ["python", str(dump)], user=user), ("local",))
-    await local_rig.events.wait("as-svc", "finished")
-    env = json.loads((local_rig.workdir("as-svc", user) / "env-0.json").read_text())
-    assert env["uid"] == os.geteuid()
+    event = await local_rig.events.wait("as-svc", "failed", "finished")
+    assert event.kind == "failed"
+    assert "has no account" in event.message and "never run as root" in event.message
+    assert not (local_rig.workdir("as-svc", user) / "env-0.json").exists()
+    assert backend.devices_in_use() == {}
 
 
 @needs_root
@@ -403,7 +414,7 @@ async def test_an_interpreter_the_account_cannot_reach_fails_clearly(local_rig) 
     program = hidden / "python"
     program.symlink_to(sys.executable)
     backend = local_rig.backend(run_as_user=True, python=str(program), account_python="")
-    workdir = local_rig.shared / "nobody" / "jobs" / "unreachable"
+    workdir = nobody_folder(local_rig) / "jobs" / "unreachable"
     await backend.start(local_rig.spec("unreachable", user="nobody", workdir=workdir), ("local",))
     event = await local_rig.events.wait("unreachable", "failed")
     assert f"user 'nobody' cannot run {program}" in event.message
@@ -431,7 +442,7 @@ async def test_an_unreachable_interpreter_falls_back_to_the_system_python_over_o
         "json.dump({'exe': sys.executable, 'uid': os.getuid()}, open('probe.json', 'w'))\n"
     )
     probe.chmod(0o644)
-    workdir = local_rig.shared / "nobody" / "jobs" / "fallback"
+    workdir = nobody_folder(local_rig) / "jobs" / "fallback"
     spec = local_rig.spec("fallback", ["python", str(probe)], user="nobody", workdir=workdir)
     await backend.start(spec, ("local",))
     event = await local_rig.events.wait("fallback", "finished", "failed")
@@ -441,10 +452,10 @@ async def test_an_unreachable_interpreter_falls_back_to_the_system_python_over_o
 
 
 async def test_run_as_user_required_but_no_account_fails_with_a_clear_message(local_rig) -> None:
-    backend = local_rig.backend(run_as_user=True)
+    backend = local_rig.backend(run_as_user=True, create_accounts=False)
     await backend.start(local_rig.spec("no-acct", user="wmla-no-such-account"), ("local",))
     event = await local_rig.events.wait("no-acct", "failed")
-    assert "has no account on this machine" in event.message
+    assert "has no account" in event.message and "on this machine" in event.message
     assert backend.devices_in_use() == {}
 
 
@@ -452,9 +463,9 @@ def test_the_launcher_runs_isolated_on_the_standard_library_alone() -> None:
     from extension.backends import local
 
     out = subprocess.run(
-        [sys.executable, "-I", local.LAUNCHER, "--help"], capture_output=True, text=True
+        [sys.executable, "-I", local.LAUNCHER], capture_output=True, text=True, env={}
     )
-    assert out.returncode == 0 and "--exit-file" in out.stdout
+    assert out.returncode == 2 and "SPEC.json" in out.stderr
 
 
 async def test_a_start_during_the_jobs_stop_waits_for_the_old_gang(local_rig) -> None:

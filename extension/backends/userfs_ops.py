@@ -1,0 +1,246 @@
+"""What the service does inside a user's folder, written to run with that user's rights only.
+
+Everything under ``<storage_root>/<user>`` is the user's to change at any moment: any name there
+may become a symbolic link, a FIFO or a hard link while we look. So the service never opens,
+creates, follows or lists those paths itself when it runs as root. It runs the operations of
+this module in a short-lived helper process that has already dropped to the user's uid, gid and
+groups (``userfs.UserFiles``), where following a link reaches only what the user could reach
+anyway. When the service does not run as root, they run in-process (the user's files are then
+the service's own, and the API is the only wall).
+
+Either way, a file is only ever read through ``open_own_file``: ``O_NOFOLLOW`` (a link is
+refused, not followed), ``O_NONBLOCK`` (a FIFO cannot hang the reader), and on the open file
+descriptor a check that it is a regular file owned by the reader. That last check is what keeps
+a hard link to someone else's file (where ``fs.protected_hardlinks`` is off) out.
+
+Standard library only, and no import of the project: the helper runs this file with
+``python -I -S -c <this source>`` under an interpreter the account can execute, which may not
+be the service's. Requests come as one JSON object on stdin (``{"op": ..., "args": {...}}``) and
+the answer is one JSON object on stdout (``{"ok": value}`` or ``{"error": message}``).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import stat
+import sys
+from typing import Any
+
+MAX_READ = 16 * 1024 * 1024  # the most of one file a read returns (its end: logs grow there)
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+class Refused(Exception):
+    """An operation refused; the message says why, in words fit for the user."""
+
+
+def open_own_file(path: str) -> int:
+    """A read-only descriptor of ``path``: a regular file of this process's user, not a link."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # O_NOFOLLOW met a symbolic link
+            raise Refused(f"{path} is a symbolic link; it is not read") from None
+        raise Refused(f"{path} cannot be read: {err.strerror}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise Refused(f"{path} is not a regular file; it is not read")
+    if info.st_uid != os.geteuid():
+        os.close(fd)
+        raise Refused(f"{path} is not owned by the job's user; it is not read")
+    return fd
+
+
+def read_end(path: str, limit: int = MAX_READ) -> bytes:
+    """The last ``limit`` bytes of a file of ours (b"" when it does not exist)."""
+    try:
+        fd = open_own_file(path)
+    except FileNotFoundError:
+        return b""
+    with os.fdopen(fd, "rb") as src:
+        size = os.fstat(src.fileno()).st_size
+        if size > limit:
+            src.seek(size - limit)
+        return src.read(limit)
+
+
+def tail_lines(path: str, count: int | None) -> list[str]:
+    """The last ``count`` lines of a file of ours (all when None), read from its end."""
+    if count == 0:
+        return []
+    try:
+        fd = open_own_file(path)
+    except FileNotFoundError:
+        return []
+    with os.fdopen(fd, "rb") as src:
+        end = src.seek(0, os.SEEK_END)
+        pos, chunk = end, b""
+        while pos > 0 and len(chunk) < MAX_READ and (count is None or chunk.count(b"\n") <= count):
+            step = min(65536, pos)
+            pos -= step
+            src.seek(pos)
+            chunk = src.read(step) + chunk
+    lines = chunk.decode(errors="replace").splitlines(keepends=True)
+    if pos > 0 and lines:
+        lines = lines[1:]  # the first line was cut by MAX_READ
+    return lines if count is None else lines[-count:]
+
+
+def _ranks_with_logs(logs_dir: str) -> list[int]:
+    try:
+        fd = os.open(logs_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return []
+    except OSError as err:
+        raise Refused(f"{logs_dir} cannot be listed: {err.strerror}") from None
+    try:
+        names = os.listdir(fd)
+    finally:
+        os.close(fd)
+    ranks = []
+    for name in names:
+        number = name[len("worker-") : -len(".log")]
+        if name.startswith("worker-") and name.endswith(".log") and number.isdigit():
+            ranks.append(int(number))
+    return sorted(ranks)
+
+
+def read_logs(workdir: str, worker: int | None = None, tail: int | None = None) -> str:
+    """One worker's log, or every worker's with ``[worker-N]`` before each line.
+
+    ``tail`` keeps the last lines of each worker's log. A worker without a log reads as "".
+    """
+    logs_dir = os.path.join(workdir, "logs")
+    if worker is not None:
+        return "".join(tail_lines(os.path.join(logs_dir, f"worker-{int(worker)}.log"), tail))
+    out: list[str] = []
+    for rank in _ranks_with_logs(logs_dir):
+        path = os.path.join(logs_dir, f"worker-{rank}.log")
+        try:
+            lines = tail_lines(path, tail)
+        except Refused as err:  # one planted file does not hide the other workers' logs
+            lines = [f"(wmla: {err})\n"]
+        out.extend(f"[worker-{rank}] {line}" for line in lines)
+    return "".join(line if line.endswith("\n") else line + "\n" for line in out)
+
+
+def read_metrics(workdir: str, since: int = 0) -> list[Any]:
+    """[metrics, next]: JSON objects of ``metrics.jsonl`` from line ``since``; a partial last
+    line is left for the next read."""
+    data = read_end(os.path.join(workdir, "metrics.jsonl")).decode(errors="replace")
+    complete = data.split("\n")[:-1]  # the text after the last newline may be being written
+    out = []
+    for line in complete[since:]:
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            out.append(value)
+    return [out, max(since, len(complete))]
+
+
+def prepare_job(workdir: str) -> None:
+    """Create the job's directory and its ``logs`` folder (private to the user)."""
+    try:
+        os.makedirs(os.path.join(workdir, "logs"), mode=0o700, exist_ok=True)
+    except OSError as err:
+        raise Refused(f"cannot create the job directory {workdir}/logs: {err.strerror}") from None
+
+
+def _closed_folder(path: str) -> str:
+    """The first folder on ``path`` this user cannot pass through, or ''."""
+    parts = path.split(os.sep)
+    for i in range(1, len(parts)):
+        folder = os.sep.join(parts[:i]) or os.sep
+        if not os.access(folder, os.X_OK):
+            return folder
+    return ""
+
+
+def check_runnable(program: str, script: str = "", path: str = "/usr/bin:/bin") -> str:
+    """Why this user cannot run ``program`` (or read ``script``), or ''."""
+    found = program if os.sep in program else shutil.which(program, path=path)
+    if found is None:
+        return ""  # the launcher reports a missing program (exit code 127)
+    for target, mode, verb in ((found, os.X_OK, "run"), (script, os.R_OK, "read")):
+        if not target or os.access(target, mode):
+            continue
+        for route in (os.path.abspath(target), os.path.realpath(target)):
+            closed = _closed_folder(route)
+            if closed:
+                return f"cannot {verb} {target} (no access to the directory {closed})"
+        if not os.path.exists(target):
+            return ""  # missing: the launcher says so (exit code 127)
+        how = "executable" if mode == os.X_OK else "readable"
+        return f"cannot {verb} {target} ({os.path.realpath(target)} is not {how} for it)"
+    return ""
+
+
+def _inside(root: str, relative: str, what: str) -> str:
+    """``relative`` resolved against ``root`` (links followed), refused when it escapes."""
+    path = os.path.realpath(os.path.join(root, relative))
+    real_root = os.path.realpath(root)
+    if path != real_root and not path.startswith(real_root.rstrip(os.sep) + os.sep):
+        raise Refused(
+            f"{what} {relative!r} is outside your folder {real_root}; use a path inside it"
+        )
+    return path
+
+
+def resolve_command(root: str, model_dir: str, model_main: str) -> list[str]:
+    """[model_dir, model_main] as real paths inside ``root``, the user's folder."""
+    folder = _inside(root, model_dir, "command.model_dir")
+    if not os.path.isdir(folder):
+        raise Refused(
+            f"command.model_dir {model_dir!r} is not a folder in {root}; "
+            "upload the model code there first"
+        )
+    script = _inside(folder, model_main, "command.model_main")
+    real_root = os.path.realpath(root)
+    if not script.startswith(real_root.rstrip(os.sep) + os.sep):
+        raise Refused(f"command.model_main {model_main!r} is outside your folder {root}")
+    if not os.path.isfile(script):
+        raise Refused(
+            f"command.model_main {model_main!r} is not a file in {folder}; check the name"
+        )
+    return [folder, script]
+
+
+OPS = {
+    "read_logs": read_logs,
+    "read_metrics": read_metrics,
+    "tail": lambda path, count: "".join(tail_lines(path, count)),
+    "prepare_job": prepare_job,
+    "check_runnable": check_runnable,
+    "resolve_command": resolve_command,
+}
+
+
+def run(request: dict) -> dict:
+    """Carry out one request; the answer is ``{"ok": value}`` or ``{"error": message}``."""
+    try:
+        return {"ok": OPS[request["op"]](**request.get("args", {}))}
+    except Refused as err:
+        return {"error": str(err)}
+    except FileNotFoundError as err:
+        return {"error": f"{err.filename} does not exist", "missing": True}
+    except OSError as err:
+        return {"error": f"{err.filename or request['op']}: {err.strerror}"}
+
+
+def main() -> int:
+    request = json.loads(sys.stdin.read())
+    os.umask(0o077)
+    sys.stdout.write(json.dumps(run(request)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
