@@ -8,14 +8,17 @@ need the ``custom:wmla:admin`` scope or hub admin.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
+from extension.backends.accounts import AccountError
+from extension.backends.userfs import UserFileError
 from extension.scheduler import UNLIMITED, PlanError, QuantityError, Resources
 from extension.scheduler.plans import ROOT
 
@@ -113,7 +116,6 @@ class APIHandler(BaseHandler):
 
 def _errors(fn):
     """Map the scheduler's exceptions to HTTP statuses with their messages."""
-    import functools
 
     @functools.wraps(fn)
     async def wrapper(self, *args, **kwargs):
@@ -129,6 +131,10 @@ def _errors(fn):
             raise APIError(422, str(err)) from None
         except (SubmissionError, PlanError, QuantityError) as err:
             raise APIError(400, str(err)) from None
+        except UserFileError as err:  # a job file the user replaced (a link, a FIFO): refused
+            raise APIError(403, str(err)) from None
+        except AccountError as err:  # no account to act as; never done as root instead
+            raise APIError(409, str(err)) from None
 
     return wrapper
 
@@ -180,25 +186,42 @@ class IndexHandler(BaseHandler):
 
 
 # -- plans ---------------------------------------------------------------------------------------
-def plan_tree_json(sched: Scheduler) -> dict:
+def plan_tree_json(sched: Scheduler, viewer: Caller | None = None) -> dict:
+    """The plan tree as the API shows it to ``viewer`` (None: everything, as to an admin).
+
+    A non-admin sees every plan but, of the user leaves, only their own (each plan says how
+    many it has in ``user_leaves``), and only their own name among a plan's member users:
+    who else uses the instance, and how much, is the admins' to know.
+    """
+    private = viewer is not None and not viewer.admin
     nodes: dict[str, dict] = {}
     root = _figures(sched, ROOT)
-    root.update({"path": ROOT, "children": []})
+    root.update({"path": ROOT, "user_leaves": 0, "children": []})
     nodes[ROOT] = root
     for plan in sched.plans:  # sorted by path, so parents come first
+        parent = nodes.get(plan.parent)
+        if parent is None:  # below a leaf hidden from this viewer
+            continue
+        if plan.user_leaf:
+            parent["user_leaves"] += 1
+            if private and plan.name != viewer.name:
+                continue
         users, groups = sched.members.get(plan.path, ([], []))
+        if private:
+            users = [u for u in users if u == viewer.name]
         node = {
             "path": plan.path,
             "name": plan.name,
             "share": plan.share,
             "limit": plan.limit.to_dict(),
             "user_leaf": plan.user_leaf,
+            "user_leaves": 0,
             "members": {"users": users, "groups": groups},
             **_figures(sched, plan.path),
             "children": [],
         }
         nodes[plan.path] = node
-        nodes[plan.parent]["children"].append(node)
+        parent["children"].append(node)
     flat = [{k: v for k, v in n.items() if k != "children"} for n in nodes.values()]
     return {"root": root, "plans": flat[1:]}
 
@@ -261,8 +284,7 @@ def _names(value: Any, where: str) -> list[str]:
 
 class PlansHandler(APIHandler):
     async def get(self) -> None:
-        self.caller()
-        self.reply(plan_tree_json(self.sched))
+        self.reply(plan_tree_json(self.sched, self.caller()))
 
     @_errors
     async def post(self) -> None:
@@ -282,8 +304,7 @@ class PlanHandler(APIHandler):
 
     @_errors
     async def get(self, path: str) -> None:
-        self.caller()
-        self.reply(_one_plan(self.sched, self._path(path)))
+        self.reply(_one_plan(self.sched, self._path(path), self.caller()))
 
     @_errors
     async def patch(self, path: str) -> None:
@@ -313,8 +334,8 @@ class PlanHandler(APIHandler):
         self.finish()
 
 
-def _one_plan(sched: Scheduler, path: str) -> dict:
-    for plan in plan_tree_json(sched)["plans"]:
+def _one_plan(sched: Scheduler, path: str, viewer: Caller | None = None) -> dict:
+    for plan in plan_tree_json(sched, viewer)["plans"]:
         if plan["path"] == path:
             return plan
     raise NotFound(f"there is no plan {path!r}")
@@ -380,12 +401,16 @@ class JobsHandler(APIHandler):
             if not isinstance(on_behalf, str) or not MEMBER.match(on_behalf):
                 raise APIError(400, f"user {on_behalf!r} is not a hub user name")
             caller = Caller(on_behalf, frozenset(), admin=True)
-        sub = parse_submission(
+        # In a thread: resolving the command's paths runs a helper as the user's account (and
+        # may create that account), which must not hold up the event loop.
+        sub = await asyncio.to_thread(
+            parse_submission,
             body,
             user=caller.name,
             storage_root=self.service.storage_root,
             limit_range=self.service.limit_range_obj,
             max_workers=self.service.max_workers_per_job,
+            files=functools.partial(self.sched.files_for, caller.name, True),
         )
         row = await self.sched.submit(caller, sub)
         self.set_header("Location", f"{self.settings['wmla_prefix']}api/v1/jobs/{row.id}")
@@ -410,12 +435,13 @@ class JobLogsHandler(APIHandler):
         tail = _int_arg(self, "tail", 1, 1_000_000)
         text = ""
         backend = self.sched.backend
-        try:
-            text = backend.logs(job_id, worker=worker, tail=tail) if backend else ""
-        except Exception:  # the backend forgot the job (ended, or a restart): read the files
+        try:  # the local backend reads with the job's user's rights, in a helper: a thread
+            text = await asyncio.to_thread(backend.logs, job_id, worker, tail) if backend else ""
+        except KeyError:  # the backend forgot the job (ended, or a restart): read the files
             text = ""
         if not text:
-            text = read_log_files(Path(row.workdir), worker, tail)
+            files = self.sched.files_for(row.user)
+            text = await asyncio.to_thread(files.read_logs, row.workdir, worker, tail)
         self.reply({"job": job_id, "worker": worker, "logs": text})
 
 
@@ -424,7 +450,8 @@ class JobMetricsHandler(APIHandler):
     async def get(self, job_id: str) -> None:
         row = self.sched.visible_job(self.caller(), job_id)
         since = _int_arg(self, "since", 0, 10**9) or 0
-        metrics, next_line = read_metrics(Path(row.workdir) / "metrics.jsonl", since)
+        files = self.sched.files_for(row.user)  # read with the job's user's rights
+        metrics, next_line = await asyncio.to_thread(files.read_metrics, row.workdir, since)
         self.reply({"job": job_id, "metrics": metrics, "next": next_line})
 
 
@@ -460,49 +487,6 @@ def _int_arg(handler: APIHandler, name: str, low: int, high: int) -> int | None:
     if not re.fullmatch(r"\d{1,10}", value) or not low <= int(value) <= high:
         raise APIError(400, f"{name} must be a whole number from {low} to {high}, got {value!r}")
     return int(value)
-
-
-def read_log_files(workdir: Path, worker: int | None, tail: int | None) -> str:
-    logs = workdir / "logs"
-    if worker is not None:
-        files = [logs / f"worker-{worker}.log"]
-    else:
-        files = sorted(logs.glob("worker-*.log"), key=lambda p: _rank(p.name))
-    lines: list[str] = []
-    for path in files:
-        try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            continue
-        prefix = "" if worker is not None else f"[{path.stem}] "
-        lines.extend(prefix + line for line in text.splitlines())
-    if tail:
-        lines = lines[-tail:]
-    return "\n".join(lines) + ("\n" if lines else "")
-
-
-def _rank(name: str) -> int:
-    match = re.search(r"(\d+)", name)
-    return int(match.group(1)) if match else 0
-
-
-def read_metrics(path: Path, since: int) -> tuple[list[dict], int]:
-    """JSON lines from line ``since`` on; a partial last line is left for the next read."""
-    try:
-        data = path.read_text(errors="replace")
-    except OSError:
-        return [], since
-    lines = data.split("\n")
-    complete = lines[:-1]  # the text after the last newline may still be being written
-    out = []
-    for line in complete[since:]:
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            out.append(value)
-    return out, max(since, len(complete))
 
 
 # -- instance ------------------------------------------------------------------------------------

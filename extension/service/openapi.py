@@ -108,6 +108,12 @@ def openapi_document(prefix: str = "/services/wmla/") -> dict[str, Any]:
                         "share": {"type": "number"},
                         "limit": {"$ref": "#/components/schemas/Amounts"},
                         "user_leaf": {"type": "boolean"},
+                        "user_leaves": {
+                            "type": "integer",
+                            "description": "how many user leaves the plan has; a non-admin "
+                            "sees only their own leaf among its children, and only their own "
+                            "name among members.users",
+                        },
                         "members": {"type": "object"},
                         **FIGURES,
                         "children": {

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from extension.backends.accounts import ensure_folder
 from extension.backends.base import Backend, BackendEvent, JobSpec
+from extension.backends.userfs import UserFiles
 from extension.scheduler import (
     CycleResult,
     Grow,
@@ -595,8 +597,6 @@ class Scheduler:
             reason="",
             preemptions=0,
         )
-        if sub.kind == "train":
-            (workdir / "logs").mkdir(parents=True, exist_ok=True)
         if leaf.path not in self.plans:
             self.store.save_plans([PlanRecord(leaf.path, 1.0, leaf.limit, True)], now)
             self.plans = tree
@@ -607,6 +607,22 @@ class Scheduler:
         self.kinds[job_id] = sub.kind
         await self.kick()
         return self.store.job(job_id) or row
+
+    def files_for(self, user: str, create: bool = False) -> UserFiles:
+        """``user``'s files with the rights their jobs run with (docs/security.md).
+
+        ``create``: as root, make the user's account (when the backend creates accounts) and
+        their private folder first. Raises AccountError when the user has no account and gets
+        none. Blocking when it creates: call it from a thread on an event loop.
+        """
+        account_for = getattr(self.backend, "account_for", None)
+        if account_for is None:  # a backend without local accounts (Kubernetes)
+            return UserFiles(None)
+        folder = user_root(self.storage_root, user)
+        account = account_for(user, home=str(folder) if create else None)
+        if create:
+            ensure_folder(self.storage_root, user, account)
+        return UserFiles.of(account)
 
     def visible_job(self, caller: Caller, job_id: str) -> JobRow:
         """The job if the caller may see it; 404 for everyone else (its existence is private)."""

@@ -22,13 +22,14 @@ Body (docs/service.md and the OpenAPI document describe it too)::
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from extension.backends.accounts import AccountError
+from extension.backends.userfs import UserFileError, UserFiles
 from extension.scheduler import QuantityError, Resources, parse_quantity
 from extension.scheduler.resources import RESOURCES, format_amount
 
@@ -49,11 +50,24 @@ COMMAND_KEYS = {"model_dir", "model_main", "args"}
 MAX_PRIORITY = 1_000_000
 MAX_ARGS = 256
 MAX_ARG_LEN = 4096
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# what the service and the backend set for every worker; a job may not override them
+MAX_PATH = 1024  # characters of command.model_dir / model_main
+# A job's env is an allow-list by pattern: upper-case names only (what programs read).
+ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]{0,127}\Z")
+# What the service and the backend set for every worker; a job may not override them.
 RESERVED_ENV = re.compile(
     r"(WMLA_.*|JUPYTERHUB_.*|MASTER_ADDR|MASTER_PORT|RANK|WORLD_SIZE|LOCAL_RANK|"
-    r"LOCAL_WORLD_SIZE|CUDA_VISIBLE_DEVICES|PATH|PYTHONPATH|HOME|USER|LD_PRELOAD|LD_LIBRARY_PATH)\Z"
+    r"LOCAL_WORLD_SIZE|CUDA_VISIBLE_DEVICES|PATH|HOME|USER|LOGNAME|SHELL)\Z"
+)
+# What makes a loader, libc or an interpreter run code or read files it was not asked to. The
+# launcher applies a job's env only to the worker's own exec, after it dropped to the user, so
+# none of these could reach root; they are refused anyway (defence in depth, and they would
+# break the worker's Python: PYTHON* over the service's packages).
+LOADER_ENV = re.compile(
+    r"(LD_.*|GLIBC_.*|MALLOC_.*|GCONV_PATH|GETCONF_DIR|HOSTALIASES|LOCALDOMAIN|LOCPATH|"
+    r"NIS_PATH|NLSPATH|RESOLV_HOST_CONF|RES_OPTIONS|TMPDIR|TZDIR|PYTHON.*|PERL5.*|PERLLIB|"
+    r"PERLIO.*|RUBY.*|NODE_OPTIONS|NODE_PATH|BASH_ENV|BASH_FUNC_.*|ENV|IFS|CDPATH|"
+    r"SHELLOPTS|BASHOPTS|PS4|PROMPT_COMMAND|JAVA_TOOL_OPTIONS|_JAVA_OPTIONS|JDK_JAVA_OPTIONS|"
+    r"OPENSSL_CONF|OPENSSL_ENGINES|SSLKEYLOGFILE|GIT_.*)\Z"
 )
 NAME = re.compile(r"[A-Za-z0-9 ._-]{0,100}\Z")
 USER_NAME = re.compile(r"[A-Za-z0-9._@-]+\Z")
@@ -224,19 +238,14 @@ def user_root(storage_root: str | Path, user: str) -> Path:
     return Path(storage_root).resolve() / user
 
 
-def inside(root: Path, relative: str, what: str) -> Path:
-    """Resolve ``relative`` against ``root`` (symlinks followed) and refuse any escape."""
-    if not isinstance(relative, str) or not relative.strip():
-        raise SubmissionError(f"{what} must be a non-empty path inside your folder")
-    if "\x00" in relative:
+def _path_arg(value: Any, what: str, example: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise SubmissionError(f"{what} must be a non-empty path inside your folder, e.g. {example}")
+    if "\x00" in value:
         raise SubmissionError(f"{what} contains a NUL byte")
-    path = Path(os.path.realpath(root / relative))
-    real_root = Path(os.path.realpath(root))
-    if path != real_root and real_root not in path.parents:
-        raise SubmissionError(
-            f"{what} {relative!r} is outside your folder {real_root}; use a path inside it"
-        )
-    return path
+    if len(value) > MAX_PATH:
+        raise SubmissionError(f"{what} is {len(value)} characters long; at most {MAX_PATH}")
+    return value
 
 
 def parse_submission(
@@ -246,7 +255,12 @@ def parse_submission(
     storage_root: str | Path,
     limit_range: LimitRange,
     max_workers: int,
+    files: Callable[[], UserFiles] | None = None,
 ) -> Submission:
+    """The submission, checked. ``files()``, called once the rest of the body passed, gives
+    the user's files with the user's own rights (as root: their account, created if needed);
+    the command's paths are resolved through it (default: in-process, as the service).
+    Blocking when it runs a helper: call it from a thread on an event loop."""
     if not isinstance(body, dict):
         raise SubmissionError("the body must be a JSON object; see GET api/v1/openapi.json")
     unknown = sorted(set(body) - KEYS)
@@ -300,22 +314,10 @@ def parse_submission(
         raise SubmissionError(
             f"command: unknown field {unknown[0]!r}; use model_dir, model_main and args"
         )
-    model_dir = inside(root, command.get("model_dir", "."), "command.model_dir")
-    if not model_dir.is_dir():
-        raise SubmissionError(
-            f"command.model_dir {command.get('model_dir')!r} is not a folder in {root}; "
-            f"upload the model code there first"
-        )
-    main = command.get("model_main")
-    if not isinstance(main, str) or not main:
+    model_dir = _path_arg(command.get("model_dir", "."), "command.model_dir", "models/mnist")
+    if command.get("model_main") in (None, ""):
         raise SubmissionError("command.model_main is required: the script to run, e.g. main.py")
-    script = inside(model_dir, main, "command.model_main")
-    if root.resolve() not in script.parents:
-        raise SubmissionError(f"command.model_main {main!r} is outside your folder {root}")
-    if not script.is_file():
-        raise SubmissionError(
-            f"command.model_main {main!r} is not a file in {model_dir}; check the name"
-        )
+    main = _path_arg(command.get("model_main"), "command.model_main", "main.py")
     args = command.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise SubmissionError('command.args must be a list of strings, e.g. ["--epochs", "4"]')
@@ -323,9 +325,14 @@ def parse_submission(
         raise SubmissionError(
             f"command.args: at most {MAX_ARGS} arguments of {MAX_ARG_LEN} characters, no NUL"
         )
+    try:  # last: the one check that may create an account and run a helper as the user
+        user_files = files() if files is not None else UserFiles(None)
+        folder, script = user_files.resolve_command(str(root), model_dir, main)
+    except (UserFileError, AccountError) as err:
+        raise SubmissionError(str(err)) from None
     return Submission(
         plan, name, lo, hi, per_worker, limits, priority, preemptible, kind,
-        str(model_dir), str(script), tuple(args), env,
+        folder, script, tuple(args), env,
     )  # fmt: skip
 
 
@@ -381,10 +388,22 @@ def _env(env: Any) -> dict[str, str]:
         raise SubmissionError('env must be an object of at most 100 {"NAME": "value"} pairs')
     out = {}
     for key, value in env.items():
-        if not ENV_NAME.match(key) or not isinstance(value, str) or len(value) > MAX_ARG_LEN:
-            raise SubmissionError(f"env: {key!r} must be a NAME with a string value")
+        if not isinstance(key, str) or not ENV_NAME.match(key):
+            raise SubmissionError(
+                f"env: {key!r} is not an allowed variable name: use upper-case letters, digits "
+                "and '_', starting with a letter (at most 128), e.g. MY_SETTING"
+            )
+        if not isinstance(value, str) or len(value) > MAX_ARG_LEN or "\x00" in value:
+            raise SubmissionError(
+                f"env: {key} needs a string value of at most {MAX_ARG_LEN} characters, no NUL"
+            )
         if RESERVED_ENV.match(key):
             raise SubmissionError(f"env: {key} is set by the service and cannot be overridden")
+        if LOADER_ENV.match(key):
+            raise SubmissionError(
+                f"env: {key} is refused: it changes how the loader, libc or an interpreter "
+                "starts programs; set it inside your script instead"
+            )
         out[key] = value
     return out
 
