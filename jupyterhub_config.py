@@ -4,7 +4,9 @@
 (printed at every start, kept in var/hub-passwords.json), admin users from $WMLA_ADMIN_USERS
 (comma-separated, default "admin"), and the wmla managed service at /services/wmla/ with the
 machine's GPUs (or 1x4 virtual devices; $WMLA_DEVICE_LAYOUT, e.g. 4x8). Runtime state lives in
-var/ (hub database, cookie secret, proxy pid, service store, user folders in var/storage).
+var/ (hub database, cookie secret, proxy pid, service store, user folders in var/storage); the
+hub runs with umask 0077 and the state files are made private (0600, var/wmla 0700) at every
+start, see docs/service.md "State files".
 """
 
 import os
@@ -12,13 +14,25 @@ import shutil
 import sys
 from pathlib import Path
 
-from hub_config import custom_scopes, embedded_passwords, roles, server_token_scopes, services
+from extension.service.privacy import restrict_umask
+from hub_config import (
+    custom_scopes,
+    embedded_passwords,
+    private_hub_state,
+    roles,
+    server_token_scopes,
+    services,
+)
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
 
+# Every hub user has a terminal here: what the hub, the proxy and the wmla service create
+# (database, cookie secret, pid files, the service's store) must not be readable by them.
+restrict_umask()
 ROOT = Path(__file__).resolve().parent
 VAR = Path(os.environ.get("WMLA_VAR", ROOT / "var")).resolve()
-VAR.mkdir(parents=True, exist_ok=True)
+# var/ 0711 (var/storage holds the users' folders), its state files 0600, var/wmla 0700
+private_hub_state(VAR)
 STORAGE = Path(os.environ.get("WMLA_STORAGE_ROOT", VAR / "storage")).resolve()
 ADMINS = [u.strip() for u in os.environ.get("WMLA_ADMIN_USERS", "admin").split(",") if u.strip()]
 

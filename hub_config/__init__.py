@@ -18,6 +18,17 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from extension.service.privacy import (
+    PRIVATE_DIR,
+    PRIVATE_FILE,
+    SQLITE_SIDECARS,
+    TRAVERSABLE_DIR,
+    create_private_file,
+    make_dir,
+    set_mode,
+    tighten,
+)
+
 SERVICE_NAME = "wmla"
 ADMIN_SCOPE = "custom:wmla:admin"
 
@@ -129,7 +140,9 @@ def embedded_passwords(state_dir: str | os.PathLike) -> tuple[str, str, bool]:
     Generated on the first run and kept in ``<state_dir>/hub-passwords.json`` (mode 0600).
     """
     path = Path(state_dir) / "hub-passwords.json"
-    if path.exists():
+    if os.path.lexists(path):
+        # an older version, or a copy, may have left it readable by every account
+        _report(path, tighten(path, PRIVATE_FILE))
         data = json.loads(path.read_text())
         return data["user_password"], data["admin_password"], False
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -138,3 +151,53 @@ def embedded_passwords(state_dir: str | os.PathLike) -> tuple[str, str, bool]:
     with os.fdopen(fd, "w") as f:
         json.dump(data, f)
     return data["user_password"], data["admin_password"], True
+
+
+# what the embedded hub keeps directly in its runtime folder (var/): tokens, the cookie secret,
+# the shared passwords; JupyterHub and SQLite create them, so they are fixed at every start
+HUB_STATE_FILES = (
+    *(f"jupyterhub.sqlite{suffix}" for suffix in ("", *SQLITE_SIDECARS)),
+    "jupyterhub_cookie_secret",
+    "hub-passwords.json",
+    "jupyterhub-proxy.pid",
+)
+
+
+def private_hub_state(var: str | os.PathLike, service_state: str = "wmla") -> list[str]:
+    """Make the embedded hub's runtime folder safe for a hub run as root whose users all have
+    a terminal; returns the warnings it printed.
+
+    ``var`` becomes 0711: traversable, since ``var/storage`` holds the users' folders, but not
+    listable. Its state files become 0600 and ``var/<service_state>`` (the wmla service's
+    state, which the service itself fixes inside) 0700. ``jupyterhub.sqlite`` is created 0600
+    when missing (an empty file is a valid SQLite database) so that the hub's database and its
+    journal never exist readable. Symbolic links are left alone, with a warning. Set a 0077
+    umask first (``extension.service.privacy.restrict_umask``) for what is created later.
+    """
+    var = Path(var)
+    warnings: list[str] = []
+    if not make_dir(var, TRAVERSABLE_DIR):
+        warnings += _report(var, set_mode(var, TRAVERSABLE_DIR), "0711")
+    warnings += _report(var / "jupyterhub.sqlite", create_private_file(var / "jupyterhub.sqlite"))
+    for name in HUB_STATE_FILES[1:]:
+        warnings += _report(var / name, tighten(var / name, PRIVATE_FILE))
+    warnings += _report(var / service_state, tighten(var / service_state, PRIVATE_DIR), "0700")
+    return warnings
+
+
+def _report(path: Path, outcome: str, mode: str = "0600") -> list[str]:
+    """Print what a fix of ``path`` found when it needs saying; the printed lines."""
+    if outcome == "fixed":
+        message = f"wmla: {path} was open to other accounts; now {mode}"
+    elif outcome == "symlink":
+        message = (
+            f"\n!!! wmla: {path} is a symbolic link; refusing to change its mode or its "
+            "target's: make sure only this account can read what it points to, or replace it "
+            "by the file itself"
+        )
+    elif outcome == "other":
+        message = f"\n!!! wmla: {path} is not a regular file or folder; its mode is left alone"
+    else:
+        return []
+    print(message, file=sys.stderr, flush=True)
+    return [message]

@@ -29,6 +29,17 @@ from extension.backends.capacity import detect_nodes
 from extension.scheduler import UNLIMITED, Resources, SchedulerConfig
 
 from .handlers import APIError, APIHandler, IndexHandler, routes
+from .privacy import (
+    HIDEPID_ADVICE,
+    NOT_ROOT_ADVICE,
+    PRIVATE_DIR,
+    TRAVERSABLE_DIR,
+    is_private_dir,
+    make_dir,
+    privatize_tree,
+    proc_hides_other_processes,
+    restrict_umask,
+)
 from .scheduling import Scheduler
 from .store import Store, sqlite_url
 from .submission import LimitRange, user_root
@@ -278,8 +289,61 @@ class WmlaService(Application):
                 "wmla: c.WmlaService.quota jobs must be a whole number >= 1, "
                 f"got {self._max_jobs!r}"
             )
-        Path(self.state_dir).mkdir(parents=True, exist_ok=True)
-        Path(self.storage_root).mkdir(parents=True, exist_ok=True)
+        self.prepare_folders()
+
+    def prepare_folders(self) -> None:
+        """The storage root (traversable) and the state directory (private, fixed if looser)."""
+        # storage first: missing parents it shares with the state dir (var/) become 0711, so
+        # every account still reaches its own folder; never walked: users own what is inside
+        if make_dir(self.storage_root, TRAVERSABLE_DIR):
+            self.log.info("created the storage root %s (mode 0711)", self.storage_root)
+        make_dir(self.state_dir, PRIVATE_DIR)
+        # the store holds every job's environment: other accounts must not read a byte of it,
+        # whatever mode an older version or an admin's cp left behind
+        fix = privatize_tree(self.state_dir, keep_out=[self.storage_root])
+        if fix.fixed:
+            self.log.warning(
+                "wmla: %i path(s) in the state directory %s were open to other accounts; "
+                "now private (directories 0700, files 0600): %s",
+                len(fix.fixed), self.state_dir, ", ".join(fix.fixed[:5]),
+            )  # fmt: skip
+        for link in fix.symlinks:
+            self.log.warning(
+                "wmla: %s is a symbolic link; neither it nor its target was made private: "
+                "make sure only this account can read what it points to", link
+            )  # fmt: skip
+        for failure in fix.failed:
+            self.log.warning("wmla: cannot make %s private", failure)
+        for kept in fix.kept_out:
+            self.log.warning(
+                "wmla: the storage root %s lies in the state directory; it was left as it is",
+                kept,
+            )
+
+    def security_report(self) -> dict[str, Any]:
+        """How well this machine keeps users apart, for GET /instance and the start log:
+        {"runs_as_root", "proc_hidepid", "state_dir_private", "warnings": [what to do]}."""
+        root = hasattr(os, "geteuid") and os.geteuid() == 0
+        hidepid = proc_hides_other_processes()
+        private = is_private_dir(self.state_dir)
+        warnings = []
+        if not root:
+            uid = os.geteuid() if hasattr(os, "geteuid") else "?"
+            warnings.append(NOT_ROOT_ADVICE.format(uid=uid))
+        elif not hidepid:  # as one account for everyone, hiding processes would change nothing
+            warnings.append(HIDEPID_ADVICE)
+        if not private:
+            warnings.append(
+                f"the state directory {self.state_dir} (the store, with every job's "
+                "environment) is open to other accounts, a symbolic link, or not this "
+                "account's: make it a directory of this account with mode 0700"
+            )
+        return {
+            "runs_as_root": root,
+            "proc_hidepid": hidepid,
+            "state_dir_private": private,
+            "warnings": warnings,
+        }
 
     def make_backend(self, emit: Any) -> Any:
         module, _, name = self.backend_class.rpartition(".")
@@ -301,13 +365,15 @@ class WmlaService(Application):
         except ValueError as err:
             raise SystemExit(f"wmla: c.WmlaService.device_layout: {err}") from None
         backend_dir = Path(self.state_dir) / "backend"
-        backend_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(backend_dir, PRIVATE_DIR)  # pid and exit files of the jobs' workers
         try:
             return cls(emit, nodes, str(backend_dir), **self.backend_options)
         except TypeError as err:
             raise SystemExit(f"wmla: c.WmlaService.backend_options: {err}") from None
 
     async def start_service(self) -> None:
+        for warning in self.security_report()["warnings"]:
+            self.log.warning("\n!!! wmla: %s", warning)
         url = self.db_url or sqlite_url(Path(self.state_dir) / "wmla.sqlite")
         self.store = Store.open(url)
         self.scheduler = Scheduler(
@@ -390,6 +456,10 @@ class WmlaService(Application):
 
 
 def main(argv: list[str] | None = None) -> None:
+    # here, not in initialize(): the umask is the whole process's (tests and embedders that
+    # initialize a WmlaService in their own process keep theirs); every file the service and
+    # its workers create without an explicit mode is then private to their account
+    restrict_umask()
     service = WmlaService()
     service.initialize(argv)
     service.start()

@@ -13,6 +13,7 @@ over time between consecutive rows of a job gives exact requested resource-secon
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -33,11 +34,14 @@ from sqlalchemy import (
     event,
     select,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from extension.scheduler import UNLIMITED, Resources
 
+from .privacy import PRIVATE_DIR, make_dir, private_sqlite_file
+
+log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).with_name("migrations")
 
 
@@ -163,6 +167,32 @@ def sqlite_url(path: str | Path) -> str:
     return f"sqlite:///{Path(path).resolve()}"
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a SQLite URL; None for other databases and in-memory ones."""
+    parsed = make_url(url)
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:":
+        return None
+    if database.startswith("file:"):  # a SQLite URI filename (uri=true): SQLite's business
+        return None
+    return Path(database)
+
+
+def make_private_sqlite(path: Path) -> None:
+    """Create the database's directory (0700 when made now) and the file itself 0600 before
+    SQLAlchemy opens it: the store holds every job's environment (secrets), and SQLite gives
+    the -wal and -shm files it adds the database file's mode."""
+    make_dir(path.parent, PRIVATE_DIR)
+    for name, outcome in private_sqlite_file(path).items():
+        if outcome == "fixed":
+            log.warning("wmla: %s was readable by other accounts; now 0600", name)
+        elif outcome in ("symlink", "other"):
+            log.warning(
+                "wmla: %s is a %s; its mode is left alone: make sure only this account can "
+                "read it", name, "symbolic link" if outcome == "symlink" else "special file"
+            )  # fmt: skip
+
+
 class Store:
     """Every read and write of the service's state goes through here (one process owns it)."""
 
@@ -172,8 +202,9 @@ class Store:
 
     @classmethod
     def open(cls, url: str) -> Store:
-        if url.startswith("sqlite:///"):
-            Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+        db_file = sqlite_file(url)
+        if db_file is not None:
+            make_private_sqlite(db_file)
         migrate(url)
         engine = create_engine(url, future=True)
         if engine.dialect.name == "sqlite":
