@@ -79,11 +79,16 @@ class Hub:
             "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
         }
         self.env.pop("WMLA_SERVICE_CONFIG", None)
+        service_traits = dict(service_traits or {})
+        # Workers run as the service's own account unless a test says otherwise: as root the
+        # default would create a system account per test user (tests/security and
+        # tests/spawner are the ones about accounts, with prefixed names they remove).
+        service_traits.setdefault("backend_options", {"run_as_user": False})
         self.config = tmp / "test_jupyterhub_config.py"
         self.config.write_text(
             TEST_CONFIG.format(
                 base=str(REPO / "jupyterhub_config.py"),
-                service_traits=json.dumps(service_traits or {}),
+                service_traits=json.dumps(service_traits),
                 token=self.token,
                 storage=str(self.storage),
             )
