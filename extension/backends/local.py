@@ -268,7 +268,7 @@ class LocalBackend:
         self._monitor: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
-        os.makedirs(self._jobs_dir(), mode=0o700, exist_ok=True)
+        _private_dirs(self._jobs_dir())
 
     # protocol --------------------------------------------------------------------------------
     def capacity(self) -> list[Node]:
@@ -520,7 +520,7 @@ class LocalBackend:
         try:
             logs_dir = os.path.join(spec.workdir, "logs")
             exit_dir = os.path.join(self._job_dir(spec.id), launch)
-            os.makedirs(exit_dir, mode=0o700, exist_ok=True)
+            _private_dirs(exit_dir)
             port = self._free_port()
             per_node: dict[str, int] = {}
             for node in placement:
@@ -905,9 +905,10 @@ class LocalBackend:
 
     def _write_record(self, gang: _Gang) -> None:
         path = os.path.join(self._job_dir(gang.job_id), "record.json")
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        _private_dirs(os.path.dirname(path))
         tmp = f"{path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as out:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
             json.dump(gang.record(), out, indent=1)
             out.flush()
             os.fsync(out.fileno())
@@ -1084,6 +1085,19 @@ def _signal_name(num: int) -> str:
         return signal.Signals(num).name
     except ValueError:
         return f"signal {num}"
+
+
+def _private_dirs(path: str) -> None:
+    """``path`` and any missing parent created 0700 whatever the umask: the state directory
+    holds the job specs with their env (os.makedirs gives the parents the umask's mode)."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+        os.chmod(folder, 0o700)
 
 
 def _rmtree(path: str) -> None:

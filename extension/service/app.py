@@ -332,6 +332,14 @@ class WmlaService(Application):
             warnings.append(NOT_ROOT_ADVICE.format(uid=uid))
         elif not hidepid:  # as one account for everyone, hiding processes would change nothing
             warnings.append(HIDEPID_ADVICE)
+        backend = getattr(getattr(self, "scheduler", None), "backend", None)
+        as_service = getattr(backend, "run_as_user", None) is False
+        if root and as_service:
+            warnings.append(
+                "c.WmlaService.backend_options has run_as_user=False: every job runs as root, "
+                "so any hub user can act as root; remove it (jobs then run as their users' "
+                "accounts)"
+            )
         if not private:
             warnings.append(
                 f"the state directory {self.state_dir} (the store, with every job's "
@@ -342,6 +350,7 @@ class WmlaService(Application):
             "runs_as_root": root,
             "proc_hidepid": hidepid,
             "state_dir_private": private,
+            "jobs_run_as": "the service's account" if as_service or not root else "their users",
             "warnings": warnings,
         }
 
@@ -372,8 +381,6 @@ class WmlaService(Application):
             raise SystemExit(f"wmla: c.WmlaService.backend_options: {err}") from None
 
     async def start_service(self) -> None:
-        for warning in self.security_report()["warnings"]:
-            self.log.warning("\n!!! wmla: %s", warning)
         url = self.db_url or sqlite_url(Path(self.state_dir) / "wmla.sqlite")
         self.store = Store.open(url)
         self.scheduler = Scheduler(
@@ -392,6 +399,8 @@ class WmlaService(Application):
         self.meter.attach(self.scheduler)
         backend = self.make_backend(self.scheduler.emit)
         await self.scheduler.start(backend)
+        for warning in self.security_report()["warnings"]:
+            self.log.warning("\n!!! wmla: %s", warning)
         prefix = self.prefix if self.prefix.endswith("/") else self.prefix + "/"
         from jupyterhub.services.auth import HubOAuthCallbackHandler
 

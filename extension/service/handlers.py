@@ -513,6 +513,8 @@ class InstanceHandler(APIHandler):
                     "tick": sched.tick,
                 },
                 "max_workers_per_job": self.service.max_workers_per_job,
+                # how well the machine keeps users apart, and what to do about it
+                "security": self.service.security_report(),
                 "units": {"gpu": "devices", "cpu": "millicores", "memory": "bytes"},
             }
         )

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import psutil
 import pytest
