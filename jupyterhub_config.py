@@ -73,6 +73,12 @@ singleuser = Path(sys.executable).with_name("jupyterhub-singleuser")
 if singleuser.exists():  # the project's environment, wherever the hub was started from
     c.Spawner.cmd = [str(singleuser)]
 c.WmlaLocalSpawner.storage_root = str(STORAGE)
+# Anyone may log in under any name with the shared password, so a hub user must never be able to
+# claim an account the machine already has (a hub user "nobody" or named like an admin's
+# account): as root, notebooks and jobs run as "wmla-<name>" accounts that wmla creates. With an
+# authenticator whose users are the machine's own accounts (PAM, LDAP), "{username}" is right.
+ACCOUNT_TEMPLATE = os.environ.get("WMLA_ACCOUNT_TEMPLATE", "wmla-{username}")
+c.WmlaLocalSpawner.system_user_template = ACCOUNT_TEMPLATE
 c.WmlaLocalSpawner.start_timeout = 600  # a notebook may wait for room in its plan
 c.Spawner.http_timeout = 60
 c.Spawner.server_token_scopes = server_token_scopes()
@@ -88,6 +94,8 @@ if hasattr(os, "geteuid") and os.geteuid() == 0:
 service_config = {
     "state_dir": str(VAR / "wmla"),
     "storage_root": str(STORAGE),
+    # the same accounts for jobs as for notebooks (see system_user_template above)
+    "backend_options": {"account_template": ACCOUNT_TEMPLATE},
 }
 for env, trait in (("WMLA_DEVICE_LAYOUT", "device_layout"), ("WMLA_BACKEND", "backend_class")):
     if os.environ.get(env):

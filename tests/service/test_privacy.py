@@ -205,6 +205,7 @@ def test_the_security_report_says_what_to_do(tmp_path: Path, monkeypatch) -> Non
         "runs_as_root": True,
         "proc_hidepid": False,
         "state_dir_private": True,
+        "jobs_run_as": "their users",
         "warnings": [HIDEPID_ADVICE],
     }
     assert "mount -o remount,hidepid=2 /proc" in HIDEPID_ADVICE and "gid=" in HIDEPID_ADVICE
