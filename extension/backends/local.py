@@ -62,7 +62,7 @@ from extension.backends.accounts import (
     unreachable,
 )
 from extension.backends.base import BackendEvent, Emit, JobSpec
-from extension.backends.userfs import UserFileError, UserFiles
+from extension.backends.userfs import UserFileError, UserFiles, off_loop
 from extension.scheduler import Node
 
 log = logging.getLogger("wmla.backends.local")
@@ -290,7 +290,7 @@ class LocalBackend:
             await old.ended.wait()
         self._workdirs[spec.id] = (spec.workdir, spec.user)
         try:
-            ready = await asyncio.to_thread(self._prepare, spec)
+            ready = await off_loop(self._prepare, spec)
             gang = self._launch(spec, tuple(placement), ready)
         except StartError as err:
             self._emit(spec.id, "failed", placement=tuple(placement), message=str(err))
@@ -318,7 +318,7 @@ class LocalBackend:
             log.warning("resize of job %s that is not running here: starting it", spec.id)
         self._workdirs[spec.id] = (spec.workdir, spec.user)
         try:
-            ready = await asyncio.to_thread(self._prepare, spec)
+            ready = await off_loop(self._prepare, spec)
             new = self._launch(spec, tuple(placement), ready)
         except StartError as err:
             self._emit(spec.id, "failed", placement=tuple(placement), message=str(err))
@@ -789,7 +789,7 @@ class LocalBackend:
     async def _fail(self, gang: _Gang, culprit: _Worker) -> None:
         gang.state = "stopping"
         await self._terminate(gang, self.failure_grace)
-        message = await asyncio.to_thread(self._failure_message, gang, culprit)
+        message = await off_loop(self._failure_message, gang, culprit)
         self._forget(gang, "failed")
         self._emit(
             gang.job_id,

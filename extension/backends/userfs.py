@@ -13,31 +13,46 @@ files are read through ``userfs_ops.open_own_file`` (no link followed, regular f
 reader only).
 
 A helper is about 20 ms of CPU; it is used for job starts, log and metrics reads and submitted
-paths, never in the scheduling cycle. Callers on the event loop run it in a thread.
+paths, never in the scheduling cycle. Callers on the event loop use ``off_loop`` (a pool of its
+own).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from extension.backends import userfs_ops
 from extension.backends.accounts import Account, system_python, unreachable
 
 # What the helper starts with: nothing of the service's environment (tokens, LD_*, PYTHON*).
 HELPER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-HELPER_TIMEOUT = 30.0  # seconds; a helper the user stopped (ptrace, SIGSTOP) is killed then
+HELPER_TIMEOUT = 10.0  # seconds; a helper the user stopped (SIGSTOP) is killed then
 MAX_ANSWER = 4 * userfs_ops.MAX_READ  # bytes of JSON a helper may answer with
 # Read once by the service from its own package; the helper gets it on its command line, so
 # the account needs no access to the project's folder.
 _SOURCE = Path(userfs_ops.__file__).read_text(encoding="utf-8")
+# Blocking calls on users' files wait in a pool of their own: a user who stops their helpers
+# (they run as the user, who may SIGSTOP them) holds up these threads, never the event loop's
+# default executor that everything else shares.
+_POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="wmla-userfs")
+T = TypeVar("T")
+
+
+async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` in the user-files pool, awaited from the event loop."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_POOL, functools.partial(fn, *args, **kwargs))
 
 
 class UserFileError(Exception):

@@ -8,7 +8,6 @@ need the ``custom:wmla:admin`` scope or hub admin.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import re
@@ -18,7 +17,7 @@ from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
 from extension.backends.accounts import AccountError
-from extension.backends.userfs import UserFileError
+from extension.backends.userfs import UserFileError, off_loop
 from extension.scheduler import UNLIMITED, PlanError, QuantityError, Resources
 from extension.scheduler.plans import ROOT
 
@@ -403,7 +402,7 @@ class JobsHandler(APIHandler):
             caller = Caller(on_behalf, frozenset(), admin=True)
         # In a thread: resolving the command's paths runs a helper as the user's account (and
         # may create that account), which must not hold up the event loop.
-        sub = await asyncio.to_thread(
+        sub = await off_loop(
             parse_submission,
             body,
             user=caller.name,
@@ -436,12 +435,12 @@ class JobLogsHandler(APIHandler):
         text = ""
         backend = self.sched.backend
         try:  # the local backend reads with the job's user's rights, in a helper: a thread
-            text = await asyncio.to_thread(backend.logs, job_id, worker, tail) if backend else ""
+            text = await off_loop(backend.logs, job_id, worker, tail) if backend else ""
         except KeyError:  # the backend forgot the job (ended, or a restart): read the files
             text = ""
         if not text:
             files = self.sched.files_for(row.user)
-            text = await asyncio.to_thread(files.read_logs, row.workdir, worker, tail)
+            text = await off_loop(files.read_logs, row.workdir, worker, tail)
         self.reply({"job": job_id, "worker": worker, "logs": text})
 
 
@@ -451,7 +450,7 @@ class JobMetricsHandler(APIHandler):
         row = self.sched.visible_job(self.caller(), job_id)
         since = _int_arg(self, "since", 0, 10**9) or 0
         files = self.sched.files_for(row.user)  # read with the job's user's rights
-        metrics, next_line = await asyncio.to_thread(files.read_metrics, row.workdir, since)
+        metrics, next_line = await off_loop(files.read_metrics, row.workdir, since)
         self.reply({"job": job_id, "metrics": metrics, "next": next_line})
 
 
