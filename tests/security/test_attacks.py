@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from extension.backends.accounts import create_account, ensure_folder
@@ -57,6 +58,16 @@ elif mode == "whoami":
     info = {"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(),
             "groups": os.getgroups(), "env": dict(os.environ)}
     json.dump(info, open(os.path.join(job, "whoami.json"), "w"))
+elif mode == "probe":  # what this account can read of the paths given after the mode
+    seen = {}
+    for path in sys.argv[2:]:
+        try:
+            with open(path, "rb") as f:
+                f.read(1)
+            seen[path] = "read"
+        except OSError as err:
+            seen[path] = type(err).__name__
+    json.dump(seen, open(os.path.join(job, "probe.json"), "w"))
 open(os.path.join(job, "ready"), "w").close()
 if mode == "fail-with-link":
     os.remove(log); os.symlink(target, log)
@@ -70,9 +81,12 @@ def account(user: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory):
-    tmp = tmp_path_factory.mktemp("attacks")
-    # outside pytest's 0700 temp folders, so that the accounts reach their own folders
+def hub():
+    # Outside pytest's 0700 temp folders, as `make run`'s var/ lies in the open checkout: the
+    # accounts reach their own folders, and what keeps them from the state files is the
+    # files' own modes, not a closed folder above them.
+    tmp = Path(tempfile.mkdtemp(prefix="wmla-attack-hub-"))
+    os.chmod(tmp, 0o711)
     storage = Path(tempfile.mkdtemp(prefix="wmla-attack-storage-"))
     os.chmod(storage, 0o711)
     traits = {"tick": 1, "grace": 1, "device_layout": "1x4", "cpu_oversubscription": 4}
@@ -106,6 +120,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory):
         for name in {*created, account("user3")}:
             subprocess.run(["userdel", name], capture_output=True)
         shutil.rmtree(storage, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def body(*args: str, plan: str = "/sample-project/training", env: dict | None = None) -> dict:
@@ -335,3 +350,35 @@ def test_state_files_are_private_after_jobs_ran(hub: Hub) -> None:
                 loose.append(f"{path} {oct(path.stat().st_mode)}")
     assert not loose, loose
     assert stat.S_IMODE(os.stat(hub.var / "wmla").st_mode) == 0o700
+
+
+def test_a_users_job_reads_no_state_file_and_nothing_of_another_user(hub: Hub) -> None:
+    user1, user2 = hub.clients["user1"], hub.clients["user2"]
+    holder = submit(user1, body("whoami", env={"HOLD": "30", "MY_TOKEN": "alice-secret"}))
+    wait_ready(hub, holder)
+    worker = next(
+        p for p in psutil.process_iter()
+        if _environ(p).get("WMLA_JOB_ID") == holder["id"]
+    )  # fmt: skip
+    targets = [
+        hub.var / "wmla" / "wmla.sqlite",  # every job's env and args
+        hub.var / "jupyterhub.sqlite",
+        hub.var / "jupyterhub_cookie_secret",
+        hub.var / "hub-passwords.json",
+        hub.secret_file,
+        Path(holder["workdir"]) / "whoami.json",  # user1's own files
+        Path(holder["workdir"]) / "logs" / "worker-0.log",
+        f"/proc/{worker.pid}/environ",  # user1's running worker's environment
+    ]
+    probe = submit(user2, body("probe", *map(str, targets)))
+    assert user2.wait_state(probe["id"], {"FINISHED", "FAILED"})["state"] == "FINISHED"
+    seen = json.loads((Path(probe["workdir"]) / "probe.json").read_text())
+    assert seen == {str(t): "PermissionError" for t in targets}, seen
+    user1.delete(f"/jobs/{holder['id']}")
+
+
+def _environ(proc: psutil.Process) -> dict:
+    try:
+        return proc.environ()
+    except (psutil.Error, OSError):
+        return {}
