@@ -4,7 +4,10 @@ One worker per entry of the placement (rank i on node ``placement[i]``; a node m
 the virtual nodes a layout such as ``4x8`` cuts the machine into). Every worker is started by
 ``local_launch.py`` as the leader of its own session, with the torch.distributed variables and
 exactly the devices it was given, in the job's directory, its output in
-``<workdir>/logs/worker-<rank>.log``.
+``<workdir>/logs/worker-<rank>.log``. When the service runs as root, nothing of the job (its
+directory, log, environment) is touched by a root process: the job directory is made and read by
+a helper running as the user's account (``userfs.UserFiles``), and the launcher's child drops to
+the account before it opens the log and executes the command (docs/security.md).
 
 The gang lives and dies whole. A worker that exits non-zero makes the backend stop the others
 (SIGTERM, ``failure_grace``, SIGKILL) and report ``failed`` with that exit code and the tail of
@@ -640,8 +643,8 @@ class LocalBackend:
         it then needs on PYTHONPATH. When the service's Python is out of the account's reach
         (a pyenv under /root, mode 0700), ``account_python`` ("auto": the system Python of the
         same major.minor, so compiled packages load unchanged) runs over the service's
-        packages, as the spawner does for notebooks. Otherwise the command is unchanged and
-        _check_reachable says why it cannot run."""
+        packages, as the spawner does for notebooks. Otherwise the command is unchanged and the
+        helper's check_runnable (in ``_prepare``) says why it cannot run."""
         if command[0] != self.python or not self.account_python:
             return command, []
         if unreachable(self.python, account) is None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -99,6 +99,20 @@ def tighten(path: str | os.PathLike, most: int, *, dir_fd: int | None = None) ->
     """Take away every permission bit of ``path`` beyond ``most`` (0600 for a file, 0700 for a
     directory), without following a symbolic link. Only regular files and directories change.
     """
+    return _chmod_nofollow(path, lambda mode: mode & most, dir_fd)
+
+
+def set_mode(path: str | os.PathLike, mode: int) -> Outcome:
+    """Give directory or regular file ``path`` exactly ``mode`` (bits may be added: var/ must
+    be traversable), without following a symbolic link."""
+    return _chmod_nofollow(path, lambda _: mode, None)
+
+
+def _chmod_nofollow(
+    path: str | os.PathLike, new_mode: Callable[[int], int], dir_fd: int | None
+) -> Outcome:
+    """chmod a regular file or directory to ``new_mode(its mode)``, by a descriptor of what
+    ``lstat`` saw: never through a link, never on something swapped in between."""
     try:
         before = os.lstat(path, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -107,29 +121,10 @@ def tighten(path: str | os.PathLike, most: int, *, dir_fd: int | None = None) ->
         return "symlink"
     if not (stat.S_ISREG(before.st_mode) or stat.S_ISDIR(before.st_mode)):
         return "other"
-    if stat.S_IMODE(before.st_mode) & ~most == 0:
-        return "private"
-    fd = os.open(path, _OPEN_DIR if stat.S_ISDIR(before.st_mode) else _OPEN, dir_fd=dir_fd)
-    try:
-        return _tighten_fd(fd, before, most)
-    finally:
-        os.close(fd)
-
-
-def set_mode(path: str | os.PathLike, mode: int) -> Outcome:
-    """Give directory or regular file ``path`` exactly ``mode`` (bits may be added: var/ must
-    be traversable), without following a symbolic link."""
-    try:
-        before = os.lstat(path)
-    except FileNotFoundError:
-        return "missing"
-    if stat.S_ISLNK(before.st_mode):
-        return "symlink"
-    if not (stat.S_ISREG(before.st_mode) or stat.S_ISDIR(before.st_mode)):
-        return "other"
+    mode = new_mode(stat.S_IMODE(before.st_mode))
     if stat.S_IMODE(before.st_mode) == mode:
         return "private"
-    fd = os.open(path, _OPEN_DIR if stat.S_ISDIR(before.st_mode) else _OPEN)
+    fd = os.open(path, _OPEN_DIR if stat.S_ISDIR(before.st_mode) else _OPEN, dir_fd=dir_fd)
     try:
         if not _same(os.fstat(fd), before):
             return "other"  # replaced between the lstat and the open: not what we looked at

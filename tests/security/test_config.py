@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pwd
 from pathlib import Path
 
@@ -16,7 +17,11 @@ REPO = Path(__file__).resolve().parents[2]
 def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("WMLA_VAR", str(tmp_path / "var"))
     monkeypatch.delenv("WMLA_ACCOUNT_TEMPLATE", raising=False)
-    return PyFileConfigLoader("jupyterhub_config.py", path=str(REPO)).load_config()
+    umask = os.umask(0o022)  # the config sets the hub's umask: not this test process's
+    try:
+        return PyFileConfigLoader("jupyterhub_config.py", path=str(REPO)).load_config()
+    finally:
+        os.umask(umask)
 
 
 def test_no_hub_user_can_claim_an_account_the_machine_already_has(config) -> None:
