@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import site
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,20 @@ NOT_ROOT_WARNING = (
     "account (uid %s) and users' folders under %s are NOT separated by the operating system; "
     "only the wmla API keeps users apart. Run the hub as root for one system account per user."
 )
+
+
+def hub_jupyter_paths() -> dict[str, str]:
+    """Where the hub's environment keeps Jupyter's configuration and data, for a server that
+    runs another interpreter over the hub's packages. Jupyter finds them from ``sys.prefix``,
+    which is then the system Python's, so without these the server starts without JupyterLab,
+    the terminals or the widgets' front-end (their ``jupyter_server_config.d`` entries and lab
+    extensions live in the hub's environment)."""
+    prefix = Path(sys.prefix)
+    return {
+        "JUPYTER_CONFIG_PATH": str(prefix / "etc" / "jupyter"),
+        "JUPYTER_PATH": str(prefix / "share" / "jupyter"),
+        "JUPYTERLAB_DIR": str(prefix / "share" / "jupyter" / "lab"),
+    }
 
 
 class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
@@ -103,6 +118,7 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
     _wmla_warned = False
     _wmla_cmd: list | None = None  # the configured cmd (start() may swap the interpreter)
     _wmla_pythonpath = ""
+    _wmla_jupyter_env: dict[str, str] = {}
 
     # -- the spawn page --------------------------------------------------------------------
     @default("options_form")
@@ -143,6 +159,7 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         if self._wmla_cmd is None:
             self._wmla_cmd = list(self.cmd)
         self.cmd, self._wmla_pythonpath = list(self._wmla_cmd), ""
+        self._wmla_jupyter_env = {}
         if account is not None and self.cmd:
             why = unreachable(self.cmd[0], account)
             if why:
@@ -172,6 +189,7 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         )  # fmt: skip
         self.cmd = [python, "-m", "jupyterhub.singleuser"]
         self._wmla_pythonpath = os.pathsep.join(paths)
+        self._wmla_jupyter_env = hub_jupyter_paths()
 
     # -- start -------------------------------------------------------------------------------
     async def start(self) -> tuple[str, int]:
@@ -210,6 +228,7 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         env.update(self.wmla_env(folder, ipython_dir))
         if self._wmla_pythonpath:
             env["PYTHONPATH"] = self._wmla_pythonpath
+            env.update(self._wmla_jupyter_env)
         return env
 
     def get_args(self) -> list[str]:

@@ -276,6 +276,17 @@ def test_two_users_each_see_only_their_own_folder(hub: Hub) -> None:
     )
     assert r.status_code in (302, 403, 404), r.status_code
 
+    # JupyterLab and a terminal, whatever interpreter the account runs the server with
+    r = requests.get(f"{hub.url}/user/user1/lab", headers=h1, timeout=30)
+    assert r.status_code == 200 and "jupyter-config-data" in r.text, r.text[:300]
+    r = requests.get(f"{hub.url}/user/user1/lab/api/extensions", headers=h1, timeout=30)
+    assert r.status_code == 200, r.text[:300]
+    names = {e["name"] for e in r.json()}
+    assert {"@jupyter-widgets/jupyterlab-manager", "jupyterlab-plotly"} & names, names
+    r = requests.post(f"{hub.url}/user/user1/api/terminals", headers=h1, timeout=30)
+    assert r.status_code == 200, r.text[:300]
+    requests.delete(f"{hub.url}/user/user1/api/terminals/{r.json()['name']}", headers=h1)
+
     if hub.os_isolation:  # at the OS level: user1's account cannot read user2's folder
         entry = pwd.getpwnam(account("user1"))
 
