@@ -8,7 +8,7 @@ Body (docs/service.md and the OpenAPI document describe it too)::
 
     {
       "plan": "/sample-project/training",          # required; charged to <plan>/<user>
-      "name": "mnist",                              # optional label
+      "name": "mnist",                              # optional; default e.g. "mnist-main"
       "workers": 2,                                 # rigid gang, or "1:4" / {"min": 1, "max": 4}
       "resources": {"gpu": 1, "cpu": "500m", "memory": "1Gi"},   # per worker request
       "limits": {"cpu": "1", "memory": "2Gi"},      # per worker limits (optional)
@@ -275,7 +275,11 @@ def parse_submission(
         )
     name = body.get("name", "")
     if not isinstance(name, str) or not NAME.match(name):
-        raise SubmissionError("name: up to 100 letters, digits, spaces, '.', '_' or '-'")
+        raise SubmissionError(
+            f"name: up to 100 letters, digits, spaces, '.', '_' or '-', got {name!r}; "
+            "or leave it out for a name from the script (e.g. pytorch_mnist-main)"
+        )
+    name = name.strip()
     kind = body.get("kind", "train")
     if kind not in ("train", "notebook"):
         raise SubmissionError(f"kind must be 'train' or 'notebook', got {kind!r}")
@@ -302,8 +306,8 @@ def parse_submission(
     if kind == "notebook":
         if command not in (None, {}):
             raise SubmissionError("a notebook job has no command: the spawner starts the server")
-        return Submission(plan, name, lo, hi, per_worker, limits, priority, preemptible, kind,
-                          "", "", (), env)  # fmt: skip
+        return Submission(plan, name or "notebook", lo, hi, per_worker, limits, priority,
+                          preemptible, kind, "", "", (), env)  # fmt: skip
     if not isinstance(command, dict):
         raise SubmissionError(
             'command is required: {"model_dir": "models/x", "model_main": "main.py", '
@@ -331,9 +335,26 @@ def parse_submission(
     except (UserFileError, AccountError) as err:
         raise SubmissionError(str(err)) from None
     return Submission(
-        plan, name, lo, hi, per_worker, limits, priority, preemptible, kind,
-        folder, script, tuple(args), env,
+        plan, name or default_name(str(root), script), lo, hi, per_worker, limits, priority,
+        preemptible, kind, folder, script, tuple(args), env,
     )  # fmt: skip
+
+
+def default_name(root: str, script: str) -> str:
+    """A job's name when the body gives none: the script's folder and stem, e.g.
+    ``.../models/pytorch_mnist/main.py`` -> ``pytorch_mnist-main`` (only the stem for a script
+    directly in the user's folder), made to fit :data:`NAME`.
+
+    >>> default_name("/s/alice", "/s/alice/models/pytorch_mnist/main.py")
+    'pytorch_mnist-main'
+    >>> default_name("/s/alice", "/s/alice/train v2+.py")
+    'train v2_'
+    """
+    path = Path(script)
+    stem = path.stem if path.suffix else path.name
+    parts = [stem] if str(path.parent) == root.rstrip("/") else [path.parent.name, stem]
+    name = "-".join(re.sub(r"[^A-Za-z0-9 ._-]", "_", p).strip() for p in parts if p.strip())
+    return name[:100].strip() or "job"
 
 
 def _workers(value: Any, most: int) -> tuple[int, int]:

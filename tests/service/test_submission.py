@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -201,3 +202,39 @@ def test_bad_device_layout_exits_with_a_message(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="device_layout: .* write it like 1x4"):
         app.make_backend(lambda event: None)
     WmlaService.clear_instance()
+
+
+@pytest.mark.parametrize(
+    ("body", "name"),
+    [
+        ({}, "mnist-main"),
+        ({"name": ""}, "mnist-main"),
+        ({"name": "  "}, "mnist-main"),
+        ({"name": "my run"}, "my run"),
+        ({"command": {"model_dir": ".", "model_main": "train.py"}}, "train"),
+        ({"command": {"model_dir": "models", "model_main": "mnist/main.py"}}, "mnist-main"),
+        ({"command": {"model_dir": "odd+dir", "model_main": "run v2.py"}}, "odd_dir-run v2"),
+        ({"command": {"model_dir": "d" * 120, "model_main": "main.py"}}, "d" * 100),
+    ],
+    ids=["none", "empty", "blank", "given", "top-level", "nested", "odd-chars", "long"],
+)
+def test_a_job_without_a_name_is_named_after_its_script(storage, body, name) -> None:
+    (storage / "user1" / "train.py").write_text("print('hi')\n")
+    (storage / "user1" / "odd+dir").mkdir()
+    (storage / "user1" / "odd+dir" / "run v2.py").write_text("print('hi')\n")
+    (storage / "user1" / ("d" * 120)).mkdir()
+    (storage / "user1" / ("d" * 120) / "main.py").write_text("print('hi')\n")
+    sub = parse(storage, **body)
+    assert sub.name == name
+    assert re.fullmatch(r"[A-Za-z0-9 ._-]{1,100}", sub.name)
+
+
+def test_a_notebook_without_a_name_is_called_notebook(storage) -> None:
+    body = {"kind": "notebook", "command": None, "preemptible": False}
+    assert parse(storage, **body).name == "notebook"
+    assert parse(storage, **body, name="notebook lab").name == "notebook lab"
+
+
+def test_a_bad_name_says_what_is_allowed(storage) -> None:
+    with pytest.raises(SubmissionError, match=r"got 'a/b'; or leave it out"):
+        parse(storage, name="a/b")
