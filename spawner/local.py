@@ -20,7 +20,10 @@ from typing import Any
 from jupyterhub.spawner import LocalProcessSpawner, set_user_setuid
 from traitlets import Bool, Integer, Unicode, default
 
+from extension.backends.userfs import UserFileError, UserFiles
+
 from . import storage
+from .getting_started import MARKER, starter_files
 from .kernel import install_startup
 from .mixin import WmlaSpawnerMixin
 from .storage import (
@@ -35,6 +38,8 @@ from .storage import (
 )
 
 PROJECT = Path(__file__).resolve().parents[1]  # holds spawner/ and extension/ (editable install)
+TERMINAL_BIN = Path(__file__).resolve().parent / "bin"  # wmla, python, python3 for terminals
+SERVER_CONFIG = Path(__file__).resolve().parent / "jupyter"  # the servers' extra Jupyter config
 
 NOT_ROOT_WARNING = (
     "\n!!! wmla: the hub does not run as root, so every notebook server runs as the hub's own "
@@ -113,12 +118,22 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         c.WmlaLocalSpawner.autoload_magics = True
         """,
     ).tag(config=True)
+    getting_started = Bool(
+        True,
+        help="""On a user's first spawn, put a getting-started notebook and the example's code
+        (models/pytorch_mnist) in their folder, written as their account; offered once, never
+        over a file that exists.
+
+        c.WmlaLocalSpawner.getting_started = False
+        """,
+    ).tag(config=True)
 
     _wmla_account = None
     _wmla_warned = False
     _wmla_cmd: list | None = None  # the configured cmd (start() may swap the interpreter)
     _wmla_pythonpath = ""
     _wmla_jupyter_env: dict[str, str] = {}
+    _wmla_python = ""  # the interpreter the server runs with (for `wmla` in its terminals)
 
     # -- the spawn page --------------------------------------------------------------------
     @default("options_form")
@@ -159,7 +174,7 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         if self._wmla_cmd is None:
             self._wmla_cmd = list(self.cmd)
         self.cmd, self._wmla_pythonpath = list(self._wmla_cmd), ""
-        self._wmla_jupyter_env = {}
+        self._wmla_jupyter_env, self._wmla_python = {}, sys.executable
         if account is not None and self.cmd:
             why = unreachable(self.cmd[0], account)
             if why:
@@ -167,7 +182,22 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         folder = ensure_folder(self.storage_root, self.user.name, account)
         if self.autoload_magics:
             install_startup(folder / ".ipython", folder, account)
+        if self.getting_started:
+            self._offer_getting_started(folder, account)
         return folder, account
+
+    def _offer_getting_started(self, folder: Path, account: Account | None) -> None:
+        """The first spawn's notebook and example, written with the user's own rights (the
+        folder is theirs to change: a planted link reaches only what they could reach)."""
+        try:
+            written = UserFiles.of(account).call(
+                "install_missing", root=str(folder), files=starter_files(), marker=MARKER
+            )
+        except UserFileError as err:  # a convenience: the spawn goes on without it
+            self.log.warning("%s: no getting-started files: %s", self._log_name, err)
+            return
+        if written:
+            self.log.info("%s: put %s in %s", self._log_name, ", ".join(written), folder)
 
     def _use_account_python(self, account: Account, why: str) -> None:
         paths = [*site.getsitepackages(), str(PROJECT)]
@@ -188,6 +218,7 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
             self._log_name, account.name, self.cmd[0], why, python,
         )  # fmt: skip
         self.cmd = [python, "-m", "jupyterhub.singleuser"]
+        self._wmla_python = python
         self._wmla_pythonpath = os.pathsep.join(paths)
         self._wmla_jupyter_env = hub_jupyter_paths()
 
@@ -229,6 +260,14 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         if self._wmla_pythonpath:
             env["PYTHONPATH"] = self._wmla_pythonpath
             env.update(self._wmla_jupyter_env)
+        # Terminals: `wmla`, `python` and `python3` run the server's own interpreter (the hub's
+        # PATH may name one the account cannot run), and the shell is not a login shell, whose
+        # /etc/profile would reset PATH (spawner/jupyter/jupyter_server_config.json).
+        env["WMLA_PYTHON"] = self._wmla_python or sys.executable
+        env["PATH"] = os.pathsep.join(p for p in (str(TERMINAL_BIN), env.get("PATH")) if p)
+        env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(
+            p for p in (str(SERVER_CONFIG), env.get("JUPYTER_CONFIG_PATH")) if p
+        )
         return env
 
     def get_args(self) -> list[str]:

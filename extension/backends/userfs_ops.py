@@ -213,7 +213,32 @@ def resolve_command(root: str, model_dir: str, model_main: str) -> list[str]:
     return [folder, script]
 
 
+def install_missing(root: str, files: dict, marker: str) -> list[str]:
+    """Write ``files`` ({path inside root: text}) that do not exist yet, once: nothing when
+    ``marker`` (a path inside root) exists, so what the user changed or deleted stays so.
+    Returns the paths written."""
+    marker_path = os.path.join(root, marker)
+    if os.path.lexists(marker_path):
+        return []
+    written = []
+    for relative, text in sorted(files.items()):
+        path = os.path.join(root, relative)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            continue  # theirs: never overwritten
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        written.append(relative)
+    os.makedirs(os.path.dirname(marker_path), mode=0o700, exist_ok=True)
+    with open(marker_path, "x", encoding="utf-8") as out:
+        out.write("\n".join(written) + "\n")
+    return written
+
+
 OPS = {
+    "install_missing": install_missing,
     "read_logs": read_logs,
     "read_metrics": read_metrics,
     "tail": lambda path, count: "".join(tail_lines(path, count)),

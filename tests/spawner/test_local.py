@@ -460,6 +460,79 @@ async def test_the_kube_spawner_is_admitted_by_the_real_service(hub: Hub, tmp_pa
         kube_config.KUBE_CONFIG_DEFAULT_LOCATION = old
 
 
+# -- what a new user finds: the getting-started files, a terminal with `wmla` -------------------
+def test_a_first_spawn_offers_the_getting_started_files_once_and_never_over_the_users(
+    hub: Hub,
+) -> None:
+    if server_model(hub, "user2") is None:
+        assert spawn(hub, "user2").status_code in (201, 202)
+    wait_ready(hub, "user2")
+    folder = hub.storage / "user2"
+    notebook, example = folder / "getting-started.ipynb", folder / "models/pytorch_mnist/main.py"
+    cells = json.loads(notebook.read_text())["cells"]
+    sources = "".join("".join(c["source"]) for c in cells)
+    assert "%wmla_train --plan /sample-project/training --workers 2" in sources
+    assert "%wmla_usage" in sources and "%wmla_plans" in sources
+    assert example.read_text() == (REPO / "examples/pytorch_mnist/main.py").read_text()
+    if hub.os_isolation:  # written as the user's account, not by root
+        uid = pwd.getpwnam(account("user2")).pw_uid
+        assert notebook.stat().st_uid == uid == example.stat().st_uid
+    # the user changes the example and deletes the notebook; the next spawn keeps it so
+    example.write_text("# mine\n")
+    notebook.unlink()
+    stop(hub, "user2")
+    assert spawn(hub, "user2").status_code in (201, 202)
+    wait_ready(hub, "user2")
+    assert example.read_text() == "# mine\n" and not notebook.exists()
+    example.write_text((REPO / "examples/pytorch_mnist/main.py").read_text())
+
+
+async def run_in_terminal(hub: Hub, user: str, command: str, timeout: float = 60) -> str:
+    """Type ``command`` in a new terminal of ``user``'s server (JupyterLab's terminado
+    websocket) and return what it printed up to the end marker."""
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    token = hub.clients[user].headers["Authorization"]
+    base = f"{hub.url}/user/{user}"
+    r = requests.post(f"{base}/api/terminals", headers={"Authorization": token}, timeout=30)
+    assert r.status_code == 200, r.text
+    name = r.json()["name"]
+    url = f"{base}/terminals/websocket/{name}".replace("http://", "ws://", 1)
+    conn = await websocket_connect(HTTPRequest(url, headers={"Authorization": token}))
+    marker = f"END{secrets.token_hex(4)}"
+    conn.write_message(json.dumps(["stdin", f"{command}; echo {marker[:3]}''{marker[3:]}\r"]))
+    out = ""
+    deadline = time.monotonic() + timeout
+    try:
+        while marker not in out:
+            assert time.monotonic() < deadline, f"no end marker in {timeout} s: {out}"
+            raw = await conn.read_message()
+            assert raw is not None, f"the terminal closed: {out}"
+            kind, *data = json.loads(raw)
+            if kind == "stdout":
+                out += data[0]
+        return out
+    finally:
+        conn.close()
+        requests.delete(f"{base}/api/terminals/{name}", headers={"Authorization": token})
+
+
+async def test_wmla_works_in_the_users_own_terminal_without_a_logon(hub: Hub) -> None:
+    if server_model(hub, "user1") is None:
+        assert spawn(hub, "user1").status_code in (201, 202)
+    wait_ready(hub, "user1")
+    out = await run_in_terminal(
+        hub, "user1", "id -u; wmla exec-get; python3 -c 'import extension; print(\"py ok\")'"
+    )
+    assert "command not found" not in out and "Permission denied" not in out, out
+    assert "py ok" in out, out
+    if hub.os_isolation:
+        assert str(pwd.getpwnam(account("user1")).pw_uid) in out, out
+    # exec-get reached the service as user1: their running notebook job is listed
+    assert "JOB" in out and "RUNNING" in out and "/project1/dev-team" in out, out
+
+
 # -- a kernel of the spawned server (issue 5's end-to-end path) ----------------------------------
 async def run_in_kernel(hub: Hub, user: str, code: str, timeout: float = 240) -> str:
     """Execute ``code`` in a new kernel of ``user``'s spawned server, over the server's own
