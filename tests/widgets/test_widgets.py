@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import copy
 
+from widgets import figures
 from widgets.monitor import JobMonitor
 from widgets.usage import UsageWidget
+
+from .live_view import LiveView, leaves
 
 JOB = {
     "id": "j1", "name": "mnist", "user": "alice", "plan": "/p", "state": "PENDING",
@@ -111,3 +114,61 @@ def test_usage_widget_charts_the_plan_and_refreshes_on_a_new_range() -> None:
     assert "2.000 GPU-hours" in widget.message.value
     widget.range.value = "last 24 hours"  # observe -> refresh with the new window
     assert client.usage_calls[-1]["start"] == 7200.0 - 86400 and len(client.usage_calls) == 2
+
+
+# -- the live chart ------------------------------------------------------------------------------
+def mnist_lines(epochs: int, steps_per_epoch: int) -> list[dict]:
+    """What examples/pytorch_mnist reports: the loss every step, then per epoch the mean
+    train_loss and the test accuracy (with the number of epochs done)."""
+    lines, step = [], 0
+    for epoch in range(epochs):
+        for _ in range(steps_per_epoch):
+            step += 1
+            lines.append({"step": step, "time": float(step), "rank": 0, "epoch": epoch,
+                          "loss": 2.0 / step, "world_size": 2})  # fmt: skip
+        lines.append({"step": step, "time": float(step), "rank": 0, "epoch": epoch + 1,
+                      "train_loss": 1.0 / (epoch + 1), "test_accuracy": 0.8 + epoch / 100,
+                      "world_size": 2})  # fmt: skip
+    return lines
+
+
+def assert_shows(fig: dict, fresh: dict) -> None:
+    """``fig`` (what a view or the saved state holds) is the fresh figure: every named series
+    with all its points, on its axis, with the fresh layout; accuracy on its own side."""
+    traces = {t["name"]: t for t in fig["data"]}
+    assert list(traces) == [t["name"] for t in fresh["data"]]
+    for want in fresh["data"]:
+        got = traces[want["name"]]
+        for key in ("yaxis", "mode"):
+            assert got.get(key) == want[key], (want["name"], key)
+        assert list(got["x"]) == want["x"] and list(got["y"]) == want["y"], want["name"]
+    for key, value in leaves(fresh["layout"]).items():
+        assert leaves(fig["layout"]).get(key) == value, key
+    axes = {t.get("yaxis", "y") for t in fig["data"]}
+    sides = [fig["layout"].get(a.replace("y", "yaxis", 1), {}).get("side", "left") for a in axes]
+    assert len(sides) == len(set(sides)), f"two y-axes on one side: {axes} {sides}"
+    for name, trace in traces.items():
+        if "acc" in name:
+            assert trace["yaxis"] == "y2" and fig["layout"]["yaxis2"]["overlaying"] == "y"
+
+
+def test_the_live_chart_after_every_batch_is_the_fresh_figure() -> None:
+    lines = mnist_lines(epochs=2, steps_per_epoch=20)
+    lines.append({"step": 41, "epoch": 2, "val_loss": 0.4})  # a loss seen late sorts first
+    batches = [lines[:5], lines[5:21], lines[21:35], lines[35:42], lines[42:]]
+    client = CannedClient()
+    client.lines = []
+    client.jobs_seen.append({**JOB, "state": "RUNNING"})
+    mon = JobMonitor(client, "j1")
+    view = LiveView(mon.chart)  # opened before any metrics, as %wmla_train displays it
+    for batch in batches:
+        client.lines.extend(batch)
+        mon.refresh()
+        fresh = figures.metrics_figure(client.lines, title="mnist metrics")
+        assert view.errors == []
+        assert_shows(view.figure(), fresh)  # the open view, live
+        assert_shows(mon.chart.to_dict(), fresh)  # the widget's own figure
+        saved = {"data": mon.chart._widget_data, "layout": mon.chart._widget_layout}
+        assert_shows(saved, fresh)  # what a saved notebook or a new view draws
+    names = [t["name"] for t in view.data]
+    assert names == ["loss", "train_loss", "val_loss", "test_accuracy"]
