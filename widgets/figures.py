@@ -172,6 +172,35 @@ def state_html(job: Mapping[str, Any], position: int | None = None) -> str:
     return " &mdash; ".join(parts)
 
 
+def cancel_button_state(job: Mapping[str, Any]) -> dict[str, Any]:
+    """``disabled``, ``description`` and ``tooltip`` of the monitor's cancel button.
+
+    Active only while the job is known to be PENDING or RUNNING without a cancel already asked:
+    before the first read of the job it stays off, so a monitor opened on an ended job never
+    offers a cancel the service would refuse.
+    """
+    state = job.get("state")
+    if state in FINAL:
+        return {
+            "disabled": True,
+            "description": f"Job {state.lower()}",
+            "tooltip": f"the job is {state}: a job that has ended cannot be cancelled",
+        }
+    if job.get("cancel_requested"):
+        return {
+            "disabled": True,
+            "description": "Cancelling",
+            "tooltip": "cancel requested: the workers are being stopped",
+        }
+    if state not in ("PENDING", "RUNNING"):
+        return {
+            "disabled": True,
+            "description": "Cancel job",
+            "tooltip": "reading the job's state",
+        }
+    return {"disabled": False, "description": "Cancel job", "tooltip": f"cancel this {state} job"}
+
+
 def workers_text(job: Mapping[str, Any]) -> str:
     """``2 of 2 workers running, 1 gpu 500m cpu 1Gi each; ranks on node-0, node-0``."""
     workers = job.get("workers") or {}

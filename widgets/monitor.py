@@ -40,7 +40,8 @@ class JobMonitor(w.VBox):
             value=0.0, min=0.0, max=100.0, description="progress", bar_style="info"
         )
         self.progress_label = w.Label("0%")
-        self.cancel_button = w.Button(description="Cancel job", button_style="danger", icon="stop")
+        self.cancel_button = w.Button(button_style="danger", icon="stop")
+        self._show_cancel()
         self.cancel_button.on_click(self._on_cancel)
         self.message = w.HTML("")
         self.logs = w.Textarea(
@@ -104,22 +105,29 @@ class JobMonitor(w.VBox):
             "REJECTED": "danger",
             "CANCELLED": "warning",
         }.get(state, "info")
-        if state in figures.FINAL:
-            self.cancel_button.disabled = True
+        self._show_cancel()
         if logs != self.logs.value:
             self.logs.value = logs
         if new_metrics and self.chart is not None:
             fig = figures.metrics_figure(self.metrics, title=f"{name or self.job_id} metrics")
             update(self.chart, fig)
 
+    def _show_cancel(self) -> None:
+        """The cancel button as the last read of the job allows (off, with why, once ended)."""
+        for name, value in figures.cancel_button_state(self.job).items():
+            setattr(self.cancel_button, name, value)
+
     def _on_cancel(self, _button: Any = None) -> None:
-        self.cancel_button.disabled = True
+        self.cancel_button.disabled = True  # one request per click, even a double click
         try:
             job = self.client.cancel(self.job_id)
-            self.message.value = f"cancel requested; the job is {html.escape(job['state'])}"
         except Exception as err:
             self.message.value = f'<span style="color:#c62828">{html.escape(str(err))}</span>'
-            self.cancel_button.disabled = False
+            self._show_cancel()  # active again only if the job may still be cancelled
+            return
+        self.message.value = f"cancel requested; the job is {html.escape(job['state'])}"
+        self.job = {**self.job, **job, "cancel_requested": True}
+        self._show_cancel()
 
     # -- background watching -------------------------------------------------------------------
     def watch(self, poll: float = 2.0) -> None:

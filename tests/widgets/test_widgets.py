@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+
 from widgets import figures
 from widgets.monitor import JobMonitor
 from widgets.usage import UsageWidget
@@ -172,3 +174,44 @@ def test_the_live_chart_after_every_batch_is_the_fresh_figure() -> None:
         assert_shows(saved, fresh)  # what a saved notebook or a new view draws
     names = [t["name"] for t in view.data]
     assert names == ["loss", "train_loss", "val_loss", "test_accuracy"]
+
+
+# -- the cancel button ---------------------------------------------------------------------------
+@pytest.mark.parametrize("state", ["FINISHED", "FAILED", "CANCELLED", "REJECTED"])
+def test_a_monitor_opened_on_an_ended_job_offers_no_cancel(state: str) -> None:
+    client = CannedClient()
+    client.jobs_seen = [{**JOB, "state": state, "reason": ""}]
+    mon = JobMonitor(client, "j1")
+    assert mon.cancel_button.get_state()["disabled"]  # off until the job is read
+    mon.refresh()
+    button = mon.cancel_button.get_state()
+    assert button["disabled"] and button["description"] == f"Job {state.lower()}"
+    assert f"the job is {state}" in button["tooltip"] and "cannot be cancelled" in button["tooltip"]
+
+
+def test_the_cancel_button_turns_off_with_the_reason_when_the_job_ends() -> None:
+    client = CannedClient()
+    client.jobs_seen = [{**JOB, "state": "RUNNING"}]
+    mon = JobMonitor(client, "j1")
+    mon.refresh()
+    assert not mon.cancel_button.disabled and mon.cancel_button.description == "Cancel job"
+    client.jobs_seen.append({**JOB, "state": "FINISHED", "reason": ""})
+    mon.refresh()
+    assert mon.cancel_button.disabled and mon.cancel_button.description == "Job finished"
+    assert "cannot be cancelled" in mon.cancel_button.tooltip
+
+
+def test_a_refused_cancel_of_an_ended_job_leaves_the_button_off() -> None:
+    client = CannedClient()
+    client.jobs_seen = [{**JOB, "state": "RUNNING"}]
+    mon = JobMonitor(client, "j1")
+    mon.refresh()
+    client.jobs_seen.append({**JOB, "state": "FINISHED"})
+
+    def refuse(job_id: str) -> dict:
+        mon.job = client.job(job_id)  # the watch thread read the end meanwhile
+        raise RuntimeError("job j1 is FINISHED; only PENDING or RUNNING jobs can be cancelled")
+
+    client.cancel = refuse
+    mon.cancel_button.click()
+    assert "FINISHED" in mon.message.value and mon.cancel_button.disabled
