@@ -15,6 +15,13 @@ Training options are those of ``%wmla_train`` (``extension/magics/options.py``);
 arguments follow ``--``. Every command prints a table, or JSON with ``--json``. Bad flags exit 2
 with a message; a refusal by the service exits 1 with the service's explanation.
 
+``exec-start --wait`` prints one line per change as the job goes (:func:`watch`): its state (the
+service's reason while PENDING, the placement once RUNNING, the exit code at the end) and the
+latest line of metrics the script reported; with ``--json`` these go to stderr and the job's JSON
+to stdout. It exits 1 when the job did not finish. ``exec-get`` shows notebook servers (kind
+``notebook``) as ``notebook (running)`` / ``notebook (ended)`` with their end time, not as
+cancelled jobs.
+
 ``extension/cli.py`` calls :func:`add_commands` from ``build_parser``, :func:`dlicmd_argv` on the
 arguments, and :func:`run` for the commands in :data:`COMMANDS`.
 """
@@ -233,13 +240,94 @@ def _exec_start(rest: Sequence[str], out: TextIO, err: TextIO) -> int:
         model_dir = inside_folder(client.whoami()["storage"], model_dir)
     body = submission_body(opts, model_dir, opts.model_main)
     job = client.submit(body)
-    if opts.wait:
-        job = client.wait(job["id"], FINAL_STATES)
-    _emit(out, opts.json, job, lambda: f"job {job['id']} submitted to {job['plan']}: "
-          f"{job['state']}" + (f" ({job['reason']})" if job.get("reason") else ""))  # fmt: skip
-    if opts.wait and job["state"] != "FINISHED":
-        return 1
-    return 0
+    if not opts.wait:
+        _emit(out, opts.json, job, lambda: f"job {job['id']} submitted to {job['plan']}: "
+              f"{job['state']}" + (f" ({job['reason']})" if job.get("reason") else ""))  # fmt: skip
+        return 0
+    progress = err if opts.json else out  # --json: stdout is the job's JSON alone
+    name = f" ({job['name']})" if job.get("name") else ""
+    _say(progress, f"job {job['id']}{name} submitted to {job['plan']}")
+    try:
+        job = watch(client, job, progress)
+    except KeyboardInterrupt:
+        job_id = job["id"]
+        _say(progress, f"stopped waiting; job {job_id} keeps running: `wmla exec-get {job_id}`, "
+             f"cancel it with `wmla exec-stop {job_id}`")  # fmt: skip
+        return 130
+    if opts.json:
+        _emit(out, True, job, str)
+    return 0 if job["state"] == "FINISHED" else 1
+
+
+POLL = 1.0  # seconds between polls of exec-start --wait
+
+
+def _say(stream: TextIO, text: str) -> None:
+    stream.write(f"{time.strftime('%H:%M:%S')} {text}\n")
+    stream.flush()
+
+
+def watch(
+    client: WmlaClient, job: Mapping[str, Any], out: TextIO, poll: float | None = None
+) -> dict:
+    """Poll ``job`` until it ends, writing one line per change to ``out``: the state with the
+    service's reason (PENDING), the placement (RUNNING, again when it grows or shrinks), the
+    latest metrics line, and the final state with the exit code. Returns the final job."""
+    job = dict(job)
+    shown: tuple | None = None
+    since, last_metric = 0, ""
+    while True:
+        final = job["state"] in FINAL_STATES
+        key = (job["state"], job.get("reason") or "", tuple(map(str, job.get("placement") or [])))
+        if key != shown and not final:
+            _say(out, state_line(job))
+            shown = key
+        if job["state"] != "PENDING":
+            try:
+                lines, since = client.metrics(job["id"], since)
+            except WmlaError:  # no metrics yet, or the files are gone: progress is optional
+                lines = []
+            text = metrics_text(lines[-1]) if lines else ""
+            if text and text != last_metric:
+                _say(out, text)
+                last_metric = text
+        if final:
+            _say(out, state_line(job))
+            return job
+        time.sleep(POLL if poll is None else poll)
+        job = client.job(job["id"])
+
+
+def state_line(job: Mapping[str, Any]) -> str:
+    """``job j1 RUNNING: 2 of 2 workers running ...; ranks on node-0[0], node-0[1]``,
+    ``job j1 PENDING: /project1/dev-team at its gpu limit ...``,
+    ``job j1 FAILED (exit code 1): worker 0 exited with 1``."""
+    from widgets.figures import workers_text
+
+    state = job["state"]
+    reason = job.get("reason") or ""
+    text = f"job {job['id']} {state}"
+    if state in FINAL_STATES and job.get("exit_code") is not None:
+        text += f" (exit code {job['exit_code']})"
+    if state == "RUNNING":
+        return f"{text}: {workers_text(job)}"
+    return f"{text}: {reason}" if reason else text
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def metrics_text(line: Mapping[str, Any]) -> str:
+    """One metrics line as ``step 120  epoch 1  loss 0.2345  accuracy 0.91`` (step, epoch and
+    progress first, then losses, then the rest in the order the script reported them)."""
+    first = [k for k in ("step", "epoch", "progress") if line.get(k) is not None]
+    skip = {"time", "rank", "world_size", *first}
+    rest = [k for k, v in line.items() if k not in skip and v is not None]
+    rest.sort(key=lambda k: 0 if "loss" in k else 1)  # stable: the script's order otherwise
+    return "  ".join(f"{k} {_number(line[k])}" for k in first + rest)
 
 
 def _exec_get(client: WmlaClient, args: argparse.Namespace, out: TextIO) -> int:

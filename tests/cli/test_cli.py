@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from extension import cli
+from extension import cli, cli_client
 from tests.service.hub import PROXY, REPO, Client, Hub
 
 pytestmark = pytest.mark.skipif(
@@ -28,6 +28,12 @@ pytestmark = pytest.mark.skipif(
 WAIT = 240.0  # a guard against hangs, not a timing assertion
 EXAMPLE = REPO / "examples" / "pytorch_mnist" / "main.py"
 SLEEPER = "import sys, time\nprint('sleeping', flush=True)\ntime.sleep(float(sys.argv[1]))\n"
+REPORTER = """import time
+from extension import runtime
+for step in range(1, 4):
+    runtime.report(step=step, epoch=1, loss=1 / step)
+    time.sleep(0.6)
+"""
 CLEAN = ("WMLA_URL", "WMLA_TOKEN", "WMLA_CONFIG", "WMLA_PLAN", "WMLA_USER_DIR",
          "JUPYTERHUB_API_TOKEN", "JUPYTERHUB_API_URL", "JUPYTERHUB_PUBLIC_HUB_URL",
          "JUPYTERHUB_PUBLIC_URL")  # fmt: skip
@@ -54,6 +60,8 @@ def hub(tmp_path_factory: pytest.TempPathFactory):
             shutil.copy(EXAMPLE, code / "pytorch_mnist" / "main.py")
             (code / "sleeper").mkdir(exist_ok=True)
             (code / "sleeper" / "main.py").write_text(SLEEPER)
+            (code / "reporter").mkdir(exist_ok=True)
+            (code / "reporter" / "main.py").write_text(REPORTER)
         yield hub
     finally:
         hub.stop()
@@ -138,6 +146,24 @@ def test_s2_through_dlicmd_spellings(hub: Hub, as_user) -> None:
     )  # fmt: skip
     assert code == 0, err
     assert json.loads(out)["state"] == "FINISHED"
+
+
+def test_exec_start_wait_prints_the_progress_as_it_goes(
+    hub: Hub, as_user, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli_client, "POLL", 0.2)
+    code, out, err = as_user(
+        "user1", "exec-start", "PyTorch", "--consumer", "/project1/dev-team", "--cpus", "100m",
+        "--model-dir", "models/reporter", "--model-main", "main.py", "--wait",
+    )  # fmt: skip
+    assert code == 0, err
+    rows = [line.split(" ", 1)[1] for line in out.splitlines()]  # without the HH:MM:SS stamps
+    job_id = rows[0].split()[1]
+    assert rows[0] == f"job {job_id} (reporter-main) submitted to /project1/dev-team"  # its name
+    assert any(r.startswith(f"job {job_id} RUNNING: 1 of 1 workers running") for r in rows), out
+    assert "step 3  epoch 1  loss 0.3333" in rows, out
+    assert rows[-1] == f"job {job_id} FINISHED (exit code 0)"
+    assert rows.index("step 3  epoch 1  loss 0.3333") < len(rows) - 1
 
 
 def test_exec_stop_cancels_a_running_job(hub: Hub, as_user) -> None:

@@ -1,0 +1,196 @@
+"""What ``wmla`` prints, against a scripted stand-in for the service (no hub: fast).
+
+``FakeClient`` answers ``job()`` with the next of a list of job states and ``metrics()`` with
+the lines reported so far; ``extension.cli_client.WmlaClient`` is replaced by it, so the commands
+run through ``extension.cli.main`` exactly as typed. tests/cli/test_cli.py runs the same commands
+against a real hub.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from extension import cli, cli_client
+from extension.client import WmlaError
+
+NOW = time.time()
+BASE = {
+    "id": "j1",
+    "name": "pytorch_mnist-main",
+    "user": "user1",
+    "plan": "/project1/dev-team",
+    "kind": "train",
+    "state": "PENDING",
+    "reason": "",
+    "workers": {"min": 2, "max": 2, "running": 0},
+    "resources": {"gpu": 1, "cpu": 250, "memory": 0},
+    "placement": [],
+    "submitted": NOW - 60,
+    "started": None,
+    "ended": None,
+    "exit_code": None,
+    "command": ["python", "main.py"],
+    "workdir": "/s/user1/.wmla/jobs/j1",
+}
+RUNNING = {
+    "state": "RUNNING",
+    "workers": {"min": 2, "max": 2, "running": 2},
+    "placement": [{"node": "node-0", "devices": [0]}, {"node": "node-0", "devices": [1]}],
+}
+TIME = re.compile(r"\d\d:\d\d:\d\d ")
+
+
+class FakeClient:
+    """The service as a script: ``states[i]`` is what the i-th ``job()`` answers, and
+    ``metrics[i]`` the lines the job has reported by then."""
+
+    def __init__(self, states: list[dict], metrics: list[list[dict]] | None = None) -> None:
+        self.states = [{**BASE, **s} for s in states]
+        self.reported = metrics or [[] for _ in states]
+        self.polls = 0
+        self.calls: list[tuple] = []
+
+    def submit(self, body: dict) -> dict:
+        self.calls.append(("submit", body))
+        return self.states[0]
+
+    def job(self, job_id: str) -> dict:
+        self.polls = min(self.polls + 1, len(self.states) - 1)
+        return self.states[self.polls]
+
+    def metrics(self, job_id: str, since: int = 0) -> tuple[list[dict], int]:
+        lines = self.reported[self.polls]
+        return lines[since:], len(lines)
+
+    def jobs(self, states=None) -> list[dict]:
+        return self.states
+
+    def usage(self, **params) -> dict:
+        self.calls.append(("usage", params))
+        return USAGE
+
+
+USAGE = {
+    "plan": "/project1/dev-team",
+    "user": None,
+    "start": 1_767_225_600.0,  # 2026-01-01 00:00:00 UTC
+    "end": 1_767_312_000.0,
+    "step": 300.0,
+    "totals": {"gpu_hours": 1.5, "cpu_hours": 0.25},
+    "children": [
+        {"path": "/project1/dev-team/user1", "totals": {"gpu_hours": 1.5, "cpu_hours": 0.25}}
+    ],
+}
+
+
+@pytest.fixture
+def wmla(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
+    """``wmla(fake, *argv)`` -> (exit code, stdout, stderr), the service being ``fake``."""
+    monkeypatch.setattr(cli_client, "POLL", 0, raising=False)
+
+    def run(fake: FakeClient, *argv: str) -> tuple[int, str, str]:
+        monkeypatch.setattr(cli_client, "WmlaClient", lambda: fake)
+        capsys.readouterr()
+        try:
+            code = cli.main(list(argv))
+        except SystemExit as exc:  # argparse's refusals
+            code = exc.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+START = ["exec-start", "PyTorch", "--consumer", "/project1/dev-team", "--workerDeviceNum", "2",
+         "--model-dir", "models/pytorch_mnist", "--model-main", "main.py", "--wait"]  # fmt: skip
+
+
+def lines(text: str) -> list[str]:
+    """The lines without their ``HH:MM:SS`` stamps (every line has one)."""
+    rows = text.splitlines()
+    assert all(TIME.match(row) for row in rows), rows
+    return [TIME.sub("", row, count=1) for row in rows]
+
+
+def test_wait_prints_each_state_change_and_the_latest_metrics(wmla) -> None:
+    m1 = {"step": 10, "epoch": 1, "time": 1.0, "rank": 0, "loss": 0.912345, "accuracy": 0.5}
+    m2 = {"step": 20, "epoch": 1, "time": 2.0, "rank": 0, "loss": 0.5}
+    m3 = {"step": 30, "epoch": 2, "time": 3.0, "rank": 0, "loss": 0.25}
+    fake = FakeClient(
+        [
+            {},
+            {"reason": "/project1/dev-team at its gpu limit: 4 of 4 in use"},
+            {"reason": "/project1/dev-team at its gpu limit: 4 of 4 in use"},  # no change
+            RUNNING,
+            RUNNING,  # a new metrics line only
+            RUNNING,  # nothing new: nothing printed
+            {"state": "FINISHED", "exit_code": 0, "ended": NOW},
+        ],
+        [[], [], [], [m1], [m1, m2], [m1, m2], [m1, m2, m3]],
+    )
+    code, out, err = wmla(fake, *START)
+    assert (code, err) == (0, "")
+    assert lines(out) == [
+        "job j1 (pytorch_mnist-main) submitted to /project1/dev-team",
+        "job j1 PENDING",
+        "job j1 PENDING: /project1/dev-team at its gpu limit: 4 of 4 in use",
+        "job j1 RUNNING: 2 of 2 workers running (1 gpu, 250m cpu each); "
+        "ranks on node-0[0], node-0[1]",
+        "step 10  epoch 1  loss 0.9123  accuracy 0.5",
+        "step 20  epoch 1  loss 0.5",
+        "step 30  epoch 2  loss 0.25",
+        "job j1 FINISHED (exit code 0)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("end", "code", "last"),
+    [
+        ({"state": "FAILED", "exit_code": 1, "reason": "worker 0 exited with 1"}, 1,
+         "job j1 FAILED (exit code 1): worker 0 exited with 1"),
+        ({"state": "CANCELLED", "reason": "cancelled by user1"}, 1,
+         "job j1 CANCELLED: cancelled by user1"),
+    ],
+    ids=["failed", "cancelled"],
+)  # fmt: skip
+def test_wait_exits_1_when_the_job_did_not_finish(wmla, end, code, last) -> None:
+    got, out, err = wmla(FakeClient([{}, RUNNING, end]), *START)
+    assert (got, err) == (code, "")
+    assert lines(out)[-1] == last
+
+
+def test_wait_with_json_keeps_stdout_json_and_the_progress_on_stderr(wmla) -> None:
+    fake = FakeClient([{}, RUNNING, {"state": "FINISHED", "exit_code": 0}])
+    code, out, err = wmla(fake, *START, "--json")
+    assert code == 0 and json.loads(out)["state"] == "FINISHED"
+    assert lines(err)[-1] == "job j1 FINISHED (exit code 0)"
+
+
+def test_wait_writes_each_line_as_it_happens() -> None:
+    """Every line is flushed before the next poll (a pipe or a notebook cell sees it live)."""
+    import io
+
+    seen: list[str] = []
+
+    class Stream(io.StringIO):
+        def flush(self) -> None:
+            seen.append(self.getvalue())
+
+    fake = FakeClient([{}, RUNNING, {"state": "FINISHED", "exit_code": 0}])
+    out = Stream()
+    cli_client.watch(fake, fake.states[0], out, poll=0)
+    assert [len(s.splitlines()) for s in seen] == [1, 2, 3]
+
+
+def test_metrics_that_cannot_be_read_do_not_stop_the_wait(wmla) -> None:
+    class NoMetrics(FakeClient):
+        def metrics(self, job_id: str, since: int = 0):
+            raise WmlaError("not found: no metrics", 404)
+
+    fake = NoMetrics([{}, RUNNING, {"state": "FINISHED", "exit_code": 0}])
+    code, out, _ = wmla(fake, *START)
+    assert code == 0 and lines(out)[-1] == "job j1 FINISHED (exit code 0)"
