@@ -362,6 +362,24 @@ def _workers(job: Mapping[str, Any]) -> str:
     return f"{w.get('running', 0)}/{wanted}"
 
 
+def state_text(job: Mapping[str, Any]) -> str:
+    """The state as a person reads it: a notebook server (kind ``notebook``) is ``notebook
+    (pending)``, ``notebook (running)`` or ``notebook (ended)``, not a CANCELLED job (the spawner
+    cancels its job when the server stops)."""
+    state = job.get("state") or ""
+    if job.get("kind") != "notebook":
+        return state
+    return f"notebook ({'ended' if state in FINAL_STATES else state.lower()})"
+
+
+def _reason(job: Mapping[str, Any]) -> str:
+    reason = job.get("reason") or ""
+    if job.get("kind") == "notebook" and job.get("state") in FINAL_STATES:
+        if not reason or reason.startswith("cancelled by "):
+            return "server stopped"
+    return reason
+
+
 def jobs_table(jobs: Sequence[Mapping[str, Any]]) -> str:
     if not jobs:
         return "no jobs"
@@ -369,15 +387,17 @@ def jobs_table(jobs: Sequence[Mapping[str, Any]]) -> str:
         (
             j["id"],
             j.get("name") or "",
-            j["state"],
+            state_text(j),
             j["plan"],
             _workers(j),
             _time(j.get("submitted")),
-            j.get("reason") or "",
+            _time(j.get("ended")),
+            _reason(j),
         )  # fmt: skip
         for j in jobs
     ]
-    return table(("JOB", "NAME", "STATE", "PLAN", "WORKERS", "SUBMITTED", "REASON"), rows)
+    header = ("JOB", "NAME", "STATE", "PLAN", "WORKERS", "SUBMITTED", "ENDED", "REASON")
+    return table(header, rows)
 
 
 def job_details(job: Mapping[str, Any]) -> str:
@@ -388,7 +408,8 @@ def job_details(job: Mapping[str, Any]) -> str:
         ("name", job.get("name") or ""),
         ("user", job.get("user")),
         ("plan", job.get("plan")),
-        ("state", job["state"]),
+        ("kind", job.get("kind") or "train"),
+        ("state", state_text(job)),
         ("reason", job.get("reason") or ""),
         ("workers", workers_text(job)),
         ("submitted", _time(job.get("submitted"))),

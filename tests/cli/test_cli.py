@@ -166,6 +166,27 @@ def test_exec_start_wait_prints_the_progress_as_it_goes(
     assert rows.index("step 3  epoch 1  loss 0.3333") < len(rows) - 1
 
 
+def test_exec_get_shows_a_notebook_server_as_a_notebook(hub: Hub, as_user) -> None:
+    admin = Client(hub, hub.tokens["padmin"])  # as the spawner: a plan admin for the user
+    body = {"plan": "/sample-project/notebooks", "kind": "notebook", "user": "user1",
+            "preemptible": False, "resources": {"cpu": "100m"}}  # fmt: skip
+    r = admin.post("/jobs", json=body)
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    admin.wait_state(job_id, {"RUNNING"})
+    code, out, _ = as_user("user1", "exec-get")
+    row = next(line for line in out.splitlines() if line.startswith(job_id))
+    assert "notebook (running)" in row and row.split()[1] == "notebook"  # its default name
+    assert admin.delete(f"/jobs/{job_id}").status_code == 200  # the server stopped
+    code, out, _ = as_user("user1", "exec-get")
+    row = next(line for line in out.splitlines() if line.startswith(job_id))
+    ended = as_user("user1", "exec-get", job_id, "--json")[1]
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(json.loads(ended)["ended"]))
+    assert "notebook (ended)" in row and stamp in row and "CANCELLED" not in row, out
+    code, out, _ = as_user("user1", "exec-get", job_id)
+    assert "kind:        notebook" in out and "state:       notebook (ended)" in out
+
+
 def test_exec_stop_cancels_a_running_job(hub: Hub, as_user) -> None:
     code, out, err = as_user(
         "user1", "exec-start", "pytorch", "--plan", "/sample-project/training", "--cpus",

@@ -194,3 +194,35 @@ def test_metrics_that_cannot_be_read_do_not_stop_the_wait(wmla) -> None:
     fake = NoMetrics([{}, RUNNING, {"state": "FINISHED", "exit_code": 0}])
     code, out, _ = wmla(fake, *START)
     assert code == 0 and lines(out)[-1] == "job j1 FINISHED (exit code 0)"
+
+
+def test_exec_get_shows_notebook_servers_as_notebooks(wmla) -> None:
+    ended = NOW - 30
+    fake = FakeClient(
+        [
+            {"id": "n1", "name": "notebook", "kind": "notebook", "state": "CANCELLED",
+             "reason": "cancelled by wmla-spawner", "ended": ended,
+             "workers": {"min": 1, "max": 1, "running": 0}},
+            {"id": "n2", "name": "notebook", "kind": "notebook", **RUNNING,
+             "workers": {"min": 1, "max": 1, "running": 1}},
+            {"id": "j3", "state": "CANCELLED", "reason": "cancelled by user1", "ended": ended},
+        ]
+    )  # fmt: skip
+    code, out, _ = wmla(fake, "exec-get")
+    assert code == 0
+    header, _, *rows = out.splitlines()
+    assert header.split() == ["JOB", "NAME", "STATE", "PLAN", "WORKERS", "SUBMITTED", "ENDED",
+                              "REASON"]  # fmt: skip
+    row = {r.split()[0]: r for r in rows}
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ended))
+    assert "notebook (ended)" in row["n1"] and stamp in row["n1"] and "CANCELLED" not in row["n1"]
+    assert row["n1"].endswith("server stopped")
+    assert "notebook (running)" in row["n2"]
+    assert "CANCELLED" in row["j3"] and stamp in row["j3"] and "cancelled by user1" in row["j3"]
+
+
+def test_exec_get_one_notebook_says_its_kind() -> None:
+    job = {**BASE, "kind": "notebook", "state": "CANCELLED", "ended": NOW}
+    text = cli_client.job_details(job)
+    assert "kind:        notebook" in text and "state:       notebook (ended)" in text
+    assert "kind:        train" in cli_client.job_details(BASE)
