@@ -114,9 +114,44 @@ def add_commands(sub: Any) -> None:
     usage = sub.add_parser("usage", help="requested vs used resources and GPU-hours")
     usage.add_argument("--plan", help="plan subtree, e.g. /project1")
     usage.add_argument("--user", help="one user's usage")
-    usage.add_argument("--hours", type=float, default=24.0, help="how far back (default 24)")
-    usage.add_argument("--step", type=float, help="seconds between points")
+    usage.add_argument(
+        "--hours",
+        type=_hours,
+        default=24.0,
+        help=f"how far back from now, more than 0, at most {MAX_HOURS:g} (default 24)",
+    )
+    usage.add_argument("--step", type=_step, help="seconds between points (at least 1)")
     usage.add_argument("--json", action="store_true")
+
+
+# The service's usage API spans at most 400 days (extension/metering/handlers.py MAX_RANGE).
+MAX_HOURS = 400 * 24.0
+
+
+def _hours(text: str) -> float:
+    """``--hours``: how far back from now; 0 would be an empty range, which the API refuses."""
+    try:
+        hours = float(text)
+    except ValueError:
+        hours = float("nan")
+    if not 0 < hours <= MAX_HOURS:  # also NaN and inf
+        raise argparse.ArgumentTypeError(
+            f"give the hours to look back, more than 0 and at most {MAX_HOURS:g} (400 days), "
+            f"e.g. --hours 24; got {text!r}"
+        )
+    return hours
+
+
+def _step(text: str) -> float:
+    try:
+        step = float(text)
+    except ValueError:
+        step = float("nan")
+    if not 1 <= step < float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"give the seconds between points, at least 1, e.g. --step 300; got {text!r}"
+        )
+    return step
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -148,12 +183,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             _emit(out, args.json, tree, lambda: plans_table(tree))
             return 0
         if name == "usage":
-            end = time.time()
+            # "now-Ns": the range ends at the service's now, whatever this machine's clock says
             answer = client.usage(
                 plan=args.plan,
                 user=args.user,
-                start=end - args.hours * 3600,
-                end=end,
+                start=f"now-{args.hours * 3600:.3f}s",  # type: ignore[arg-type]
                 step=args.step,
             )
             _emit(out, args.json, answer, lambda: usage_table(answer))
@@ -457,6 +491,7 @@ def plans_table(tree: Mapping[str, Any]) -> str:
 
 
 def usage_table(answer: Mapping[str, Any]) -> str:
+    """A line that says what was measured, in local time, then a row per child and the total."""
     from widgets.figures import normalise_usage
 
     norm = normalise_usage(answer)
@@ -464,4 +499,17 @@ def usage_table(answer: Mapping[str, Any]) -> str:
     rows.append(
         ("total", f"{norm['totals']['gpu_hours']:.3f}", f"{norm['totals']['cpu_hours']:.3f}")
     )
-    return table(("CHILD", "GPU-HOURS", "CPU-HOURS"), rows)
+    title = f"usage of {answer.get('plan') or '/'}"
+    if answer.get("user"):
+        title += f" for {answer['user']}"
+    title += f" from {_time(answer.get('start'))} to {_time(answer.get('end'))}"
+    if isinstance(answer.get("step"), (int, float)):
+        title += f" (points every {_duration(answer['step'])})"
+    return title + "\n" + table(("CHILD", "GPU-HOURS", "CPU-HOURS"), rows)
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"

@@ -225,7 +225,8 @@ def test_plans_table_and_json(as_user) -> None:
 def test_usage_shows_the_gpu_hours_of_the_training(hub: Hub, as_user) -> None:
     code, out, err = as_user("user1", "usage", "--plan", "/project1/dev-team", "--hours", "1")
     assert code == 0, err
-    header, _, *rows = out.splitlines()
+    title, header, _, *rows = out.splitlines()
+    assert title.startswith("usage of /project1/dev-team for user1 from 20") and " to 20" in title
     assert header.split() == ["CHILD", "GPU-HOURS", "CPU-HOURS"]
     cells = {row.split()[0]: row.split()[1:] for row in rows}
     assert float(cells["/project1/dev-team/user1"][0]) > 0  # the 2-worker example's GPUs
@@ -234,6 +235,8 @@ def test_usage_shows_the_gpu_hours_of_the_training(hub: Hub, as_user) -> None:
     assert code == 0 and json.loads(out)["totals"]["gpu_hours"] > 0
     code, out, err = as_user("user1", "usage", "--plan", "/project1", "--step", "1")
     assert code == 1 and "points" in err  # the service's message: too many points
+    code, out, err = as_user("user1", "usage", "--hours", "0")
+    assert (code, out) == (2, "") and "--hours: give the hours to look back, more than 0" in err
 
 
 @pytest.mark.parametrize(

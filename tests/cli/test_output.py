@@ -226,3 +226,37 @@ def test_exec_get_one_notebook_says_its_kind() -> None:
     text = cli_client.job_details(job)
     assert "kind:        notebook" in text and "state:       notebook (ended)" in text
     assert "kind:        train" in cli_client.job_details(BASE)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--hours", "0"], "--hours: give the hours to look back, more than 0"),
+        (["--hours", "-1"], "got '-1'"),
+        (["--hours", "nan"], "more than 0 and at most 9600 (400 days)"),
+        (["--hours", "9601"], "at most 9600"),
+        (["--hours", "a day"], "e.g. --hours 24; got 'a day'"),
+        (["--step", "0"], "--step: give the seconds between points, at least 1"),
+    ],
+    ids=["zero", "negative", "nan", "over-400-days", "words", "step-0"],
+)
+def test_usage_refuses_a_meaningless_range(wmla, argv, message) -> None:
+    fake = FakeClient([{}])
+    code, out, err = wmla(fake, "usage", *argv)
+    assert code == 2 and out == "" and message in err
+    assert fake.calls == []  # nothing sent
+
+
+def test_usage_prints_readable_times_and_asks_from_the_services_now(wmla) -> None:
+    fake = FakeClient([{}])
+    code, out, err = wmla(fake, "usage", "--plan", "/project1/dev-team", "--hours", "1.5")
+    assert code == 0, err
+    assert fake.calls == [("usage", {"plan": "/project1/dev-team", "user": None,
+                                     "start": "now-5400.000s", "step": None})]  # fmt: skip
+    title, header, _, *rows = out.splitlines()
+    start = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(USAGE["start"]))
+    end = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(USAGE["end"]))
+    assert title == f"usage of /project1/dev-team from {start} to {end} (points every 5m)"
+    assert not re.search(r"\d{9,}", out)  # no epoch seconds anywhere
+    assert header.split() == ["CHILD", "GPU-HOURS", "CPU-HOURS"]
+    assert rows[-1].split() == ["total", "1.500", "0.250"]
