@@ -39,7 +39,7 @@ class JobMonitor(w.VBox):
         self.progress = w.FloatProgress(
             value=0.0, min=0.0, max=100.0, description="progress", bar_style="info"
         )
-        self.progress_label = w.Label("0%")
+        self.progress_label = w.Label("reading the job")
         self.cancel_button = w.Button(button_style="danger", icon="stop")
         self._show_cancel()
         self.cancel_button.on_click(self._on_cancel)
@@ -94,10 +94,7 @@ class JobMonitor(w.VBox):
         )
         self.state.value = figures.state_html(job, position)
         self.workers.value = html.escape(figures.workers_text(job))
-        epochs = figures.epochs_from_args(figures.script_args(job))
-        fraction = figures.progress_fraction(job, self.metrics, epochs)
-        self.progress.value = round(100.0 * fraction, 1)
-        self.progress_label.value = f"{self.progress.value:g}%"
+        self._show_progress(job)
         state = job.get("state")
         self.progress.bar_style = {
             "FINISHED": "success",
@@ -111,6 +108,14 @@ class JobMonitor(w.VBox):
         if new_metrics and self.chart is not None:
             fig = figures.metrics_figure(self.metrics, title=f"{name or self.job_id} metrics")
             update(self.chart, fig)
+
+    def _show_progress(self, job: dict) -> None:
+        """The bar and the phase (waiting, starting workers, first step, epoch k of N, done)."""
+        phase = figures.progress_phase(job, self.metrics)
+        fraction = phase["fraction"]
+        self.progress.value = round(100.0 * (fraction or 0.0), 1)
+        percent = f" · {self.progress.value:g}%" if fraction is not None else ""
+        self.progress_label.value = phase["text"] + percent
 
     def _show_cancel(self) -> None:
         """The cancel button as the last read of the job allows (off, with why, once ended)."""

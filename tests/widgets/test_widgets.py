@@ -215,3 +215,52 @@ def test_a_refused_cancel_of_an_ended_job_leaves_the_button_off() -> None:
     client.cancel = refuse
     mon.cancel_button.click()
     assert "FINISHED" in mon.message.value and mon.cancel_button.disabled
+
+
+# -- progress ------------------------------------------------------------------------------------
+def test_progress_walks_through_the_phases_of_a_job() -> None:
+    client = CannedClient()
+    client.lines = []
+    mon = JobMonitor(client, "j1")  # --epochs 2
+    lines = mnist_lines(epochs=2, steps_per_epoch=4)
+    running = {**JOB, "state": "RUNNING", "reason": ""}
+    walk = [  # (job, metric lines so far, label, bar)
+        (JOB, [], "waiting: /p at its gpu limit: 2 of 2 in use", 0.0),
+        (running, [], "starting workers (0 of 2 up), waiting for the first step", 0.0),
+        ({**running, "workers": {"min": 2, "max": 2, "running": 2}}, [],
+         "starting workers (2 of 2 up), waiting for the first step", 0.0),
+        (running, lines[:1], "first step done, epoch 1 of 2, step 1 · 0%", 0.0),
+        (running, lines[:3], "epoch 1 of 2, step 3 · 0%", 0.0),
+        (running, lines[:5], "epoch 2 of 2, step 4 · 50%", 50.0),  # epoch 1 done: 4 steps each
+        (running, lines[:7], "epoch 2 of 2, step 6 · 75%", 75.0),
+        (running, lines, "all 2 epochs done, finishing · 99%", 99.0),
+        ({**running, "state": "FINISHED"}, lines, "done · 100%", 100.0),
+    ]  # fmt: skip
+    labels = []
+    for job, seen, label, bar in walk:
+        client.jobs_seen.append(copy.deepcopy(job))
+        client.lines = list(seen)
+        mon.refresh()
+        assert (mon.progress_label.get_state()["value"], mon.progress.value) == (label, bar)
+        labels.append(mon.progress_label.value)
+    assert len(set(labels)) == len(labels)  # the text moves with the job
+
+
+def test_progress_of_a_script_without_epochs_counts_steps() -> None:
+    client = CannedClient()
+    client.jobs_seen = [{**JOB, "state": "RUNNING", "command": ["python", "main.py"]}]
+    client.lines = [{"step": s, "loss": 1.0 / s} for s in (1, 2, 3)]
+    mon = JobMonitor(client, "j1")
+    mon.refresh()
+    assert mon.progress_label.value == "step 3" and mon.progress.value == 0.0
+    client.lines.append({"step": 4, "loss": 0.2, "total_steps": 8})  # the script says its total
+    mon.refresh()
+    assert mon.progress_label.value == "step 4 of 8 · 50%" and mon.progress.value == 50.0
+
+
+def test_the_epochs_a_script_reports_win_over_its_arguments() -> None:
+    job = {"state": "RUNNING", "command": ["python", "main.py", "--epochs", "2"]}
+    metrics = [{"step": 1, "epoch": 0, "loss": 1.0, "epochs": 5}]
+    assert figures.total_epochs(job, metrics) == 5
+    assert figures.progress_phase(job, metrics)["text"] == "first step done, epoch 1 of 5, step 1"
+    assert "epochs" not in figures.metric_names(metrics)  # a total, not a curve
