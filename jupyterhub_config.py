@@ -16,12 +16,15 @@ from pathlib import Path
 
 from extension.service.privacy import restrict_umask
 from hub_config import (
+    culler_services,
+    culler_settings,
     custom_scopes,
     embedded_passwords,
     private_hub_state,
     roles,
     server_token_scopes,
     services,
+    stop_servers_before_services,
 )
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
@@ -115,3 +118,16 @@ from spawner.hubconfig import spawner_service  # noqa: E402
 spawner_entry, spawner_role = spawner_service()
 c.JupyterHub.services.append(spawner_entry)
 c.JupyterHub.load_roles.append(spawner_role)
+
+# -- idle notebooks give their resources back (docs/spawner.md "Idle notebooks"): servers idle
+# for $WMLA_CULL_TIMEOUT s (default 3600) are stopped, those holding GPUs after
+# $WMLA_CULL_GPU_TIMEOUT s (default 900; the spawner keeps their users in the hub group the GPU
+# culler is scoped to); "0" turns one off. Stopping a server releases its notebook job.
+culler_entries, culler_roles = culler_services(**culler_settings())
+c.JupyterHub.services.extend(culler_entries)
+c.JupyterHub.load_roles.extend(culler_roles)
+
+# -- shutdown: JupyterHub stops the managed services before the users' servers, so a server
+# stopped at shutdown could not release its notebook job; stop the servers first, while the
+# wmla service still runs (with c.JupyterHub.cleanup_servers = False they are left running)
+stop_servers_before_services()

@@ -10,6 +10,7 @@ Use from a ``jupyterhub_config.py``::
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -28,6 +29,8 @@ from extension.service.privacy import (
     set_mode,
     tighten,
 )
+
+from .culler import culler_services, culler_settings  # noqa: F401 - re-exported
 
 SERVICE_NAME = "wmla"
 ADMIN_SCOPE = "custom:wmla:admin"
@@ -201,3 +204,56 @@ def _report(path: Path, outcome: str, mode: str = "0600") -> list[str]:
         return []
     print(message, file=sys.stderr, flush=True)
     return [message]
+
+
+def stop_servers_before_services(app: Any = None) -> bool:
+    """At hub shutdown, stop the single-user servers before the managed services.
+
+    JupyterHub's cleanup stops the managed services first and only then the users' servers
+    (when ``c.JupyterHub.cleanup_servers`` is on, the default), so a spawner that releases its
+    notebook job through the wmla service at stop finds the service gone. This wraps the hub's
+    ``cleanup`` to stop every active server first, concurrently, while the services still run;
+    JupyterHub's own cleanup then finds none left and stops the services and the proxy as
+    usual. With ``cleanup_servers = False`` nothing changes: servers (and their jobs) live on.
+
+    ``app``: the JupyterHub application; default: the running one when called from a
+    ``jupyterhub_config.py`` that JupyterHub loads (returns False when there is none, e.g. when
+    the file is read by a test). Returns whether the hub's cleanup is wrapped.
+    """
+    if app is None:
+        from jupyterhub.app import JupyterHub
+
+        if not JupyterHub.initialized():
+            return False
+        app = JupyterHub.instance()
+    if getattr(app, "_wmla_servers_first", False):
+        return True
+    cleanup = app.cleanup
+
+    async def cleanup_servers_first() -> None:
+        if app.cleanup_servers:
+            await stop_user_servers(app)
+        await cleanup()
+
+    app.cleanup = cleanup_servers_first
+    app._wmla_servers_first = True
+    return True
+
+
+async def stop_user_servers(app: Any) -> int:
+    """Stop every active single-user server of the hub ``app`` (as its cleanup does) and wait
+    for all of them; returns how many were stopped. Never raises for one server's failure."""
+    stops = [
+        (spawner, asyncio.ensure_future(user.stop(name)))
+        for user in list(app.users.values())
+        for name, spawner in list(user.spawners.items())
+        if spawner.active
+    ]
+    if not stops:
+        return 0
+    app.log.info("wmla: stopping %i single-user servers before the services", len(stops))
+    results = await asyncio.gather(*(f for _, f in stops), return_exceptions=True)
+    for (spawner, _), result in zip(stops, results):
+        if isinstance(result, BaseException):
+            app.log.error("Failed to stop %s: %s", spawner._log_name, result)
+    return len(stops)

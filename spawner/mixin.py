@@ -29,6 +29,7 @@ NOTEBOOK_KIND = "notebook"
 ENDED_STATES = ("FINISHED", "FAILED", "CANCELLED", "REJECTED")
 DEFAULT_PLAN = "/sample-project/notebooks"
 SPAWNER_SERVICE = "wmla-spawner"
+GPU_GROUP = "wmla-gpu-notebooks"  # hub_config.culler.GPU_GROUP: the GPU culler's scope filter
 PROFILE_KEYS = {"slug", "display_name", "description", "plan", "gpu", "cpu", "memory", "default"}
 
 
@@ -178,6 +179,18 @@ class WmlaSpawnerMixin(LoggingConfigurable):
         """,
     ).tag(config=True)
 
+    gpu_group = Unicode(
+        GPU_GROUP,
+        help="""The hub group a user is in while one of their servers holds GPUs (the spawner adds
+        them once the notebook job is admitted and removes them when its last GPU server stops).
+        The GPU idle culler's scopes are filtered to it (hub_config.culler_services): idle GPU
+        servers are stopped sooner. "": keep no group. Leave it out of an authenticator's
+        manage_groups (it would drop the membership at the next login).
+
+        c.WmlaLocalSpawner.gpu_group = "wmla-gpu-notebooks"
+        """,
+    ).tag(config=True)
+
     # -- storage --------------------------------------------------------------------------------
     storage_root = Unicode(
         help="""The shared root of users' private folders ``<storage_root>/<user>`` (the same
@@ -194,6 +207,7 @@ class WmlaSpawnerMixin(LoggingConfigurable):
     # state of one spawn (not config)
     wmla_job_id = Unicode("")
     wmla_leaf = Unicode("")
+    wmla_gpus = Integer(0)  # GPUs the admitted notebook job holds
     _wmla_events = List()
     _wmla_changed = AnyTrait(None, allow_none=True)
     _wmla_waiting = AnyTrait(False)
@@ -378,6 +392,9 @@ class WmlaSpawnerMixin(LoggingConfigurable):
             state = job.get("state")
             if state == "RUNNING":
                 self._wmla_note(f"admitted to {self.wmla_leaf} (job {job['id']})", 20)
+                self.wmla_gpus = int(body["resources"].get("gpu") or 0)
+                if self.wmla_gpus:
+                    self._wmla_gpu_group(join=True)
                 return plan
             if state != "PENDING":
                 self.wmla_job_id = ""
@@ -401,6 +418,9 @@ class WmlaSpawnerMixin(LoggingConfigurable):
         ids = [job_id or self.wmla_job_id, *self._wmla_orphans]
         self.wmla_job_id = ""
         self._wmla_orphans.clear()
+        if self.wmla_gpus:  # whatever the release's outcome, this server holds no GPU any more
+            self.wmla_gpus = 0
+            self._wmla_gpu_group(join=False)
         for one in dict.fromkeys(i for i in ids if i):
             await self._wmla_release_one(one)
 
@@ -419,6 +439,40 @@ class WmlaSpawnerMixin(LoggingConfigurable):
                 "%s: could not release notebook job %s (will retry): %s",
                 self._log_name, job_id, err,
             )  # fmt: skip
+
+    def _wmla_gpu_group(self, join: bool) -> None:
+        """Put the user in gpu_group (join) or take them out when none of their other servers
+        holds GPUs; in the hub's own database. Never raises: the group only speeds culling."""
+        orm_user = getattr(self.user, "orm_user", None)
+        db = getattr(self.user, "db", None)
+        if not self.gpu_group or orm_user is None or db is None:
+            return
+        try:
+            from jupyterhub import orm
+
+            group = orm.Group.find(db, self.gpu_group)
+            if join:
+                if group is None:
+                    group = orm.Group(name=self.gpu_group)
+                    db.add(group)
+                if group not in orm_user.groups:
+                    orm_user.groups.append(group)
+                    db.commit()
+                    self.log.info("%s: in hub group %s while it holds GPUs", self._log_name,
+                                  self.gpu_group)  # fmt: skip
+                return
+            spawners = getattr(self.user, "spawners", {}) or {}
+            others = [
+                s for s in spawners.values()
+                if s is not self and getattr(s, "wmla_gpus", 0) and getattr(s, "active", False)
+            ]  # fmt: skip
+            if group is not None and group in orm_user.groups and not others:
+                orm_user.groups.remove(group)
+                db.commit()
+                self.log.info("%s: out of hub group %s", self._log_name, self.gpu_group)
+        except Exception as err:  # a database hiccup must not fail a spawn or a stop
+            db.rollback()
+            self.log.warning("%s: hub group %s: %s", self._log_name, self.gpu_group, err)
 
     async def poll(self) -> int | None:
         """The base spawner's answer; and a running server whose notebook job the service ended
@@ -478,12 +532,19 @@ class WmlaSpawnerMixin(LoggingConfigurable):
         if self.wmla_job_id:
             state["wmla_job_id"] = self.wmla_job_id
             state["wmla_leaf"] = self.wmla_leaf
+        if self.wmla_gpus:
+            state["wmla_gpus"] = self.wmla_gpus
+        if self._wmla_orphans:  # a release still due survives the spawner object and the hub
+            state["wmla_orphans"] = list(dict.fromkeys(self._wmla_orphans))
         return state
 
     def load_state(self, state: Mapping[str, Any]) -> None:
         super().load_state(state)
         self.wmla_job_id = state.get("wmla_job_id", "")
         self.wmla_leaf = state.get("wmla_leaf", "")
+        self.wmla_gpus = int(state.get("wmla_gpus") or 0)
+        orphans = [i for i in state.get("wmla_orphans") or [] if isinstance(i, str) and i]
+        self._wmla_orphans = list(dict.fromkeys([*self._wmla_orphans, *orphans]))
 
     def clear_state(self) -> None:
         # LocalProcessSpawner.poll() clears the state of a server that died by itself before
