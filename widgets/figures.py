@@ -407,6 +407,7 @@ def normalise_usage(answer: Mapping[str, Any]) -> dict:
                 column = list(values.get(r) or [])
                 column += [0.0] * (len(times) - len(column))
                 out[kind][r] = [_number(v) for v in column[: len(times)]]
+    out["end"] = _range_end(answer)
     out["children"] = _children(answer.get("children"))
     totals = answer.get("totals") or {}
     out["totals"] = {
@@ -414,6 +415,12 @@ def normalise_usage(answer: Mapping[str, Any]) -> dict:
         "cpu_hours": _number(totals.get("cpu_hours")),
     }
     return out
+
+
+def _range_end(answer: Mapping[str, Any]) -> float | None:
+    """Where the last step ends: the range's end, but the figures stop at ``now``."""
+    ends = [v for v in (answer.get("end"), answer.get("now")) if _is_number(v)]
+    return min(ends) if ends else None
 
 
 def _children(children: Any) -> list[dict]:
@@ -460,18 +467,18 @@ def _when(t: Any) -> str:
 def usage_figure(usage: Mapping[str, Any], title: str = "") -> dict:
     """Requested vs used GPU (top) and CPU cores (bottom) over time, as step lines."""
     norm = usage if "requested" in usage and "t" in usage else normalise_usage(usage)
-    times = [_when(t) for t in norm["t"]]
     data = []
     for axis, r in zip(("y", "y2"), RESOURCES):
         for kind, dash in (("requested", "dash"), ("used", "solid")):
+            xs, ys = step_points(norm["t"], [v / UNIT[r] for v in norm[kind][r]], norm.get("end"))
             data.append(
                 {
                     "type": "scatter",
                     "mode": "lines",
                     "line": {"shape": "hv", "dash": dash},
                     "name": f"{r.upper()} {kind}",
-                    "x": times,
-                    "y": [v / UNIT[r] for v in norm[kind][r]],
+                    "x": [_when(t) for t in xs],
+                    "y": ys,
                     "xaxis": "x",
                     "yaxis": axis,
                 }
@@ -488,6 +495,28 @@ def usage_figure(usage: Mapping[str, Any], title: str = "") -> dict:
     return {"data": data, "layout": layout}
 
 
+def step_points(
+    times: Sequence[float], values: Sequence[float], end: float | None = None
+) -> tuple[list[float], list[float]]:
+    """The step function as its change points (drawn with ``line.shape`` "hv"): a run of equal
+    steps is one point, and the last value is held to ``end`` (else to the last step's start)
+    so the line spans the range. With steps as fine as the widget asks for, the metering's
+    averages are its exact amounts, and the figure stays small."""
+    xs: list[Any] = []
+    ys: list[float] = []
+    for t, v in zip(times, values):
+        if not ys or v != ys[-1]:
+            xs.append(t)
+            ys.append(v)
+    if not ys:
+        return xs, ys
+    last = end if _is_number(end) and _is_number(times[-1]) and end > times[-1] else times[-1]
+    if last != xs[-1]:
+        xs.append(last)
+        ys.append(ys[-1])
+    return xs, ys
+
+
 def hours_table_html(usage: Mapping[str, Any]) -> str:
     """GPU-hours and CPU-hours per child, then the total."""
     norm = usage if "children" in usage and "t" in usage else normalise_usage(usage)
@@ -502,6 +531,50 @@ def hours_table_html(usage: Mapping[str, Any]) -> str:
         f"<tbody>{rows}<tr><td><b>total</b></td><td><b>{totals['gpu_hours']:.3f}</b></td>"
         f"<td><b>{totals['cpu_hours']:.3f}</b></td></tr></tbody></table>"
     )
+
+
+RECENT_DAYS = 7  # jobs submitted within this count as recent for the usage widget's defaults
+RECENT_JOBS = 5
+
+
+def recent_jobs(jobs: Sequence[Mapping[str, Any]], now: float) -> list[Mapping[str, Any]]:
+    """The latest few jobs submitted in the last week, newest first."""
+    since = now - RECENT_DAYS * 86400
+    mine = [j for j in jobs if _is_number(j.get("submitted")) and j["submitted"] >= since]
+    mine.sort(key=lambda j: j["submitted"], reverse=True)
+    return mine[:RECENT_JOBS]
+
+
+def common_plan(plans: Iterable[str]) -> str | None:
+    """The deepest plan holding every one of ``plans`` (``/a/x``, ``/a/y`` -> ``/a``)."""
+    parts = [[p for p in str(plan).split("/") if p] for plan in plans]
+    if not parts:
+        return None
+    shared: list[str] = []
+    for names in zip(*parts):
+        if any(n != names[0] for n in names):
+            break
+        shared.append(names[0])
+    return "/" + "/".join(shared)
+
+
+def recent_window(jobs: Sequence[Mapping[str, Any]], now: float) -> tuple[float, float] | None:
+    """A range that shows the recent jobs' runs whole: from a little before the first of them
+    started (or was submitted) to now, at least 10 minutes so a short run is not a wall."""
+    starts = [
+        j.get("started") if _is_number(j.get("started")) else j.get("submitted") for j in jobs
+    ]
+    starts = [t for t in starts if _is_number(t)]
+    if not starts:
+        return None
+    span = max(600.0, (now - min(starts)) * 1.1)
+    return now - span, now
+
+
+def fine_step(span: float, points: int = 3600) -> float:
+    """The finest whole-second step giving at most ``points`` steps: at 1 s (an hour) the
+    averages per step are the metering's exact amounts, but for a second at a change."""
+    return float(max(1, math.ceil(span / points)))
 
 
 def plan_options(tree: Mapping[str, Any]) -> list[str]:

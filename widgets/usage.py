@@ -17,22 +17,29 @@ import ipywidgets as w
 from . import figures
 from .plotly_widget import figure_widget, update
 
-RANGES = {  # label -> (seconds back, step seconds)
-    "last hour": (3600, 60),
-    "last 6 hours": (6 * 3600, 300),
-    "last 24 hours": (86400, 900),
-    "last 7 days": (7 * 86400, 3600),
-    "last 30 days": (30 * 86400, 6 * 3600),
+RANGES = {  # label -> (seconds back, step seconds): steps fine enough to draw runs as they were
+    label: (back, figures.fine_step(back))
+    for label, back in (
+        ("last hour", 3600),
+        ("last 6 hours", 6 * 3600),
+        ("last 24 hours", 86400),
+        ("last 7 days", 7 * 86400),
+        ("last 30 days", 30 * 86400),
+    )
 }
+RECENT = "my recent jobs"  # from a little before the recent jobs started to now
 
 
 class UsageWidget(w.VBox):
+    """Usage of ``plan`` (default: the plans of your recent jobs) over ``time_range`` (default:
+    a window showing those jobs; "last 24 hours" when there are none)."""
+
     def __init__(
         self,
         client: Any,
         plan: str | None = None,
         user: str | None = None,
-        time_range: str = "last 24 hours",
+        time_range: str | None = None,
         refresh_seconds: int = 30,
         now: Any = time.time,
         **kwargs: Any,
@@ -44,17 +51,21 @@ class UsageWidget(w.VBox):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.recent = figures.recent_jobs(self._jobs(), float(now()))
         try:
             options = figures.plan_options(client.plans())
         except Exception:  # still usable for a given plan when plans cannot be listed
             options = []
+        plan = plan or figures.common_plan(j["plan"] for j in self.recent if j.get("plan"))
         if plan and plan not in options:
             options = [plan, *options]
         self.plan = w.Dropdown(options=options, value=plan or (options[0] if options else None),
                                description="plan")  # fmt: skip
-        if time_range not in RANGES:
-            raise ValueError(f"time_range must be one of {', '.join(RANGES)}")
-        self.range = w.Dropdown(options=list(RANGES), value=time_range, description="range")
+        ranges = ([RECENT] if self.recent else []) + list(RANGES)
+        time_range = time_range or (RECENT if self.recent else "last 24 hours")
+        if time_range not in ranges:
+            raise ValueError(f"time_range must be one of {', '.join(ranges)}")
+        self.range = w.Dropdown(options=ranges, value=time_range, description="range")
         self.auto = w.Checkbox(value=False, description=f"auto-refresh every {refresh_seconds}s")
         self.refresh_seconds = refresh_seconds
         self.refresh_button = w.Button(description="Refresh", icon="refresh")
@@ -75,13 +86,29 @@ class UsageWidget(w.VBox):
         rows.append(self.table)
         super().__init__(children=rows, **kwargs)
 
-    def refresh(self) -> dict:
-        back, step = RANGES[self.range.value]
+    def _jobs(self) -> list[dict]:
+        """The user's jobs (for a plan admin without ``user``: their own, not everyone's)."""
+        try:
+            name = self.user or self.client.whoami().get("name")
+            return list(self.client.jobs(user=name))
+        except Exception:  # the defaults are a nicety; the widget works without them
+            return []
+
+    def window(self) -> tuple[float, float, float]:
+        """(start, end, step) of the chosen range, ending now."""
         end = float(self.now())
+        if self.range.value == RECENT:
+            start, end = figures.recent_window(self.recent, end) or (end - 86400, end)
+            return start, end, figures.fine_step(end - start)
+        back, step = RANGES[self.range.value]
+        return end - back, end, step
+
+    def refresh(self) -> dict:
+        start, end, step = self.window()
         with self._lock:
             try:
                 answer = self.client.usage(
-                    plan=self.plan.value, user=self.user, start=end - back, end=end, step=step
+                    plan=self.plan.value, user=self.user, start=start, end=end, step=step
                 )
             except Exception as err:
                 self.message.value = f'<span style="color:#c62828">{html.escape(str(err))}</span>'

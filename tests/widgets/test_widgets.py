@@ -8,12 +8,15 @@ the same widgets against a real hub and service.
 from __future__ import annotations
 
 import copy
+from datetime import datetime, timezone
 
 import pytest
 
+from extension.metering.accounting import Fact, Ledger
+from extension.metering.usage import usage as metering_usage
 from widgets import figures
 from widgets.monitor import JobMonitor
-from widgets.usage import UsageWidget
+from widgets.usage import RECENT, UsageWidget
 
 from .live_view import LiveView, leaves
 
@@ -40,9 +43,12 @@ class CannedClient:
     def job(self, job_id: str) -> dict:
         return copy.deepcopy(self.jobs_seen[-1])
 
-    def jobs(self, states=None) -> list[dict]:
+    def jobs(self, states=None, user=None) -> list[dict]:
         other = {**JOB, "id": "j0", "submitted": 0.5}
         return [other, self.jobs_seen[-1]]
+
+    def whoami(self) -> dict:
+        return {"name": "alice", "plan_admin": False}
 
     def metrics(self, job_id: str, since: int = 0):
         return self.lines[since:], len(self.lines)
@@ -109,7 +115,7 @@ def test_usage_widget_charts_the_plan_and_refreshes_on_a_new_range() -> None:
     assert widget.plan.get_state()["_options_labels"] == ("/p", "/p/alice")
     widget.refresh()
     assert client.usage_calls[-1] == {"plan": "/p", "user": None, "start": 3600.0,
-                                      "end": 7200.0, "step": 60}  # fmt: skip
+                                      "end": 7200.0, "step": 1}  # fmt: skip
     gpu = widget.chart.to_dict()["data"][1]
     assert gpu["name"] == "GPU used" and list(gpu["y"]) == [2.0, 0.0]
     assert "/p/alice</td><td>2.000" in widget.table.get_state()["value"]
@@ -264,3 +270,77 @@ def test_the_epochs_a_script_reports_win_over_its_arguments() -> None:
     assert figures.total_epochs(job, metrics) == 5
     assert figures.progress_phase(job, metrics)["text"] == "first step done, epoch 1 of 5, step 1"
     assert "epochs" not in figures.metric_names(metrics)  # a total, not a curve
+
+
+# -- the usage widget ----------------------------------------------------------------------------
+NOW = 1_800_000_000.0
+TRAINING = {**JOB, "plan": "/sample-project/training", "state": "FINISHED",
+            "submitted": NOW - 300, "started": NOW - 295, "ended": NOW - 205,
+            "workers": {"min": 2, "max": 2, "running": 0}}  # fmt: skip
+
+
+class MeteredClient(CannedClient):
+    """Usage from the real metering over a ledger of the given jobs' transitions."""
+
+    def __init__(self, jobs: list[dict]) -> None:
+        super().__init__()
+        self.my_jobs = jobs
+        self.ledger = Ledger()
+        for job in jobs:
+            leaf = f"{job['plan']}/alice"
+            per = job["resources"]
+            for at, state, held in ((job["submitted"], "PENDING", 0),
+                                    (job["started"], "RUNNING", job["workers"]["max"]),
+                                    (job["ended"], "FINISHED", 0)):  # fmt: skip
+                self.ledger.apply(Fact(at, job["id"], leaf, "alice", state.lower(), state,
+                                       held, job["workers"]["max"], per["gpu"], per["cpu"],
+                                       per["memory"]))  # fmt: skip
+
+    def jobs(self, states=None, user=None) -> list[dict]:
+        assert user == "alice"  # the caller's own jobs, also for a plan admin
+        return copy.deepcopy(self.my_jobs)
+
+    def plans(self) -> dict:
+        paths = ["/", "/notebooks", "/sample-project", "/sample-project/training"]
+        return {"plans": [{"path": p} for p in paths]}
+
+    def usage(self, **params) -> dict:
+        self.usage_calls.append(params)
+        return metering_usage(self.ledger, params["plan"], params["start"], params["end"],
+                              params["step"], NOW, params["user"] or "alice")  # fmt: skip
+
+
+def test_usage_defaults_to_the_plan_and_a_window_of_the_recent_training_job() -> None:
+    client = MeteredClient([TRAINING])
+    widget = UsageWidget(client, now=lambda: NOW)
+    assert widget.plan.value == "/sample-project/training" and widget.range.value == RECENT
+    widget.refresh()
+    call = client.usage_calls[-1]
+    assert call["plan"] == "/sample-project/training" and call["end"] == NOW
+    assert call["start"] <= TRAINING["submitted"] and call["step"] == 1.0
+    assert widget.usage["totals"]["gpu_hours"] == 2 * 90 / 3600  # the run is in the window
+
+
+def test_usage_defaults_to_the_plan_holding_all_recent_jobs_else_the_last_day() -> None:
+    other = {**TRAINING, "id": "j2", "plan": "/sample-project/eval", "submitted": NOW - 100}
+    widget = UsageWidget(MeteredClient([TRAINING, other]), now=lambda: NOW)
+    assert widget.plan.value == "/sample-project"
+    old = {**TRAINING, "submitted": NOW - 30 * 86400}
+    widget = UsageWidget(MeteredClient([old]), now=lambda: NOW)
+    assert widget.range.value == "last 24 hours" and RECENT not in widget.range.options
+
+
+@pytest.mark.parametrize("time_range", [None, "last hour", "last 24 hours"])
+def test_a_2_gpu_job_of_90_s_draws_as_a_step_at_2_gpus(time_range) -> None:
+    widget = UsageWidget(MeteredClient([TRAINING]), now=lambda: NOW, time_range=time_range)
+    widget.refresh()
+    used = next(t for t in widget.chart.to_dict()["data"] if t["name"] == "GPU used")
+    assert used["line"]["shape"] == "hv"
+    ys = list(used["y"])
+    assert max(ys) == 2.0  # not an average of the run with the idle rest of a step
+    at_two = [i for i, y in enumerate(ys) if y == 2.0]
+    start, end = (datetime.strptime(used["x"][i], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
+                  for i in (at_two[0], at_two[-1] + 1))  # fmt: skip
+    assert (end - start).total_seconds() >= 90 - 2 * widget.window()[2]  # for the whole run
+    if time_range != "last 24 hours":  # steps of 1 s: the exact step function
+        assert ys == [0.0, 2.0, 0.0, 0.0] and (end - start).total_seconds() == 90
