@@ -199,21 +199,27 @@ class WmlaMagics(Magics):
     @line_magic
     def wmla_usage(self, line: str) -> Any:
         """Requested vs used GPU and CPU: %wmla_usage [--plan /p] [--user NAME]
-        [--range 'last 24 hours'] [--refresh SECONDS]"""
-        from widgets.usage import RANGES, UsageWidget
+        [--range 'my recent jobs'|'last 24 hours'|...] [--refresh SECONDS]
+
+        Without --plan and --range: the plan and a window of your recent jobs (so a training
+        run just done shows), else the last 24 hours."""
+        from widgets.usage import RANGES, RECENT, UsageWidget
 
         args = _args(
             line,
             "%wmla_usage",
             {"--plan": {"default": None}, "--user": {"default": None},
-             "--range": {"default": "last 24 hours", "choices": list(RANGES)},
+             "--range": {"default": None, "choices": [RECENT, *RANGES]},
              "--refresh": {"type": int, "default": 30}},
         )  # fmt: skip
         client = self.client()
-        plan = args.plan or os.environ.get("WMLA_PLAN")
-        widget = UsageWidget(
-            client, plan=plan, user=args.user, time_range=args.range, refresh_seconds=args.refresh
-        )
+        try:
+            widget = UsageWidget(
+                client, plan=args.plan, user=args.user, time_range=args.range,
+                refresh_seconds=args.refresh,
+            )  # fmt: skip
+        except ValueError as err:  # e.g. 'my recent jobs' without any recent job
+            raise UsageError(f"%wmla_usage: {err}") from None
         widget.refresh()
         self.shell.user_ns["wmla_last_usage"] = widget
         return widget

@@ -530,7 +530,7 @@ async def test_wmla_works_in_the_users_own_terminal_without_a_logon(hub: Hub) ->
     if hub.os_isolation:
         assert str(pwd.getpwnam(account("user1")).pw_uid) in out, out
     # exec-get reached the service as user1: their running notebook job is listed
-    assert "JOB" in out and "RUNNING" in out and "/project1/dev-team" in out, out
+    assert "JOB" in out and "notebook (running)" in out and "/project1/dev-team" in out, out
 
 
 # -- a kernel of the spawned server (issue 5's end-to-end path) ----------------------------------
