@@ -15,7 +15,6 @@ import logging
 import os
 import secrets
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -215,9 +214,13 @@ class WmlaService(Application):
         return default_plans()
 
     python = Unicode(
-        sys.executable,
+        "python",
         config=True,
-        help="""Python interpreter that runs training scripts.
+        help="""Python interpreter that runs training scripts, as a job's command names it.
+        "python" (default) leaves the choice to the backend, so the job shows what really runs
+        it: the local backend's own interpreter (the service's, or for an account that cannot
+        run that one the system Python of the same version over the service's packages), the
+        image's on Kubernetes.
 
         c.WmlaService.python = "/opt/conda/bin/python"
         """,

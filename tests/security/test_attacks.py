@@ -56,7 +56,7 @@ elif mode == "hardlink-log":
         print("hard link refused:", err, flush=True)
 elif mode == "whoami":
     info = {"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(),
-            "groups": os.getgroups(), "env": dict(os.environ)}
+            "groups": os.getgroups(), "env": dict(os.environ), "exe": sys.executable}
     json.dump(info, open(os.path.join(job, "whoami.json"), "w"))
 elif mode == "probe":  # what this account can read of the paths given after the mode
     seen = {}
@@ -286,6 +286,10 @@ def test_a_job_runs_as_its_user_with_only_its_own_environment(hub: Hub) -> None:
     assert not [k for k in env if k.startswith(("JUPYTERHUB_", "LD_", "SUDO_"))], env
     for path in (Path(job["workdir"]), Path(job["workdir"]) / "logs" / "worker-0.log"):
         assert os.stat(path).st_uid == entry.pw_uid  # made by the user, not root's chown
+    # the job says "python", the backend's choice; the log's first line names the one that ran
+    assert job["command"][0] == "python", job["command"]
+    header = user2.get(f"/jobs/{job['id']}/logs", params={"worker": "0"}).json()["logs"]
+    assert header.startswith("==== wmla:") and seen["exe"] in header.splitlines()[0], header
 
 
 # -- users without an account --------------------------------------------------------------------
