@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
-import requests
 
 from hub_config import culler_services, culler_settings, stop_servers_before_services
 from hub_config.culler import GPU_GROUP
 from spawner.mixin import GPU_GROUP as SPAWNER_GPU_GROUP
 from tests.service.hub import PROXY, Client, Hub
+from tests.spawner.helpers import hub_request, notebook_jobs, server_model, wait_for
 
 PY = sys.executable
 
@@ -150,39 +150,10 @@ def hub(tmp_path_factory: pytest.TempPathFactory):
         shutil.rmtree(storage, ignore_errors=True)
 
 
-def hub_request(hub: Hub, method: str, path: str, user: str, **kwargs) -> requests.Response:
-    token = hub.clients[user].headers["Authorization"]
-    return requests.request(
-        method, f"{hub.url}/hub/api{path}", headers={"Authorization": token}, timeout=30, **kwargs
-    )
-
-
-def server_model(hub: Hub, user: str) -> dict | None:
-    r = hub_request(hub, "GET", f"/users/{user}", user)
-    assert r.status_code == 200, r.text
-    return r.json()["servers"].get("")
-
-
-def wait_for(predicate, what: str, hub: Hub, timeout: float = 30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}\n{hub.log()}")
-
-
 def spawn_ready(hub: Hub, user: str, profile: str) -> None:
     r = hub_request(hub, "POST", f"/users/{user}/server", user, json={"profile": profile})
     assert r.status_code in (201, 202), r.text
-    wait_for(lambda: (server_model(hub, user) or {}).get("ready"), f"{user}'s server", hub, 120)
-
-
-def notebook_jobs(hub: Hub, user: str, states: str = "RUNNING,PENDING") -> list[dict]:
-    r = hub.clients["admin"].get("/jobs", params={"user": user, "state": states})
-    assert r.status_code == 200, r.text
-    return [j for j in r.json()["jobs"] if j.get("kind", "notebook") == "notebook"]
+    wait_for(lambda: (server_model(hub, user) or {}).get("ready"), f"{user}'s server", 120, hub=hub)
 
 
 def gpu_group_members(hub: Hub) -> set[str]:
@@ -201,9 +172,9 @@ def test_an_idle_gpu_server_is_culled_and_released_an_idle_cpu_one_stays(hub: Hu
     # the spawner keeps the GPU holders in the group the GPU culler's scopes are filtered to
     assert "user2" in gpu_group_members(hub) and "user1" not in gpu_group_members(hub)
 
-    wait_for(lambda: server_model(hub, "user2") is None, "the GPU culler", hub, timeout=40)
+    wait_for(lambda: server_model(hub, "user2") is None, "the GPU culler", 40, hub=hub)
     assert "wmla-idle-culler-gpu" in hub.log() and "Culling server user2" in hub.log()
-    wait_for(lambda: notebook_jobs(hub, "user2") == [], "the GPU job's release", hub)
+    wait_for(lambda: notebook_jobs(hub, "user2") == [], "the GPU job's release", hub=hub)
     assert hub.clients["admin"].get(f"/jobs/{gpu_job['id']}").json()["state"] == "CANCELLED"
     assert "user2" not in gpu_group_members(hub)
 

@@ -29,6 +29,7 @@ import requests
 
 from spawner.storage import Account, account_python, unreachable
 from tests.service.hub import PROXY, REPO, Client, Hub
+from tests.spawner.helpers import hub_request, notebook_jobs, server_model, wait_for
 
 pytestmark = pytest.mark.skipif(
     not PROXY.exists(), reason="configurable-http-proxy is missing: run `make install`"
@@ -146,22 +147,9 @@ def hub(tmp_path_factory: pytest.TempPathFactory):
 
 
 # -- helpers -----------------------------------------------------------------------------------
-def hub_request(hub: Hub, method: str, path: str, user: str, **kwargs) -> requests.Response:
-    token = hub.clients[user].headers["Authorization"]
-    return requests.request(
-        method, f"{hub.url}/hub/api{path}", headers={"Authorization": token}, timeout=30, **kwargs
-    )
-
-
 def spawn(hub: Hub, user: str, profile: str | None = None) -> requests.Response:
     body = {"profile": profile} if profile else {}
     return hub_request(hub, "POST", f"/users/{user}/server", user, json=body)
-
-
-def server_model(hub: Hub, user: str) -> dict | None:
-    r = hub_request(hub, "GET", f"/users/{user}", user)
-    assert r.status_code == 200, r.text
-    return r.json()["servers"].get("")
 
 
 def wait_ready(hub: Hub, user: str, timeout: float = 120) -> dict:
@@ -217,22 +205,6 @@ def server_process(hub: Hub, user: str) -> psutil.Process:
 def leaf(hub: Hub, path: str) -> dict:
     plans = hub.clients["admin"].get("/plans").json()["plans"]
     return next((p for p in plans if p["path"] == path), {})
-
-
-def wait_for(predicate, what: str, timeout: float = 30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def notebook_jobs(hub: Hub, user: str, states: str = "RUNNING,PENDING") -> list[dict]:
-    r = hub.clients["admin"].get("/jobs", params={"user": user, "state": states})
-    assert r.status_code == 200, r.text
-    return [j for j in r.json()["jobs"] if j.get("kind", "notebook") == "notebook"]
 
 
 # -- tests -------------------------------------------------------------------------------------
