@@ -13,7 +13,7 @@ import asyncio
 import os
 import site
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -137,8 +137,8 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
 
     # -- the spawn page --------------------------------------------------------------------
     @default("options_form")
-    def _wmla_options_form_default(self) -> Callable[[Any], str]:
-        return lambda spawner: spawner.wmla_options_form() if spawner.profiles else ""
+    def _wmla_options_form_default(self) -> Callable[[Any], Awaitable[str]]:
+        return lambda spawner: spawner.wmla_spawn_form()
 
     @default("options_from_form")
     def _wmla_options_from_form_default(self) -> Callable[[Mapping[str, list]], dict]:

@@ -20,9 +20,10 @@ import inspect
 import os
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any
+from urllib.parse import urlencode
 
 from traitlets import Any as AnyTrait
-from traitlets import Dict, Float, Integer, List, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 NOTEBOOK_KIND = "notebook"
@@ -141,6 +142,17 @@ class WmlaSpawnerMixin(LoggingConfigurable):
         """,
     ).tag(config=True)
 
+    plan_choice = Bool(
+        True,
+        help="""Offer the plans the user may use on the spawn page (when there is more than
+        one): the service says which (plan members and groups, as for the user's own
+        submissions), and a pick outside them is refused at spawn. A profile's own ``plan``
+        wins over the pick. The pick arrives as ``user_options = {"plan": path}``.
+
+        c.WmlaLocalSpawner.plan_choice = False
+        """,
+    ).tag(config=True)
+
     # -- what a notebook asks for --------------------------------------------------------------
     gpus = Integer(
         0,
@@ -238,20 +250,47 @@ class WmlaSpawnerMixin(LoggingConfigurable):
         return next((p for p in self.profiles if p.get("default")), self.profiles[0])
 
     def wmla_plan_path(self) -> str:
-        """The plan: picked profile's plan > wmla_plan > user_plans > group_plans > default."""
+        """The plan: picked profile's plan > the plan picked on the spawn page > wmla_plan >
+        user_plans > group_plans > default (a picked plan is checked by wmla_admit)."""
         profile = self.wmla_profile()
-        name = self.user.name
-        groups = {g.name for g in getattr(self.user, "groups", []) or []}
-        plan = (profile or {}).get("plan") or self.wmla_plan or self.user_plans.get(name)
-        if not plan:
-            plan = next((p for g, p in self.group_plans.items() if g in groups), None)
-        plan = plan or self.default_plan
+        picked = (self.user_options or {}).get("plan") if self.plan_choice else None
+        plan = (profile or {}).get("plan") or picked or self.wmla_mapped_plan()
         if not isinstance(plan, str) or not plan.startswith("/") or plan.endswith("/"):
             raise AdmissionError(
-                f"the plan {plan!r} mapped to {name} is not a plan path such as "
+                f"the plan {plan!r} for {self.user.name} is not a plan path such as "
                 f"/project1/dev-team; fix c.{type(self).__name__}.user_plans / group_plans"
             )
         return plan
+
+    def wmla_mapped_plan(self) -> str:
+        """The plan the configuration maps the user to: wmla_plan > user_plans > group_plans >
+        default_plan."""
+        name = self.user.name
+        groups = {g.name for g in getattr(self.user, "groups", []) or []}
+        plan = self.wmla_plan or self.user_plans.get(name)
+        if not plan:
+            plan = next((p for g, p in self.group_plans.items() if g in groups), None)
+        return plan or self.default_plan
+
+    async def wmla_usable_plans(self) -> list[str]:
+        """The plans the service lets this user submit to (its membership rules)."""
+        groups = ",".join(sorted(g.name for g in getattr(self.user, "groups", []) or []))
+        query = urlencode({"user": self.user.name, "groups": groups})
+        me = await self._wmla_call("GET", f"?{query}", what="the plans this user may use")
+        return [str(p) for p in me.get("plans", [])]
+
+    async def _wmla_check_picked_plan(self) -> None:
+        """A plan picked on the spawn page (or sent as user_options) must be one the user may
+        use: the spawner submits as a plan admin, so this is where membership is enforced."""
+        picked = (self.user_options or {}).get("plan")
+        if not self.plan_choice or picked is None or (self.wmla_profile() or {}).get("plan"):
+            return
+        usable = await self.wmla_usable_plans()
+        if picked not in usable:
+            raise AdmissionError(
+                f"{self.user.name} may not start a server in plan {picked!r}; pick one of "
+                f"{', '.join(usable) or 'none (ask an admin to add you to a plan)'}"
+            )
 
     def wmla_request(self) -> tuple[int, dict, dict]:
         """(gpus, per-worker request, limits) for the notebook job, in the service's units."""
@@ -375,6 +414,7 @@ class WmlaSpawnerMixin(LoggingConfigurable):
     async def _wmla_admit(self) -> str:
         from extension.client import WmlaError
 
+        await self._wmla_check_picked_plan()
         plan = self.wmla_plan_path()
         body = self.wmla_job_body(plan)
         self.wmla_leaf = f"{plan}/{self.user.name}"
@@ -567,7 +607,36 @@ class WmlaSpawnerMixin(LoggingConfigurable):
         return release_then_hook()
 
     # -- the spawn page ------------------------------------------------------------------------
-    def wmla_options_form(self) -> str:
+    async def wmla_spawn_form(self) -> str:
+        """The spawn page: the profiles, and the plans the user may use when more than one
+        (a service that cannot be asked leaves the plan choice out, never the spawn)."""
+        plans: list[str] = []
+        if self.plan_choice:
+            from extension.client import WmlaError
+
+            try:
+                plans = await self.wmla_usable_plans()
+            except (WmlaError, AdmissionError) as err:
+                self.log.warning("%s: no plan choice on the spawn page: %s", self._log_name, err)
+        return self.wmla_options_form(plans)
+
+    def wmla_options_form(self, plans: list[str] | None = None) -> str:
+        """The form's HTML: a radio group of profiles, and one of ``plans`` when there are two
+        or more (the mapped plan checked)."""
+        form = self._wmla_profiles_form()
+        if plans and len(plans) > 1:
+            mapped = self.wmla_mapped_plan()
+            chosen = mapped if mapped in plans else plans[0]
+            rows = [
+                f'<label class="form-check"><input class="form-check-input" type="radio" '
+                f'name="plan" value="{html.escape(p, quote=True)}"'
+                f"{' checked' if p == chosen else ''}> {html.escape(p)}</label>"
+                for p in plans
+            ]
+            form += "<fieldset><legend>Plan</legend>" + "\n".join(rows) + "</fieldset>"
+        return form
+
+    def _wmla_profiles_form(self) -> str:
         if not self.profiles:
             return ""
         chosen = (self.wmla_profile() or {}).get("slug")
@@ -586,8 +655,12 @@ class WmlaSpawnerMixin(LoggingConfigurable):
         return "<fieldset><legend>Profile</legend>" + "\n".join(rows) + "</fieldset>"
 
     def wmla_options_from_form(self, formdata: Mapping[str, list]) -> dict:
-        picked = formdata.get("profile") or []
-        return {"profile": picked[0]} if picked else {}
+        options = {}
+        for key in ("profile", "plan"):
+            picked = formdata.get(key) or []
+            if picked:
+                options[key] = picked[0]
+        return options
 
 
 def _cpu(cores: float | None) -> str | None:

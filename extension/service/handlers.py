@@ -152,8 +152,12 @@ class OpenAPIHandler(web.RequestHandler):
 
 
 class WhoAmIHandler(APIHandler):
+    @_errors
     async def get(self) -> None:
         caller = self.caller()
+        user = self.get_argument("user", None)
+        if user is not None and user != caller.name:
+            caller = self._subject(caller, user)
         self.reply(
             {
                 "name": caller.name,
@@ -164,6 +168,17 @@ class WhoAmIHandler(APIHandler):
                 "api": f"{self.settings['wmla_prefix']}api/v1/",
             }
         )
+
+    def _subject(self, caller: Caller, user: str) -> Caller:
+        """Another user as a plan admin asks about them (the spawner, for its spawn page):
+        what ``user`` in ``groups`` may use, judged as for that user, not as the admin."""
+        if not caller.admin:
+            raise APIError(403, "only plan admins may ask what another user may use")
+        groups = [g for g in (self.get_argument("groups", "") or "").split(",") if g]
+        for name in (user, *groups):
+            if not MEMBER.match(name):
+                raise APIError(400, f"{name!r} is not a hub user or group name")
+        return Caller(user, frozenset(groups), admin=False)
 
 
 class IndexHandler(BaseHandler):

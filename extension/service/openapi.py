@@ -214,7 +214,12 @@ def openapi_document(prefix: str = "/services/wmla/") -> dict[str, Any]:
         "paths": {
             "/": {
                 "get": {
-                    "summary": "who am I: name, groups, plan admin, plans I may submit to",
+                    "summary": "who am I: name, groups, plan admin, plans I may submit to "
+                    "(plan admins: ?user=&groups= for what another user may use)",
+                    "parameters": [
+                        {"name": "user", "in": "query", "schema": {"type": "string"}},
+                        {"name": "groups", "in": "query", "schema": {"type": "string"}},
+                    ],
                     "responses": {**_ok("the caller", {"type": "object"}), **ERRORS},
                 }
             },

@@ -101,6 +101,13 @@ def test_a_new_user_logs_in_to_jupyterlab_and_finds_the_getting_started_notebook
     page.fill("input[name=username]", USER)
     page.fill("input[name=password]", hub.password)
     page.click("input[type=submit], button[type=submit]")
+    # the spawn page: a notebook size and the plans this user may use
+    page.wait_for_selector("input[name=profile][value=cpu]:checked", timeout=60_000)
+    plans = page.eval_on_selector_all("input[name=plan]", "els => els.map(e => e.value)")
+    assert "/sample-project/notebooks" in plans and "/sample-project/training" in plans, plans
+    assert page.is_checked("input[name=plan][value='/sample-project/notebooks']")
+    shot(page, "0-spawn-page")
+    page.click("#spawn_form input[type=submit], #spawn_form button[type=submit]")
     page.wait_for_url(f"**/user/{USER}/lab**", timeout=150_000)
     page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
     page.locator(".jp-DirListing-item", has_text="getting-started.ipynb").wait_for(timeout=60_000)

@@ -432,6 +432,36 @@ async def test_the_kube_spawner_is_admitted_by_the_real_service(hub: Hub, tmp_pa
         kube_config.KUBE_CONFIG_DEFAULT_LOCATION = old
 
 
+# -- the plan picked on the spawn page ----------------------------------------------------------
+def test_a_server_starts_only_in_a_plan_its_user_may_use(hub: Hub) -> None:
+    admin = hub.clients["admin"]
+    r = admin.post("/plans", json={"path": "/members-only", "members": {"users": ["user1"]}})
+    assert r.status_code == 201, r.text
+    # what the spawn page offers each user, asked as the spawner does (a plan admin)
+    offers = {
+        u: admin.get("/", params={"user": u, "groups": ""}).json()["plans"]
+        for u in ("user1", "user2")
+    }
+    assert "/members-only" in offers["user1"] and "/members-only" not in offers["user2"]
+    assert hub.clients["user2"].get("/", params={"user": "user1"}).status_code == 403
+    for user in ("user1", "user2"):
+        if server_model(hub, user) is not None:
+            stop(hub, user)
+    # user2 sends the pick straight to the hub API: refused, nothing charged
+    r = hub_request(hub, "POST", "/users/user2/server", "user2", json={"plan": "/members-only"})
+    if r.status_code in (201, 202):
+        wait_for(lambda: server_model(hub, "user2") is None, "the refused spawn to end", 60)
+    assert notebook_jobs(hub, "user2") == []
+    assert "may not start a server in plan '/members-only'" in hub.log() or r.status_code >= 400
+    # user1 may: the server is charged to /members-only/user1
+    r = hub_request(hub, "POST", "/users/user1/server", "user1", json={"plan": "/members-only"})
+    assert r.status_code in (201, 202), r.text
+    wait_ready(hub, "user1")
+    (job,) = notebook_jobs(hub, "user1")
+    assert job["leaf"] == "/members-only/user1"
+    stop(hub, "user1")
+
+
 # -- what a new user finds: the getting-started files, a terminal with `wmla` -------------------
 def test_a_first_spawn_offers_the_getting_started_files_once_and_never_over_the_users(
     hub: Hub,

@@ -114,6 +114,23 @@ def test_options_form_lists_profiles_and_reads_the_pick() -> None:
     assert make().wmla_options_form() == ""
 
 
+def test_the_spawn_page_offers_the_users_plans_and_reads_the_pick() -> None:
+    spawner = make("carol", **MAPPING)  # mapped to /project2/research
+    plans = ["/project1/dev-team", "/project2/research", "/sample-project/notebooks"]
+    form = spawner.wmla_options_form(plans)
+    assert form.count('name="plan"') == 3 and 'value="/project2/research" checked' in form
+    assert spawner.run_options_from_form({"plan": ["/project1/dev-team"]}) == {
+        "plan": "/project1/dev-team"
+    }
+    assert make().wmla_options_form(["/only/one"]) == ""  # one plan: nothing to choose
+    picked = make("carol", (), {"plan": "/project1/dev-team"}, **MAPPING)
+    assert picked.wmla_plan_path() == "/project1/dev-team"
+    fixed = make("carol", (), {"plan": "/project1/dev-team", "profile": "qa"}, profiles=PROFILES)
+    assert fixed.wmla_plan_path() == next(p["plan"] for p in PROFILES if p["slug"] == "qa")
+    off = make("carol", (), {"plan": "/project1/dev-team"}, plan_choice=False, **MAPPING)
+    assert off.wmla_plan_path() == "/project2/research"
+
+
 @pytest.mark.parametrize(
     "name", ["../x", "a/b", "", ".", "..", "Alice", "-x", "x-", "a" * 64, "bob smith"]
 )
