@@ -460,6 +460,12 @@ def test_a_server_starts_only_in_a_plan_its_user_may_use(hub: Hub) -> None:
     (job,) = notebook_jobs(hub, "user1")
     assert job["leaf"] == "/members-only/user1"
     stop(hub, "user1")
+    # the hub remembers a spawn's options: the next tests spawn with their mapped plans again
+    for user, plan in (("user1", "/project1/dev-team"), ("user2", "/sample-project/notebooks")):
+        r = hub_request(hub, "POST", f"/users/{user}/server", user, json={"plan": plan})
+        assert r.status_code in (201, 202), r.text
+        wait_ready(hub, user)
+        stop(hub, user)
 
 
 # -- what a new user finds: the getting-started files, a terminal with `wmla` -------------------
