@@ -201,11 +201,19 @@ class PlanTree:
         return tree
 
 
+MIN_SHARE = 0.001
+MAX_SHARE = 1_000_000
+
+
 def _check_share(path: str, share: float) -> float:
+    """A share within [MIN_SHARE, MAX_SHARE]: ratios between siblings then stay within 1e9,
+    where water-filling's sums and divisions are exact enough (1e17 or 5e-324 broke them)."""
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not share > 0:
         raise PlanError(f"plan {path}: share must be a number above 0, got {share!r}")
-    if share == UNLIMITED:
-        raise PlanError(f"plan {path}: share must be finite, got {share!r}")
+    if not MIN_SHARE <= share <= MAX_SHARE:
+        raise PlanError(
+            f"plan {path}: share must be from {MIN_SHARE} to {MAX_SHARE:,}, got {share!r}"
+        )
     return float(share)
 
 

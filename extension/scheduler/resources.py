@@ -132,10 +132,19 @@ def parse_quantity(resource: str, value: Any, where: str = "request") -> int:
     scaled = number * _SUFFIX[suffix]
     if resource == "cpu":
         scaled *= 1000
+    if not scaled <= MAX_AMOUNT[resource]:  # also inf: 1e306 cores overflow the millicores
+        raise QuantityError(
+            f"{where}: {resource} {value!r} is too large; at most "
+            f"{format_amount(resource, MAX_AMOUNT[resource])}"
+        )
     if resource == "gpu" and (suffix or scaled != int(scaled)):
         raise QuantityError(f"{where}: gpu counts whole devices, got {value!r}; use 0, 1, 2, ...")
     return int(round(scaled))
 
+
+# The most any request, limit or quota may name, in the core's units: far above any machine,
+# far below where float arithmetic on sums of them loses whole units.
+MAX_AMOUNT = {"gpu": 10**6, "cpu": 10**12, "memory": 2**60}
 
 _EXAMPLES = {
     "gpu": "use a whole number of devices such as 1 or 4",

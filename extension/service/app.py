@@ -429,7 +429,9 @@ class WmlaService(Application):
         service_url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
         ip = self.ip or service_url.hostname or "127.0.0.1"
         port = self.port or service_url.port or 10101
-        self.http = HTTPServer(app, xheaders=True, max_body_size=1024 * 1024)
+        # read bodies up to 16 MiB so that one over the API's 1 MiB gets a JSON 413 naming the
+        # limit (tornado would drop the connection, and the proxy answer 503 HTML)
+        self.http = HTTPServer(app, xheaders=True, max_body_size=16 * 1024 * 1024)
         self.http.listen(port, ip)
         self.log.info("wmla service at http://%s:%i%s (store %s)", ip, port, prefix, url)
         inst = self.scheduler.instance

@@ -27,6 +27,8 @@ from .store import JobRow, PlanRecord
 from .submission import Rejected, SubmissionError, parse_submission
 
 ADMIN_SCOPE = "custom:wmla:admin"
+MAX_BODY = 1024 * 1024  # bytes of a JSON body (the HTTP server reads up to 16 MiB to say so)
+MAX_DEPTH = 32  # levels of nesting; no valid body has more than 4
 PLAN_KEYS = {"path", "share", "limit", "members"}
 MEMBER = re.compile(r"[A-Za-z0-9._@-]{1,255}\Z")
 MAX_MEMBERS = 10_000
@@ -103,14 +105,41 @@ class APIHandler(BaseHandler):
         return caller
 
     def body(self) -> Any:
+        raw = self.request.body or b"null"
+        if len(raw) > MAX_BODY:
+            raise APIError(
+                413, f"the body is {len(raw):,} bytes; at most {MAX_BODY:,} (1 MiB) are accepted"
+            )
         try:
-            return json.loads(self.request.body or b"null")
+            value = json.loads(raw)
+        except RecursionError:  # the C scanner recurses per level: '[' x 100,000 ends here
+            value = None
+            deep = True
         except (ValueError, UnicodeDecodeError) as err:
             raise APIError(400, f"the body is not valid JSON: {err}") from None
+        else:
+            deep = _deeper_than(value, MAX_DEPTH)
+        if deep:
+            raise APIError(400, f"the body is nested more than {MAX_DEPTH} levels deep")
+        return value
 
     def reply(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
         self.finish(json.dumps(data))
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists/objects more than ``limit`` levels (iteratively: a deep
+    body must not reach the recursion limit in our own validation either)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _errors(fn):
@@ -142,7 +171,13 @@ def _errors(fn):
 class HealthHandler(web.RequestHandler):
     def get(self) -> None:
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"ok": True, "cycles": self.settings["wmla_scheduler"].cycles}))
+        sched = self.settings["wmla_scheduler"]
+        health = {"ok": sched.last_error is None, "cycles": sched.cycles}
+        if sched.last_error is not None:  # up, but the scheduling loop fails every cycle
+            health.update(status="degraded", error=sched.last_error)
+        else:
+            health["status"] = "ok"
+        self.finish(json.dumps(health))
 
 
 class OpenAPIHandler(web.RequestHandler):

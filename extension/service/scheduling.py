@@ -120,6 +120,7 @@ class Scheduler:
         self.result: CycleResult | None = None  # the last cycle's
         self.reserved: str | None = None  # CycleResult.reserved, passed to the next cycle
         self.cycles = 0
+        self.last_error: str | None = None  # why the last cycle failed, while it does
         self._events: list[BackendEvent] = []
         self._calls: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         self._resize_to: dict[str, tuple[str, ...]] = {}
@@ -261,13 +262,22 @@ class Scheduler:
                 pass
             self._wake.clear()
             waiters, self._waiters = self._waiters, []
-            try:
-                await self.cycle()
-            except Exception:  # one bad cycle must not end the loop; the next one retries
-                self.log.exception("scheduling cycle failed")
+            await self.run_cycle()
             for future in waiters:
                 if not future.done():
                     future.set_result(None)
+
+    async def run_cycle(self) -> bool:
+        """One cycle as the loop runs it: a failure is logged and kept in ``last_error`` (for
+        /health and the admin page) until a cycle succeeds; the next one retries."""
+        try:
+            await self.cycle()
+        except Exception as err:  # one bad cycle must not end the loop
+            self.log.exception("scheduling cycle failed")
+            self.last_error = f"{type(err).__name__}: {err}"[:500]
+            return False
+        self.last_error = None
+        return True
 
     async def cycle(self) -> None:
         """One pass: events, decisions, store, then backend calls (in that order)."""

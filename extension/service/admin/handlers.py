@@ -103,6 +103,7 @@ class AdminBase(BaseHandler):
         self.set_status(status)
         self.set_header("Content-Type", "text/html; charset=utf-8")
         ns.setdefault("user", self.current_user["name"])
+        ns.setdefault("degraded", self.sched.last_error)
         self.finish(
             _env.get_template(name).render(
                 prefix=self.prefix,
