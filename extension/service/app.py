@@ -35,6 +35,7 @@ from .privacy import (
     TRAVERSABLE_DIR,
     is_private_dir,
     make_dir,
+    only_owner_writes,
     privatize_tree,
     proc_hides_other_processes,
     restrict_umask,
@@ -343,6 +344,14 @@ class WmlaService(Application):
                 "so any hub user can act as root; remove it (jobs then run as their users' "
                 "accounts)"
             )
+        storage_safe = only_owner_writes(self.storage_root)
+        if root and not storage_safe:
+            warnings.append(
+                f"the storage root {self.storage_root} (or a folder above it) is writable by "
+                "other accounts or not root's: a user could put a link where another user's "
+                "folder is; make it and its parents root's, not group- or world-writable "
+                "(the storage root itself 0711)"
+            )
         if not private:
             warnings.append(
                 f"the state directory {self.state_dir} (the store, with every job's "
@@ -353,6 +362,7 @@ class WmlaService(Application):
             "runs_as_root": root,
             "proc_hidepid": hidepid,
             "state_dir_private": private,
+            "storage_root_safe": storage_safe,
             "jobs_run_as": "the service's account" if as_service or not root else "their users",
             "warnings": warnings,
         }

@@ -229,6 +229,25 @@ def is_private_dir(path: str | os.PathLike) -> bool:
     )
 
 
+def only_owner_writes(path: str | os.PathLike) -> bool:
+    """Whether ``path`` and every folder above it are directories that only this process's
+    account (or root) may write: then no other account can swap a name in them, such as a
+    user's folder in the storage root for a link (what root's chown of it relies on)."""
+    here = Path(os.path.abspath(path))
+    for folder in (here, *here.parents):
+        try:
+            st = os.stat(folder)
+        except OSError:
+            return False
+        owner_ok = st.st_uid in (0, os.geteuid()) if hasattr(os, "geteuid") else True
+        # a sticky parent such as /tmp is fine: others cannot rename what they do not own, and
+        # the folder below it was checked to be root's
+        shared = st.st_mode & 0o022 and (folder == here or not st.st_mode & stat.S_ISVTX)
+        if not stat.S_ISDIR(st.st_mode) or not owner_ok or shared:
+            return False
+    return True
+
+
 def proc_hides_other_processes(mounts: str | None = None) -> bool:
     """Whether /proc hides other accounts' processes (``hidepid=2``/``invisible``, or
     ``4``/``ptraceable``, which for an unprivileged account is the same), from the text of

@@ -386,3 +386,11 @@ def _environ(proc: psutil.Process) -> dict:
         return proc.environ()
     except (psutil.Error, OSError):
         return {}
+
+
+def test_the_instance_says_how_users_are_kept_apart(hub: Hub) -> None:
+    security = hub.clients["user1"].get("/instance").json()["security"]
+    assert security["runs_as_root"] is True and security["jobs_run_as"] == "their users"
+    assert security["state_dir_private"] is True and security["storage_root_safe"] is True
+    if not security["proc_hidepid"]:  # the one thing the machine itself must provide
+        assert any("hidepid=2" in w for w in security["warnings"]), security

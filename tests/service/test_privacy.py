@@ -196,6 +196,7 @@ def test_the_service_makes_its_state_dir_private_and_the_storage_root_traversabl
 def test_the_security_report_says_what_to_do(tmp_path: Path, monkeypatch) -> None:
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
+    (tmp_path / "storage").mkdir(mode=0o711)
     service = WmlaService(state_dir=str(state), storage_root=str(tmp_path / "storage"))
     monkeypatch.setattr(service_app, "proc_hides_other_processes", lambda: False)
     monkeypatch.setattr(os, "geteuid", lambda: 0)
@@ -205,6 +206,7 @@ def test_the_security_report_says_what_to_do(tmp_path: Path, monkeypatch) -> Non
         "runs_as_root": True,
         "proc_hidepid": False,
         "state_dir_private": True,
+        "storage_root_safe": True,
         "jobs_run_as": "their users",
         "warnings": [HIDEPID_ADVICE],
     }
@@ -322,3 +324,26 @@ def test_after_the_hub_and_service_start_no_state_file_is_open_to_others(tmp_pat
             assert "mount -o remount,hidepid=2 /proc" in hub.log_path.read_text(errors="replace")
     finally:
         hub.stop()
+
+
+def test_a_storage_root_others_may_write_is_reported(tmp_path: Path) -> None:
+    from extension.service.privacy import only_owner_writes
+
+    safe = tmp_path / "safe" / "storage"
+    safe.mkdir(parents=True)
+    for folder in (safe, safe.parent):
+        folder.chmod(0o711)
+    assert only_owner_writes(safe)  # under pytest's temp folders and /tmp (sticky): fine
+    open_root = tmp_path / "open"
+    open_root.mkdir()
+    open_root.chmod(0o777)
+    assert not only_owner_writes(open_root)  # anyone could swap a user's folder for a link
+    below = open_root / "storage"
+    below.mkdir()
+    below.chmod(0o711)
+    assert not only_owner_writes(below)  # ... or the storage root itself, from its parent
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    (sticky / "storage").mkdir()
+    assert only_owner_writes(sticky / "storage") and not only_owner_writes(sticky)
