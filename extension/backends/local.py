@@ -786,13 +786,15 @@ class LocalBackend:
     def _finish(self, gang: _Gang) -> None:
         gang.state = "stopping"
         self._sweep(gang)
+        ended = _ended_at(gang)  # before _forget removes the exit files
         self._forget(gang, "finished")
-        self._emit(gang.job_id, "finished", placement=gang.placement, exit_code=0)
+        self._emit(gang.job_id, "finished", placement=gang.placement, exit_code=0, at=ended)
 
     async def _fail(self, gang: _Gang, culprit: _Worker) -> None:
         gang.state = "stopping"
         await self._terminate(gang, self.failure_grace)
         message = await off_loop(self._failure_message, gang, culprit)
+        ended = _ended_at(gang)  # before _forget removes the exit files
         self._forget(gang, "failed")
         self._emit(
             gang.job_id,
@@ -800,6 +802,7 @@ class LocalBackend:
             placement=gang.placement,
             exit_code=culprit.exit_code,
             message=message,
+            at=ended,
         )
 
     def _failure_message(self, gang: _Gang, worker: _Worker) -> str:
@@ -998,8 +1001,10 @@ class LocalBackend:
         placement: tuple[str, ...] = (),
         exit_code: int | None = None,
         message: str = "",
+        at: float | None = None,
     ) -> None:
-        event = BackendEvent(job_id, kind, time.time(), tuple(placement), exit_code, message)
+        when = time.time() if at is None else at
+        event = BackendEvent(job_id, kind, when, tuple(placement), exit_code, message)
         try:
             self._emit_fn(event)
         except Exception:  # the receiver's bug must not stop the backend
@@ -1071,6 +1076,16 @@ def _exit_time(worker: _Worker) -> float:
         return float(_exit_record(worker.exit_file)["at"])
     except (KeyError, TypeError, ValueError):
         return worker.exited_at or float("inf")
+
+
+def _ended_at(gang: _Gang) -> float:
+    """When the gang's last worker ended: the launchers' exit files say so, also for a gang
+    that ended while no service watched it (re-adopted: metering charges until then, not until
+    the restart noticed). A worker without a file ended when it was seen gone."""
+    now = time.time()
+    ends = [_exit_time(w) for w in gang.workers]
+    last = max(ends, default=now)
+    return now if last == float("inf") else min(last, now)
 
 
 def _first_failure(failed: list[_Worker]) -> _Worker:

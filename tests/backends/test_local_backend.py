@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -337,6 +338,25 @@ async def _check_readoption(local_rig, jobs, launchers, stranger) -> None:
     for name in ("keep", "fail", "dead"):
         assert not any(local_rig.alive(p) for p in [*launchers[name], *local_rig.pids(name)])
     assert second.devices_in_use() == {}
+
+
+async def test_a_gang_that_ended_while_nobody_watched_reports_its_real_end(local_rig) -> None:
+    """Metering charges a job until its event's time: a re-adopted gang that finished during
+    the restart must say when it finished, not when the new backend noticed."""
+    first = local_rig.backend("1x4")
+    await first.start(local_rig.spec("early"), ("local",))
+    await local_rig.wait_until(lambda: len(local_rig.pids("early")) == 1, "the worker up")
+    [launcher] = first.worker_pids("early")
+    await first.close()
+    (local_rig.workdir("early") / "control-0").write_text("0")
+    await local_rig.wait_until(lambda: not local_rig.alive(launcher), "the worker to end")
+    ended = time.time()
+    await asyncio.sleep(1.5)  # the service is still away
+    second = local_rig.backend("1x4")
+    recovered = time.time()
+    await second.recover([local_rig.spec("early")])
+    event = await local_rig.events.wait("early", "finished")
+    assert event.at <= ended + 0.2 < recovered, (event.at, ended, recovered)
 
 
 async def test_recover_stops_gangs_the_service_no_longer_lists(local_rig) -> None:
