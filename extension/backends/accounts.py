@@ -11,6 +11,7 @@ system Python of the same version runs over the hub's packages.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import re
@@ -87,9 +88,10 @@ def ensure_folder(storage_root: str | os.PathLike, user: str, account: Account |
     """Create ``<root>/<user>`` (mode 0700, owned by ``account`` when given) if it is missing.
 
     An existing folder keeps its content; its owner and mode are set again, so a folder that
-    the service created first (as root) becomes the account's. Safe as root: the storage root
-    is root's and no user can write it, so ``<root>/<user>`` cannot be swapped for a link
-    between the check and the chown.
+    the service created first (as root) becomes the account's. As root this is done by
+    descriptors: ``<user>`` is opened relative to the storage root with ``O_NOFOLLOW`` and
+    chmod/chown go to that descriptor, so a link or a file put there is refused, never
+    followed, whoever could write the storage root.
     """
     if not user or "/" in user or user in (".", "..") or "\x00" in user:
         raise AccountError(f"user name {user!r} cannot name one folder under {storage_root}")
@@ -98,13 +100,26 @@ def ensure_folder(storage_root: str | os.PathLike, user: str, account: Account |
         root.mkdir(parents=True, mode=0o711)
         os.chmod(root, 0o711)  # the umask may have taken bits away
     folder = root / user
-    folder.mkdir(mode=0o700, exist_ok=True)
-    if folder.is_symlink() or not folder.is_dir():
-        raise AccountError(f"{folder} exists and is not a folder; move it away")
-    os.chmod(folder, 0o700, follow_symlinks=False)
-    if account is not None:
-        os.chown(folder, account.uid, account.gid, follow_symlinks=False)
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(user, 0o700, dir_fd=root_fd)
+        try:
+            fd = os.open(user, _FOLDER_FLAGS, dir_fd=root_fd)
+        except OSError:  # ELOOP (a link) or ENOTDIR (a file)
+            raise AccountError(f"{folder} exists and is not a folder; move it away") from None
+    finally:
+        os.close(root_fd)
+    try:
+        os.fchmod(fd, 0o700)
+        if account is not None:
+            os.fchown(fd, account.uid, account.gid)
+    finally:
+        os.close(fd)
     return folder
+
+
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def system_python() -> str | None:
