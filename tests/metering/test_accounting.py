@@ -1,11 +1,11 @@
-"""The ledger: exact resource-hours from a scripted history written through the real store, and
-leaves adding up to their parents over random histories (property test), downsampling included.
+"""The ledger: exact resource-hours from a scripted history written through the real store
+(SQLite and PostgreSQL), and leaves adding up to their parents over random histories (property
+test), downsampling included.
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,7 +15,7 @@ from extension.metering.accounting import ROOT, Fact, Ledger, ancestors
 from extension.metering.meter import Metering
 from extension.metering.series import StepSeries
 from extension.metering.usage import usage, usage_csv
-from extension.service.store import JobRow, Store, sqlite_url
+from extension.service.store import JobRow, Store
 
 T0 = 1_800_000_000.0  # a whole hour in epoch seconds, so buckets line up with the script
 GIB = 2**30
@@ -90,8 +90,8 @@ def write_script(store: Store, after=lambda: None) -> None:
 
 
 @pytest.fixture
-def scripted(tmp_path: Path) -> Store:
-    store = Store.open(sqlite_url(tmp_path / "wmla.sqlite"))
+def scripted(store_url: str) -> Store:
+    store = Store.open(store_url)
     write_script(store)
     yield store
     store.close()
@@ -296,8 +296,8 @@ def test_series_keeps_late_changes_and_refuses_bad_input() -> None:
         Ledger(bucket_seconds=0)
 
 
-def test_reading_as_rows_arrive_equals_rebuilding_after_a_restart(tmp_path: Path) -> None:
-    store = Store.open(sqlite_url(tmp_path / "wmla.sqlite"))
+def test_reading_as_rows_arrive_equals_rebuilding_after_a_restart(store_url: str) -> None:
+    store = Store.open(store_url)
     try:
         live = Metering(store=store, clock=lambda: T0 + 20_000)
         write_script(store, after=live.refresh)

@@ -1,4 +1,5 @@
-"""The usage API and the metrics endpoint over the real scheduling loop, store and handlers.
+"""The usage API and the metrics endpoint over the real scheduling loop, store and handlers (the
+store on SQLite, then on PostgreSQL).
 
 The loop, the store and metering are the real ones (the loop over the test double backend of
 ``tests/service``, driven cycle by cycle). Only authentication is replaced: ``AsUser`` takes the
@@ -53,8 +54,8 @@ class MeasuredAsUser(AsUser, MeasuredHandler):
 
 
 @pytest.fixture(scope="module")
-async def api(tmp_path_factory: pytest.TempPathFactory):
-    rig = Rig(Path(tmp_path_factory.mktemp("metering")))
+async def api(tmp_path_factory: pytest.TempPathFactory, module_store_url: str):
+    rig = Rig(Path(tmp_path_factory.mktemp("metering")), module_store_url)
     await rig.start()
     meter = Metering(store=rig.store, clock=rig.clock, sample_interval=3600)
     meter.attach(rig.sched)
@@ -235,15 +236,15 @@ def test_openapi_document_lists_usage() -> None:
     assert refs <= set(doc["components"]["schemas"])
 
 
-def test_knobs_come_from_the_service_config(tmp_path: Path) -> None:
+def test_knobs_come_from_the_service_config(store_url: str) -> None:
     from traitlets.config import Config
 
     from extension.service.app import WmlaService
-    from extension.service.store import Store, sqlite_url
+    from extension.service.store import Store
 
     service = WmlaService()
     service.update_config(Config({"Metering": {"bucket": 900, "full_resolution": 86400}}))
-    store = Store.open(sqlite_url(tmp_path / "wmla.sqlite"))
+    store = Store.open(store_url)
     try:
         meter = Metering(parent=service, store=store)
         assert (meter.bucket, meter.full_resolution) == (900, 86400)

@@ -1,4 +1,5 @@
-"""The scheduling loop over a real SQLite store and the in-process test double backend.
+"""The scheduling loop over a real store (SQLite and PostgreSQL) and the in-process test double
+backend.
 
 Cycles are driven by hand (``run_loop=False``) with an injected clock, so every step is
 deterministic: submit, cycle, backend events, cycle, and the transitions written for each.
@@ -42,10 +43,12 @@ class Clock:
 class Rig:
     """A scheduler, its store, the test double backend and a clock, in a temp folder."""
 
-    def __init__(self, tmp: Path, gpus: int = 4) -> None:
+    def __init__(self, tmp: Path, url: str | None = None, gpus: int = 4) -> None:
+        """``url``: the store's database (the ``store_url`` fixture); a SQLite file in ``tmp``
+        when not given."""
         self.tmp = tmp
         self.clock = Clock()
-        self.url = sqlite_url(tmp / "wmla.sqlite")
+        self.url = url or sqlite_url(tmp / "wmla.sqlite")
         self.storage = tmp / "storage"
         self.gpus = gpus
         self.open()
@@ -100,8 +103,8 @@ class Rig:
 
 
 @pytest.fixture
-async def rig(tmp_path: Path):
-    rig = Rig(tmp_path)
+async def rig(tmp_path: Path, store_url: str):
+    rig = Rig(tmp_path, store_url)
     await rig.start()
     yield rig
     await rig.sched.stop()
@@ -268,13 +271,13 @@ async def test_plan_changes_validate_on_a_copy(rig: Rig) -> None:
     assert {p.path for p in rig.store.plans()} == {p["path"] for p in before}
 
 
-def test_alembic_schema_matches_the_models(tmp_path: Path) -> None:
+def test_alembic_schema_matches_the_models(store_url: str) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
     from extension.service.store import Base
 
-    store = Store.open(sqlite_url(tmp_path / "m.sqlite"))
+    store = Store.open(store_url)
     with store.engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     store.close()
@@ -301,8 +304,8 @@ class PlatformBackend(InProcessBackend):
         self.synced.append([p.path for p in plans])
 
 
-async def test_optional_platform_hooks(tmp_path: Path) -> None:
-    rig = Rig(tmp_path)
+async def test_optional_platform_hooks(tmp_path: Path, store_url: str) -> None:
+    rig = Rig(tmp_path, store_url)
     nodes = rig.backend.nodes
     rig.backend = PlatformBackend(rig.sched.emit, nodes, str(tmp_path / "backend"))
     await rig.start()
