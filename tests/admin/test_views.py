@@ -1,4 +1,4 @@
-"""The admin page's view model over a real Scheduler and SQLite store (no hub, no backend).
+"""The admin page's view model over a real Scheduler and store, SQLite and PostgreSQL (no hub).
 
 The figures come from the real core: ``schedule`` over the scheduler's own tree and jobs, as a
 cycle computes them; the backend is not needed because nothing is carried out.
@@ -24,7 +24,7 @@ from extension.scheduler import (
 )
 from extension.service.admin import views
 from extension.service.scheduling import Scheduler
-from extension.service.store import PlanRecord, Store, sqlite_url
+from extension.service.store import PlanRecord, Store
 
 GPU = Resources(1, 250, 2**29)
 PLANS = {
@@ -37,8 +37,8 @@ PLANS = {
 
 
 @pytest.fixture
-def sched(tmp_path: Path) -> Scheduler:
-    store = Store.open(sqlite_url(tmp_path / "wmla.sqlite"))
+def sched(tmp_path: Path, store_url: str) -> Scheduler:
+    store = Store.open(store_url)
     s = Scheduler(
         store,
         {"quota": Resources(UNLIMITED, UNLIMITED, UNLIMITED), "max_jobs": None},

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from extension.metering.meter import Metering
 from extension.metering.utilization import UtilizationSampler
 from extension.scheduler import UNLIMITED, PlanFigures, Resources
-from extension.service.store import Store, sqlite_url
+from extension.service.store import Store
 
 GRAFANA = Path(__file__).resolve().parents[2] / "hub_config" / "grafana"
 
@@ -27,9 +27,9 @@ def _panels(panels: list[dict]):
         yield from _panels(panel.get("panels", []))
 
 
-def _exposed(tmp_path: Path) -> tuple[set[str], str]:
+def _exposed(store_url: str) -> tuple[set[str], str]:
     """Every family and sample name a service with one plan, one cycle and one sample shows."""
-    store = Store.open(sqlite_url(tmp_path / "wmla.sqlite"))
+    store = Store.open(store_url)
     try:
         meter = Metering(store=store)
         figures = PlanFigures(
@@ -54,9 +54,9 @@ def _exposed(tmp_path: Path) -> tuple[set[str], str]:
     return names, text
 
 
-def test_dashboard_queries_only_exposed_metrics_and_defined_variables(tmp_path: Path) -> None:
+def test_dashboard_queries_only_exposed_metrics_and_defined_variables(store_url: str) -> None:
     dash = json.loads((GRAFANA / "wmla-metering.json").read_text())
-    names, text = _exposed(tmp_path)
+    names, text = _exposed(store_url)
     variables = {v["name"] for v in dash["templating"]["list"]}
     exprs = [t["expr"] for p in _panels(dash["panels"]) for t in p.get("targets", [])]
     assert exprs
