@@ -16,6 +16,10 @@ from .resources import NO_LIMIT, RESOURCES, UNLIMITED, Resources, format_amount
 
 ROOT = "/"
 NAME = re.compile(r"[A-Za-z0-9._-]+\Z")
+# Lengths the store keeps (its path columns hold 512 characters, and PostgreSQL refuses more):
+# a plan path up to 256, a user name up to 255 (JupyterHub's own), so a user leaf fits.
+MAX_PLAN_PATH = 256
+MAX_USER_NAME = 255
 
 
 class PlanError(ValueError):
@@ -75,6 +79,8 @@ def parent_of(path: str) -> str:
 @functools.lru_cache(maxsize=4096)  # called for every job in every cycle; names repeat
 def leaf_path(plan: str, user: str) -> str:
     """The user leaf a submission to ``plan`` by ``user`` is charged to."""
+    if isinstance(user, str) and len(user) > MAX_USER_NAME:
+        raise PlanError(f"user name is {len(user)} characters long; at most {MAX_USER_NAME}")
     return f"{plan}/{check_name(user, what='user name')}"
 
 
@@ -128,6 +134,10 @@ class PlanTree:
         user_leaf: bool = False,
     ) -> Plan:
         split_path(path)
+        if not user_leaf and len(path) > MAX_PLAN_PATH:
+            raise PlanError(
+                f"plan path {path[:40]}... is {len(path)} characters long; at most {MAX_PLAN_PATH}"
+            )
         if path in self._plans:
             raise PlanError(f"plan {path} already exists; update it instead")
         parent = parent_of(path)

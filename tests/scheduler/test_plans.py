@@ -93,3 +93,19 @@ def test_from_dict_takes_parents_in_any_order():
     t = PlanTree.from_dict({"/a/b": {"share": 2, "limit": {"gpu": 2}}, "/a": {}})
     assert t.get("/a/b").share == 2.0 and t.get("/a/b").limit.gpu == 2
     assert [c.path for c in t.children("/a")] == ["/a/b"]
+
+
+def test_paths_and_user_names_fit_the_store():
+    """The store keeps paths in 512 characters (PostgreSQL refuses longer ones): a plan path is
+    at most 256 characters and a user name 255, so every user leaf fits."""
+    t = PlanTree()
+    top = "/" + "p" * 255
+    t.add(top)  # 256: the longest
+    with pytest.raises(PlanError, match="is 257 characters long; at most 256"):
+        t.add(top + "x")
+    with pytest.raises(PlanError, match="at most 256"):
+        t.add(top + "/child")
+    leaf = t.ensure_user_leaf(top, "u" * 255)
+    assert leaf.user_leaf and len(leaf.path) == 512
+    with pytest.raises(PlanError, match="user name is 256 characters long; at most 255"):
+        t.ensure_user_leaf(top, "u" * 256)
