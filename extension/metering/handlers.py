@@ -172,7 +172,7 @@ class MeasuredHandler(APIHandler):
         meter: Metering = self.settings["wmla_meter"]
         sched = meter.scheduler
         try:
-            sched.visible_job(caller, job_id)
+            await sched.visible_job(caller, job_id)
         except NotFound as err:
             raise APIError(404, str(err)) from None
         sampler = meter.sampler

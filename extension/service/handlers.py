@@ -9,7 +9,9 @@ need the ``custom:wmla:admin`` scope or hub admin.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import math
 import re
 from typing import Any
 
@@ -22,8 +24,9 @@ from extension.scheduler import UNLIMITED, PlanError, QuantityError, Resources
 from extension.scheduler.plans import ROOT
 
 from .openapi import openapi_document
-from .scheduling import Caller, Conflict, Forbidden, NotFound, Scheduler
+from .scheduling import Caller, Conflict, Forbidden, KeyReused, NotFound, Scheduler
 from .store import JobRow, PlanRecord
+from .storecalls import StoreUnavailable
 from .submission import Rejected, SubmissionError, parse_submission
 
 ADMIN_SCOPE = "custom:wmla:admin"
@@ -32,6 +35,7 @@ MAX_DEPTH = 32  # levels of nesting; no valid body has more than 4
 PLAN_KEYS = {"path", "share", "limit", "members"}
 MEMBER = re.compile(r"[A-Za-z0-9._@-]{1,255}\Z")
 MAX_MEMBERS = 10_000
+IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
 
 
 class APIError(web.HTTPError):
@@ -72,9 +76,23 @@ class APIHandler(BaseHandler):
             "access the wmla service (scope access:services!service=wmla)",
         )
 
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        if isinstance(value, StoreUnavailable):  # said once by storecalls; no traceback each
+            self.log.warning("503 %s %s: %s", self.request.method, self.request.path, value)
+            return
+        super().log_exception(typ, value, tb)
+
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         message = None
         exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, StoreUnavailable):  # nothing was changed: the client may retry
+            retry = max(1, math.ceil(exc.retry_after))
+            self.set_status(503)
+            self.set_header("Retry-After", str(retry))
+            self.set_header("Content-Type", "application/json; charset=utf-8")
+            body = {"error": str(exc), "status": 503, "retry_after": retry}
+            self.finish(json.dumps(body))
+            return
         if isinstance(exc, APIError):
             message = exc.message
         elif isinstance(exc, web.HTTPError):
@@ -163,6 +181,8 @@ def _errors(fn):
             raise APIError(403, str(err)) from None
         except AccountError as err:  # no account to act as; never done as root instead
             raise APIError(409, str(err)) from None
+        except KeyReused as err:
+            raise APIError(422, str(err)) from None
 
     return wrapper
 
@@ -434,13 +454,20 @@ class JobsHandler(APIHandler):
         if wanted and not set(wanted) <= known:
             bad = sorted(set(wanted) - known)[0]
             raise APIError(400, f"state {bad!r} is not one of {', '.join(sorted(known))}")
-        rows = self.sched.store.jobs(user=user, states=wanted)
+        rows = await self.sched.db.read(self.sched.store.jobs, user=user, states=wanted)
         self.reply({"jobs": [job_json(r) for r in rows]})
 
     @_errors
     async def post(self) -> None:
         caller = self.caller()
         body = self.body()
+        key = self.request.headers.get("Idempotency-Key")
+        if key is not None and not IDEMPOTENCY_KEY.match(key):
+            raise APIError(
+                400,
+                "the Idempotency-Key header must be 1-128 characters of A-Z a-z 0-9 . _ : - "
+                "(e.g. a UUID); send the same key again only to retry the same submission",
+            )
         on_behalf = body.get("user") if isinstance(body, dict) else None
         if on_behalf is not None and on_behalf != caller.name:
             # a plan admin (e.g. the spawner's service) submits for a user: the job is the
@@ -450,6 +477,12 @@ class JobsHandler(APIHandler):
             if not isinstance(on_behalf, str) or not MEMBER.match(on_behalf):
                 raise APIError(400, f"user {on_behalf!r} is not a hub user name")
             caller = Caller(on_behalf, frozenset(), admin=True)
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        if key is not None:  # a retry: the job the first try made, before anything else runs
+            row = await self.sched.job_for_key(caller, key, digest)
+            if row is not None:
+                self._created(row, 200)
+                return
         # In a thread: resolving the command's paths runs a helper as the user's account (and
         # may create that account), which must not hold up the event loop.
         sub = await off_loop(
@@ -461,15 +494,21 @@ class JobsHandler(APIHandler):
             max_workers=self.service.max_workers_per_job,
             files=functools.partial(self.sched.files_for, caller.name, True),
         )
-        row = await self.sched.submit(caller, sub)
+        if key is None:
+            row, new = await self.sched.submit(caller, sub), True
+        else:
+            row, new = await self.sched.submit_once(caller, sub, key, digest)
+        self._created(row, 201 if new else 200)
+
+    def _created(self, row: JobRow, status: int) -> None:
         self.set_header("Location", f"{self.settings['wmla_prefix']}api/v1/jobs/{row.id}")
-        self.reply(job_json(row), 201)
+        self.reply(job_json(row), status)
 
 
 class JobHandler(APIHandler):
     @_errors
     async def get(self, job_id: str) -> None:
-        self.reply(job_json(self.sched.visible_job(self.caller(), job_id)))
+        self.reply(job_json(await self.sched.visible_job(self.caller(), job_id)))
 
     @_errors
     async def delete(self, job_id: str) -> None:
@@ -479,7 +518,7 @@ class JobHandler(APIHandler):
 class JobLogsHandler(APIHandler):
     @_errors
     async def get(self, job_id: str) -> None:
-        row = self.sched.visible_job(self.caller(), job_id)
+        row = await self.sched.visible_job(self.caller(), job_id)
         worker = _int_arg(self, "worker", 0, 100_000)
         tail = _int_arg(self, "tail", 1, 1_000_000)
         text = ""
@@ -497,7 +536,7 @@ class JobLogsHandler(APIHandler):
 class JobMetricsHandler(APIHandler):
     @_errors
     async def get(self, job_id: str) -> None:
-        row = self.sched.visible_job(self.caller(), job_id)
+        row = await self.sched.visible_job(self.caller(), job_id)
         since = _int_arg(self, "since", 0, 10**9) or 0
         files = self.sched.files_for(row.user)  # read with the job's user's rights
         metrics, next_line = await off_loop(files.read_metrics, row.workdir, since)
@@ -507,8 +546,8 @@ class JobMetricsHandler(APIHandler):
 class JobHistoryHandler(APIHandler):
     @_errors
     async def get(self, job_id: str) -> None:
-        self.sched.visible_job(self.caller(), job_id)
-        rows = self.sched.store.transitions(job_id)
+        await self.sched.visible_job(self.caller(), job_id)
+        rows = await self.sched.db.read(self.sched.store.transitions, job_id)
         self.reply(
             {
                 "job": job_id,

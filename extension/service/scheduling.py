@@ -2,8 +2,11 @@
 
 One task runs cycles, so everything it does is serialized: a cycle (1) folds in the events the
 backend emitted, (2) runs ``schedule(snapshot, now)`` on the plans and live jobs, (3) writes what
-the decisions change to the store, one transition row per change of state or of workers held,
-and only then (4) carries the decisions out through the backend protocol. Decisions are never
+the events and the decisions change to the store in one transaction, one transition row per
+change of state or of workers held, and only then (4) carries the decisions out through the
+backend protocol. The store is called from threads (storecalls.py), never on the event loop; a
+cycle whose write fails carries out nothing, keeps its events for the next cycle and takes the
+jobs back as the store has them. Decisions are never
 made while a backend call is in progress; what a backend reports arrives as events for the next
 cycle. Cycles run on every submission, cancel, plan change and backend event, and on a steady
 tick (``tick`` seconds) so waiting reasons and reservations stay current.
@@ -47,6 +50,7 @@ from extension.scheduler import (
 from extension.scheduler.plans import ROOT, parent_of
 
 from .store import JobRow, PlanRecord, Store
+from .storecalls import StoreCalls
 from .submission import Rejected, Submission, SubmissionError, user_root
 
 LIVE = (JobState.PENDING.value, JobState.RUNNING.value)
@@ -59,6 +63,10 @@ class NotFound(LookupError):
 
 class Forbidden(PermissionError):
     pass
+
+
+class KeyReused(ValueError):
+    """An Idempotency-Key sent again with a different submission."""
 
 
 class Conflict(RuntimeError):
@@ -105,6 +113,7 @@ class Scheduler:
         log: logging.Logger | None = None,
     ) -> None:
         self.store = store
+        self.db = StoreCalls()  # every store call of the running service goes through it
         self.bounds = instance_bounds  # {"quota": Resources, "max_jobs": int | None}
         self.config = config
         self.storage_root = Path(storage_root)
@@ -132,6 +141,10 @@ class Scheduler:
         self._job_tasks: dict[str, asyncio.Task] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
+        self._lock = asyncio.Lock()  # a cycle, a cancel, a plan change: one at a time
+        self._stale = False  # the last cycle's write failed: reload the jobs from the store
+        self.specs: dict[str, JobSpec] = {}  # what the backend runs, per live job
+        self._keys: dict[tuple[str, str], asyncio.Future] = {}  # submissions under way
         # called as hook(result, now, seconds) after every cycle (metering); must not raise
         self.cycle_hooks: list[Callable[[Any, float, float], None]] = []
 
@@ -160,11 +173,15 @@ class Scheduler:
             self.members[rec.path] = (rec.users, rec.groups)
         self._reload_jobs()
 
-    def _reload_jobs(self) -> None:
-        self.jobs, self.kinds, self._reasons = {}, {}, {}
-        for row in self.store.jobs(states=LIVE):
-            self.jobs[row.id] = _core_job(row)
-            self.kinds[row.id] = row.kind
+    def _reload_jobs(self, rows: list[JobRow] | None = None) -> None:
+        self.jobs, self.kinds, self._reasons, self.specs = {}, {}, {}, {}
+        for row in self.store.jobs(states=LIVE) if rows is None else rows:
+            self._take_in(row)
+
+    def _take_in(self, row: JobRow) -> None:
+        self.jobs[row.id] = _core_job(row)
+        self.kinds[row.id] = row.kind
+        self.specs[row.id] = _spec(row)
 
     async def start(self, backend: Backend, run_loop: bool = True) -> None:
         """Attach the backend, re-adopt running jobs, and start the loop task (tests may drive
@@ -227,6 +244,7 @@ class Scheduler:
             await asyncio.wait(tasks, timeout=5)
         if self.backend is not None:
             await self.backend.close()
+        self.db.close()
 
     # -- events from the backend (any thread) ------------------------------------------------------
     def emit(self, event: BackendEvent) -> None:
@@ -256,8 +274,10 @@ class Scheduler:
     # -- the loop -----------------------------------------------------------------------
     async def _run(self) -> None:
         while not self._stopping:
+            # while the store is down, try again every second (kept events wait to be stored)
+            wait = self.tick if self.db.up and not self._stale else min(self.tick, 1.0)
             try:
-                await asyncio.wait_for(self._wake.wait(), self.tick)
+                await asyncio.wait_for(self._wake.wait(), wait)
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
@@ -281,26 +301,43 @@ class Scheduler:
 
     async def cycle(self) -> None:
         """One pass: events, decisions, store, then backend calls (in that order)."""
+        async with self._lock:
+            await self._cycle()
+
+    async def _cycle(self) -> None:
         now = self.clock()
         began = time.perf_counter()
-        self._fold_events(now)
-        self._refresh_instance()
-        snapshot = Snapshot(
-            self.plans,
-            self.instance,
-            list(self.jobs.values()),
-            self.config,
-            reserved=self.reserved,
-        )
-        result = schedule(snapshot, now)
-        self.cycles += 1
+        if self._stale:  # the last write failed: the store has the truth
+            self._reload_jobs(await self.db.read(self.store.jobs, states=LIVE))
+            self._stale = False
+        events, self._events = self._events, []
         try:
-            self._apply(result.decisions, result.waiting, now)
-        except Exception:
-            # the store refused the cycle's changes: carry out nothing of it, and take the
-            # jobs back as the store has them (the next cycle decides again)
+            rows = await self.db.read(self.store.jobs_by_id, {e.job_id for e in events})
+            folded = self._fold_events(events, rows, now)
+            self._refresh_instance()
+            snapshot = Snapshot(
+                self.plans,
+                self.instance,
+                list(self.jobs.values()),
+                self.config,
+                reserved=self.reserved,
+            )
+            result = schedule(snapshot, now)
+            self.cycles += 1
+            changes, log = self._apply(result.decisions, result.waiting, now)
+            if folded or changes or log:
+                await self.db.write(self.store.commit_cycle, folded, changes, now, log, probe=True)
+            elif not self.db.up:  # nothing to store: find out whether the store is back
+                await self.db.write(self.store.set_meta, "probe", repr(now), probe=True)
+        except BaseException:
+            # nothing of this cycle is stored: carry none of it out, keep its events (they are
+            # folded again next cycle), and take the jobs back as the store has them
             self._calls.clear()
-            self._reload_jobs()
+            self._events[:0] = events
+            self._stale = True
+            with contextlib.suppress(Exception):  # else the next cycle reloads first
+                self._reload_jobs(await self.db.read(self.store.jobs, states=LIVE))
+                self._stale = False
             raise
         self.result = result
         # the reservation holder is tried first next cycle (docs/scheduling.md, Reservation):
@@ -350,16 +387,20 @@ class Scheduler:
         while self._job_tasks:
             await asyncio.gather(*list(self._job_tasks.values()), return_exceptions=True)
 
-    def _fold_events(self, now: float) -> None:
-        events, self._events = self._events, []
+    def _fold_events(
+        self, events: list[BackendEvent], rows: dict[str, JobRow], now: float
+    ) -> list[tuple[float, tuple]]:
+        """Each event's change to its job, stamped with when it happened, not when it is read."""
+        folded = []
         for ev in events:
             job = self.jobs.get(ev.job_id)
-            row = None if job is None else self.store.job(ev.job_id)
+            row = rows.get(ev.job_id)
             if job is None or row is None:
                 continue  # a late event for a job that already ended
             change = self._event_change(job, row, ev)
-            if change is not None:  # stamped with when it happened, not when it is read
-                self.store.update_jobs([(job.id, *change)], ev.at or now)
+            if change is not None:
+                folded.append((ev.at or now, (job.id, *change)))
+        return folded
 
     def _event_change(self, job: Job, row: JobRow, ev: BackendEvent):
         at = ev.at or self.clock()
@@ -429,10 +470,14 @@ class Scheduler:
         job.placement = ()
         self.jobs.pop(job.id, None)
         self.kinds.pop(job.id, None)
+        self.specs.pop(job.id, None)
         self._reasons.pop(job.id, None)
         self._resize_to.pop(job.id, None)
 
-    def _apply(self, decisions: Iterable, waiting: dict[str, str], now: float) -> None:
+    def _apply(
+        self, decisions: Iterable, waiting: dict[str, str], now: float
+    ) -> tuple[list[tuple[str, dict, str | None, str]], list[tuple[str, str, dict]]]:
+        """The decisions applied to the live jobs; returns the store's (changes, decisions)."""
         changes: list[tuple[str, dict, str | None, str]] = []
         log: list[tuple[str, str, dict]] = []
         for d in decisions:
@@ -481,15 +526,13 @@ class Scheduler:
             if reasons.get(job_id) != reason and job_id in self.jobs:  # write only what changed
                 changes.append((job_id, {"reason": reason}, None, ""))
                 reasons[job_id] = reason
-        if changes or log:
-            self.store.update_jobs(changes, now, log)
+        return changes, log
 
     def _queue_backend(
         self, job_id: str, what: str, placement: tuple, grace: float | None = None
     ) -> None:
-        row = self.store.job(job_id)
-        assert row is not None and self.backend is not None
-        spec = _spec(row)
+        spec = self.specs[job_id]
+        assert self.backend is not None
         backend = self.backend
         if what == "start":
             self._calls.append((job_id, lambda: backend.start(spec, placement)))
@@ -525,7 +568,41 @@ class Scheduler:
     def usable_plans(self, caller: Caller) -> list[str]:
         return [p.path for p in self.plans if not p.user_leaf and self.may_submit(caller, p.path)]
 
-    async def submit(self, caller: Caller, sub: Submission) -> JobRow:
+    async def job_for_key(self, caller: Caller, key: str, digest: str) -> JobRow | None:
+        """The job ``caller`` already submitted with Idempotency-Key ``key`` (waiting for a
+        submission with that key that is under way), or None. KeyReused when that job was
+        submitted with a different body."""
+        under_way = self._keys.get((caller.name, key))
+        if under_way is not None:
+            await asyncio.shield(under_way)
+        row = await self.db.read(self.store.job_by_key, caller.name, key)
+        if row is not None and (row.request or {}).get("digest") != digest:
+            raise KeyReused(
+                f"Idempotency-Key {key!r} was used for job {row.id} with a different body; "
+                "send a new key for a new submission"
+            )
+        return row
+
+    async def submit_once(
+        self, caller: Caller, sub: Submission, key: str, digest: str
+    ) -> tuple[JobRow, bool]:
+        """``submit`` keyed by the client: (the job, whether it is new). A retry of a request
+        whose answer was lost (a 503 while the service restarted, a dropped connection) gets
+        the job the first one made instead of a second job."""
+        row = await self.job_for_key(caller, key, digest)
+        if row is not None:
+            return row, False
+        done = asyncio.get_running_loop().create_future()
+        self._keys[(caller.name, key)] = done
+        try:
+            return await self.submit(caller, sub, key=key, digest=digest), True
+        finally:
+            del self._keys[(caller.name, key)]
+            done.set_result(None)
+
+    async def submit(
+        self, caller: Caller, sub: Submission, key: str | None = None, digest: str = ""
+    ) -> JobRow:
         """Validate against the plans and the instance, store the job, and run a cycle."""
         if sub.plan not in self.plans:
             raise NotFound(
@@ -596,7 +673,13 @@ class Scheduler:
             priority=sub.priority,
             preemptible=sub.preemptible,
             command=command,
-            request={"name": sub.name, "args": list(sub.args), "model_dir": sub.model_dir},
+            request={
+                "name": sub.name,
+                "args": list(sub.args),
+                "model_dir": sub.model_dir,
+                **({"digest": digest} if key else {}),
+            },
+            idempotency_key=key,
             workdir=str(workdir),
             env=env,
             name=sub.name,
@@ -608,15 +691,21 @@ class Scheduler:
             preemptions=0,
         )
         if leaf.path not in self.plans:
-            self.store.save_plans([PlanRecord(leaf.path, 1.0, leaf.limit, True)], now)
-            self.plans = tree
-            self.members[leaf.path] = ([], [])
-            self._sync_queues()
-        self.store.add_job(row, now)
-        self.jobs[job_id] = job
-        self.kinds[job_id] = sub.kind
+            async with self._lock:  # the tree changes: not in the middle of a cycle
+                if leaf.path not in self.plans:
+                    tree = self.plans.copy()
+                    leaf = tree.ensure_user_leaf(sub.plan, caller.name)
+                    record = PlanRecord(leaf.path, 1.0, leaf.limit, True)
+                    await self.db.write(self.store.save_plans, [record], now)
+                    self.plans = tree
+                    self.members[leaf.path] = ([], [])
+                    self._sync_queues()
+        await self.db.write(self.store.add_job, row, now)
+        async with self._lock:  # not while a cycle reloads the jobs from the store
+            if job_id not in self.jobs:
+                self._take_in(row)
         await self.kick()
-        return self.store.job(job_id) or row
+        return await self.db.read(self.store.job, job_id) or row
 
     def files_for(self, user: str, create: bool = False) -> UserFiles:
         """``user``'s files with the rights their jobs run with (docs/security.md).
@@ -634,38 +723,45 @@ class Scheduler:
             ensure_folder(self.storage_root, user, account)
         return UserFiles.of(account)
 
-    def visible_job(self, caller: Caller, job_id: str) -> JobRow:
+    async def visible_job(self, caller: Caller, job_id: str) -> JobRow:
         """The job if the caller may see it; 404 for everyone else (its existence is private)."""
-        row = self.store.job(job_id) if isinstance(job_id, str) and len(job_id) <= 64 else None
+        row = None
+        if isinstance(job_id, str) and len(job_id) <= 64:
+            row = await self.db.read(self.store.job, job_id)
         if row is None or (row.user != caller.name and not caller.admin):
             raise NotFound(f"there is no job {job_id!r} of yours")
         return row
 
     async def cancel(self, caller: Caller, job_id: str) -> JobRow:
-        row = self.visible_job(caller, job_id)
-        job = self.jobs.get(job_id)
-        if job is None:
-            raise Conflict(f"job {job_id} is already {row.state}; nothing to cancel")
-        now = self.clock()
-        reason = f"cancelled by {caller.name}"
-        if job.state is JobState.PENDING or self.kinds.get(job_id) == "notebook":
-            # nothing runs under the backend: the resources are released at once
-            self._end(job, JobState.CANCELLED)
-            values = {
-                "state": JobState.CANCELLED.value,
-                "ended": now,
-                "reason": reason,
-                "placement": [],
-                "terminating": False,
-            }
-            self.store.update_jobs([(job_id, values, "cancelled", reason)], now)
-        elif not row.cancel_requested:
-            job.terminating = True
-            values = {"cancel_requested": True, "terminating": True, "reason": reason}
-            self.store.update_jobs([(job_id, values, "cancelling", reason)], now)
-            self._queue_stop(job_id, self.config.grace, reason, now=True)
+        row = await self.visible_job(caller, job_id)
+        async with self._lock:  # the store first, then the live job: a failed write changes none
+            job = self.jobs.get(job_id)
+            if job is None:
+                raise Conflict(f"job {job_id} is already {row.state}; nothing to cancel")
+            now = self.clock()
+            reason = f"cancelled by {caller.name}"
+            if job.state is JobState.PENDING or self.kinds.get(job_id) == "notebook":
+                # nothing runs under the backend: the resources are released at once
+                values = {
+                    "state": JobState.CANCELLED.value,
+                    "ended": now,
+                    "reason": reason,
+                    "placement": [],
+                    "terminating": False,
+                }
+                await self.db.write(
+                    self.store.update_jobs, [(job_id, values, "cancelled", reason)], now
+                )
+                self._end(job, JobState.CANCELLED)
+            elif not row.cancel_requested:
+                values = {"cancel_requested": True, "terminating": True, "reason": reason}
+                await self.db.write(
+                    self.store.update_jobs, [(job_id, values, "cancelling", reason)], now
+                )
+                job.terminating = True
+                self._queue_stop(job_id, self.config.grace, reason, now=True)
         await self.kick()
-        return self.store.job(job_id) or row
+        return await self.db.read(self.store.job, job_id) or row
 
     # -- plans -----------------------------------------------------------------------
     async def change_plans(
@@ -676,14 +772,15 @@ class Scheduler:
     ) -> None:
         """Validate on a copy of the tree, then write to the store, then swap the tree in."""
         delete = list(delete)
-        tree = plans_after(self.plans, records, create, delete)
-        self.store.save_plans(records, self.clock(), delete=delete)
-        self.plans = tree
-        for path in delete:
-            self.members.pop(path, None)
-        for rec in records:
-            self.members[rec.path] = (list(rec.users), list(rec.groups))
-        self._sync_queues()
+        async with self._lock:
+            tree = plans_after(self.plans, records, create, delete)
+            await self.db.write(self.store.save_plans, records, self.clock(), delete=delete)
+            self.plans = tree
+            for path in delete:
+                self.members.pop(path, None)
+            for rec in records:
+                self.members[rec.path] = (list(rec.users), list(rec.groups))
+            self._sync_queues()
         await self.kick()
 
     def live_jobs_under(self, path: str) -> list[Job]:

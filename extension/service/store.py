@@ -33,6 +33,7 @@ from sqlalchemy import (
     create_engine,
     event,
     select,
+    update,
 )
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
@@ -67,6 +68,9 @@ class PlanRow(Base):
 
 class JobRow(Base):
     __tablename__ = "jobs"
+    __table_args__ = (
+        Index("ix_jobs_user_idempotency_key", "user", "idempotency_key", unique=True),
+    )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     user: Mapped[str] = mapped_column(String(255), index=True)
@@ -96,6 +100,8 @@ class JobRow(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    # the client's Idempotency-Key: the same key from the same user is the same job
+    idempotency_key: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
 
 class TransitionRow(Base):
@@ -201,12 +207,17 @@ class Store:
         self._session = sessionmaker(engine, expire_on_commit=False)
 
     @classmethod
-    def open(cls, url: str) -> Store:
+    def open(cls, url: str, busy_timeout: float = 2.0) -> Store:
+        """``busy_timeout``: seconds a write waits for a lock another process holds before it
+        fails (the service then answers 503 and retries; it never waits on the loop)."""
         db_file = sqlite_file(url)
         if db_file is not None:
             make_private_sqlite(db_file)
         migrate(url)
-        engine = create_engine(url, future=True)
+        if make_url(url).get_backend_name() == "sqlite":
+            engine = create_engine(url, connect_args={"timeout": busy_timeout})
+        else:  # a server: find out at checkout that a connection died (a database restart)
+            engine = create_engine(url, pool_pre_ping=True)
         if engine.dialect.name == "sqlite":
 
             @event.listens_for(engine, "connect")
@@ -305,6 +316,21 @@ class Store:
         with self.session() as s:
             return s.get(JobRow, job_id)
 
+    def jobs_by_id(self, ids: Iterable[str]) -> dict[str, JobRow]:
+        ids = list(ids)
+        out: dict[str, JobRow] = {}
+        with self.session() as s:
+            for start in range(0, len(ids), 500):  # bound the IN list
+                chunk = ids[start : start + 500]
+                out.update((r.id, r) for r in s.scalars(select(JobRow).where(JobRow.id.in_(chunk))))
+        return out
+
+    def job_by_key(self, user: str, key: str) -> JobRow | None:
+        """The job ``user`` submitted with Idempotency-Key ``key``, if any."""
+        with self.session() as s:
+            query = select(JobRow).where(JobRow.user == user, JobRow.idempotency_key == key)
+            return s.scalars(query).first()
+
     def update_jobs(
         self,
         changes: list[tuple[str, dict, str | None, str]],
@@ -316,20 +342,70 @@ class Store:
         A change with an event writes a transition row with the job's values after the change.
         Returns the updated rows.
         """
-        out = []
         with self.session() as s:
-            for job_id, values, kind, reason in changes:
-                row = s.get(JobRow, job_id)
-                if row is None:
-                    continue
-                for key, value in values.items():
-                    setattr(row, key, value)
-                if kind is not None:
-                    s.add(_transition(row, at, kind, reason))
-                out.append(row)
+            out = _change_rows(s, changes, at)
             for job_id, kind, detail in decisions:
                 s.add(DecisionRow(at=at, job_id=job_id, kind=kind, detail=detail))
         return out
+
+    def commit_cycle(
+        self,
+        events: list[tuple[float, tuple[str, dict, str | None, str]]],
+        changes: list[tuple[str, dict, str | None, str]],
+        at: float,
+        decisions: Iterable[tuple[str, str, dict]] = (),
+    ) -> None:
+        """A whole scheduling cycle in one transaction: the backend events it folded, each
+        stamped with when it happened, then its own changes and decisions at ``at``. Either all
+        of it is stored or none (the loop then keeps the events and tries again)."""
+        with self.session() as s:
+            for event_at, change in events:
+                _change_rows(s, [change], event_at)
+            _change_rows(s, changes, at)
+            for job_id, kind, detail in decisions:
+                s.add(DecisionRow(at=at, job_id=job_id, kind=kind, detail=detail))
+
+    # -- the lease: one service per database -------------------------------------------------------
+    def take_lease(self, owner: str, holder: dict, now: float, ttl: float) -> dict | None:
+        """Take the service lease for ``owner`` unless another live owner holds it; returns
+        None when taken, else what the other holder wrote. Compare-and-set on the meta row, so
+        two services racing for it cannot both win (on SQLite and PostgreSQL alike)."""
+        with self.session() as s:
+            row = s.get(MetaRow, LEASE)
+            value = json.dumps({**holder, "owner": owner, "until": now + ttl})
+            if row is None:
+                s.add(MetaRow(key=LEASE, value=value))
+                return None
+            current = _lease(row.value)
+            if current.get("owner") not in (owner, None) and current.get("until", 0) > now:
+                return current
+            done = s.execute(
+                update(MetaRow)
+                .where(MetaRow.key == LEASE, MetaRow.value == row.value)
+                .values(value=value)
+            )
+            return None if done.rowcount == 1 else {"owner": "?", "note": "lost a race"}
+
+    def renew_lease(self, owner: str, now: float, ttl: float) -> bool:
+        """Extend ``owner``'s lease; False when another service holds it now."""
+        with self.session() as s:
+            row = s.get(MetaRow, LEASE)
+            current = _lease(row.value) if row is not None else {}
+            if current.get("owner") != owner:
+                return False
+            current["until"] = now + ttl
+            s.execute(
+                update(MetaRow)
+                .where(MetaRow.key == LEASE, MetaRow.value == row.value)
+                .values(value=json.dumps(current))
+            )
+            return True
+
+    def release_lease(self, owner: str) -> None:
+        with self.session() as s:
+            row = s.get(MetaRow, LEASE)
+            if row is not None and _lease(row.value).get("owner") == owner:
+                s.delete(row)
 
     def transitions(
         self,
@@ -359,6 +435,33 @@ class Store:
         with self.session() as s:
             query = select(DecisionRow).where(DecisionRow.job_id == job_id)
             return list(s.scalars(query.order_by(DecisionRow.id)).all())
+
+
+LEASE = "service_lease"
+
+
+def _lease(value: str) -> dict:
+    try:
+        found = json.loads(value)
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _change_rows(
+    s: Session, changes: Iterable[tuple[str, dict, str | None, str]], at: float
+) -> list[JobRow]:
+    out = []
+    for job_id, values, kind, reason in changes:
+        row = s.get(JobRow, job_id)
+        if row is None:
+            continue
+        for key, value in values.items():
+            setattr(row, key, value)
+        if kind is not None:
+            s.add(_transition(row, at, kind, reason))
+        out.append(row)
+    return out
 
 
 def _transition(row: JobRow, at: float, kind: str, reason: str) -> TransitionRow:

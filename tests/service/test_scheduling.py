@@ -323,17 +323,17 @@ async def test_optional_platform_hooks(tmp_path: Path, store_url: str) -> None:
 
 async def test_a_cycle_the_store_refuses_carries_out_nothing(rig: Rig, monkeypatch) -> None:
     job = await rig.submit("user1", "/sample-project/training", "2")
-    real = rig.store.update_jobs
+    real = rig.store.commit_cycle
 
     def refuse(*args, **kwargs):
         raise RuntimeError("database is locked")
 
-    monkeypatch.setattr(rig.store, "update_jobs", refuse)
+    monkeypatch.setattr(rig.store, "commit_cycle", refuse)
     with pytest.raises(RuntimeError):
         await rig.sched.cycle()
     assert rig.backend.calls == []  # no start went out for a decision that was not stored
     assert rig.sched.jobs[job].state.value == "PENDING"
-    monkeypatch.setattr(rig.store, "update_jobs", real)
+    monkeypatch.setattr(rig.store, "commit_cycle", real)
     await rig.cycle()
     assert rig.state(job) == "RUNNING" and rig.backend.calls[-1][0] == "start"
 

@@ -1,0 +1,115 @@
+"""Store calls off the event loop, and what the service does while the database is unavailable.
+
+The loop never waits on the database: every store call runs in a thread. Writes go through one
+writer thread (SQLite has one writer anyway, and one order of writes keeps the history in the
+order it happened); reads through a small pool (SQLite's WAL readers are not blocked by a
+writer, PostgreSQL serves them concurrently).
+
+A database that is locked by another process, read-only, full or unreachable makes a call fail
+with ``StoreUnavailable`` (the REST API answers 503 JSON with ``Retry-After``). From then on the
+store counts as down: writes of requests fail at once, without queueing behind the lock, until
+one of the scheduling loop's own writes (``probe=True``: its cycle, its lease) gets through.
+The loop keeps the backend events it could not store and folds them again (scheduling.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from sqlalchemy import exc
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+# what a database says when it cannot serve now (locked, read-only, disk I/O, connection lost,
+# pool exhausted); an IntegrityError or a programming error is not among them
+UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.TimeoutError, exc.DisconnectionError)
+
+
+class StoreUnavailable(RuntimeError):
+    """The database cannot serve now; the caller may try again after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class StoreCalls:
+    """Runs the store's blocking calls in threads and keeps track of whether it is up."""
+
+    def __init__(
+        self,
+        readers: int = 4,
+        retry_after: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="wmla-store-write")
+        self._readers = ThreadPoolExecutor(readers, thread_name_prefix="wmla-store-read")
+        self.retry_after = retry_after
+        self.clock = clock
+        self.down_since: float | None = None  # monotonic time of the first failure in a row
+        self.error: str | None = None  # the database's words, while down
+
+    @property
+    def up(self) -> bool:
+        return self.down_since is None
+
+    def unavailable(self) -> StoreUnavailable:
+        down = 0.0 if self.down_since is None else self.clock() - self.down_since
+        return StoreUnavailable(
+            f"the service's database is unavailable ({self.error or 'unknown error'}; for "
+            f"{down:.0f} s); nothing was changed: try again in {self.retry_after:.0f} s",
+            self.retry_after,
+        )
+
+    async def read(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        # reads are tried while down: SQLite's WAL serves them past a writer's lock
+        call = functools.partial(self._call, False, False, fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._readers, call)
+
+    async def write(
+        self, fn: Callable[..., T], *args: Any, probe: bool = False, **kwargs: Any
+    ) -> T:
+        """``probe``: try even while the store is down (the loop's writes find out it is back)."""
+        if not probe and not self.up:
+            raise self.unavailable()
+        call = functools.partial(self._call, True, not probe, fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._writer, call)
+
+    def _call(
+        self, write: bool, fail_fast: bool, fn: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T:
+        # checked again in the thread: a write queued behind one that waits on a lock fails
+        # as soon as that one has found the store down, instead of waiting its own turn
+        if fail_fast and not self.up:
+            raise self.unavailable()
+        try:
+            result = fn(*args, **kwargs)
+        except UNAVAILABLE as err:
+            self._down(err)
+            raise self.unavailable() from err
+        if write:  # only a write that got through says the store is back
+            self._back()
+        return result
+
+    def _down(self, err: Exception) -> None:
+        words = str(getattr(err, "orig", None) or err).splitlines()[0][:200]
+        if self.down_since is None:
+            self.down_since = self.clock()
+            log.error("wmla: the database is unavailable: %s", words)
+        self.error = words
+
+    def _back(self) -> None:
+        if self.down_since is not None:
+            log.warning("wmla: the database is back after %.1f s", self.clock() - self.down_since)
+        self.down_since, self.error = None, None
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
+        self._readers.shutdown(wait=True)
