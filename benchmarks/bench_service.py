@@ -275,15 +275,31 @@ async def wait_ended(api: str, token: str, timeout: float) -> float | None:
 
 # -- profiles ---------------------------------------------------------------------------------
 FRAME_LINE = re.compile(r":\d+\)$")
+# leaves of a thread that waits (py-spy counts some of them as active): not time spent
+IDLE_LEAVES = (
+    "_worker (concurrent/futures/thread.py)",
+    "wait (threading.py)",
+    "Condition.wait (threading.py)",
+    "Event.wait (threading.py)",
+    "select (selectors.py)",
+    "EpollSelector.select (selectors.py)",
+    "_run_safe_shutdown_loop (pycares/__init__.py)",
+    "_ChannelShutdownManager._run_safe_shutdown_loop (pycares/__init__.py)",
+)
 
 
-def summarize_pyspy(path: Path, submissions: int, service_cpu: float, top: int = 25) -> dict:
-    """Self and total shares of the service's on-CPU samples by function (py-spy raw)."""
+def summarize_pyspy(
+    path: Path, submissions: int, service_cpu: float, rate: int, top: int = 25
+) -> dict:
+    """Self and total shares of the service's busy samples by function (py-spy raw format),
+    idle leaves (a pool thread waiting for work, the loop in select) left out; ``ms_per_job``
+    is busy wall time (samples / rate: on the CPU, in a commit's fsync, or waiting for a core)
+    per submission."""
     selfs: Counter = Counter()
     totals: Counter = Counter()
     parts: Counter = Counter()
     threads: Counter = Counter()
-    total = 0
+    total = idle = 0
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
@@ -296,18 +312,23 @@ def summarize_pyspy(path: Path, submissions: int, service_cpu: float, top: int =
         frames = [f for f in frames if not f.startswith("thread ")]
         if not frames:
             continue
+        if frames[-1] in IDLE_LEAVES:
+            idle += n
+            continue
         total += n
-        threads[re.sub(r"\(0x[0-9a-f]+\)", "", thread).strip() or "?"] += n
+        # "thread (0x7f..): wmla-store-read_2" -> "wmla-store-read" (a pool, not one thread)
+        name = re.sub(r"^thread\s*(\([^)]*\)\s*)*:?\s*", "", thread)
+        threads[re.sub(r"_\d+$", "", name) or "?"] += n
         selfs[frames[-1]] += n
         for f in set(frames):
             totals[f] += n
         joined = ";".join(frames)
-        for name, needles in PARTS:
+        for part, needles in PARTS:
             if any(needle in joined for needle in needles):
-                parts[name] += n
+                parts[part] += n
     if not total:
-        return {"samples": 0}
-    per_job_ms = 1000 * service_cpu / max(1, submissions)
+        return {"samples": 0, "idle_samples": idle}
+    per_job_ms = 1000 * total / rate / max(1, submissions)
 
     def rows(counter: Counter) -> list[dict]:
         return [
@@ -321,8 +342,10 @@ def summarize_pyspy(path: Path, submissions: int, service_cpu: float, top: int =
 
     return {
         "samples": total,
-        "cpu_ms_per_submission": round(per_job_ms, 3),
-        "threads": {t: round(c / total, 4) for t, c in threads.most_common()},
+        "idle_samples": idle,
+        "cpu_ms_per_submission": round(1000 * service_cpu / max(1, submissions), 3),
+        "busy_ms_per_submission": round(per_job_ms, 3),
+        "threads": {t: round(c / total, 3) for t, c in threads.most_common()},
         "parts": [
             {
                 "part": name,
@@ -516,7 +539,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
         report["prometheus_cycle_histogram"] = prometheus_cycles(hub, admin)
         if args.profile == "py-spy" and (tmp / "profile.txt").exists():
             report["profile"] = summarize_pyspy(
-                tmp / "profile.txt", len(ok), cpu1["service"] - cpu0["service"]
+                tmp / "profile.txt", len(ok), cpu1["service"] - cpu0["service"], args.rate
             )
     finally:
         if spy is not None and spy.poll() is None:
@@ -624,10 +647,12 @@ def print_report(r: dict) -> None:
     prof = r.get("profile")
     if prof and prof.get("samples"):
         print(
-            f"\nprofile (py-spy, {prof['samples']:,} on-CPU samples of the service; "
-            f"{prof['cpu_ms_per_submission']} ms CPU per submission): threads {prof['threads']}"
+            f"\nprofile (py-spy, {prof['samples']:,} busy samples of the service, "
+            f"{prof['idle_samples']:,} idle left out; {prof['busy_ms_per_submission']} ms busy"
+            f" and {prof['cpu_ms_per_submission']} ms CPU per submission):"
+            f" threads {prof['threads']}"
         )
-        print("  per submission, by part (a sample counts for every part on its stack):")
+        print("  busy time per submission, by part (a sample counts for every part on its stack):")
         for p in prof["parts"]:
             print(f"    {p['part']:<46} {100 * p['share']:5.1f}%  {p['ms_per_job']:7.3f} ms")
         for key, title in (("total", "total (inclusive)"), ("self", "self")):
