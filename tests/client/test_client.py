@@ -70,7 +70,8 @@ def server():
 @pytest.fixture
 def client(server) -> WmlaClient:
     host, port = server.server_address
-    return WmlaClient(url=f"http://{host}:{port}", token="t0k", env={})
+    # one try: the retries while the service restarts are tests/client/test_retry.py's
+    return WmlaClient(url=f"http://{host}:{port}", token="t0k", env={}, retry_seconds=0)
 
 
 @pytest.mark.parametrize(
@@ -92,7 +93,12 @@ def client(server) -> WmlaClient:
             "cancelling job j1 refused: job j1 already ended",
             id="409",
         ),  # fmt: skip
-        pytest.param(lambda c: c.usage(plan="/p"), 502, "not running behind", id="proxy-502"),
+        pytest.param(
+            lambda c: c.usage(plan="/p"),
+            502,
+            "unavailable (HTTP 502 from the hub's proxy)",
+            id="proxy-502",
+        ),
         pytest.param(lambda c: c.job("nope"), 404, "not running behind", id="proxy-html-404"),
         pytest.param(lambda c: c.job("a/b"), 0, "'a/b' is not a job id", id="bad-job-id"),
         pytest.param(
@@ -127,7 +133,7 @@ def test_an_unreachable_service_says_where_it_looked() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed once we leave: nothing listens there
-    c = WmlaClient(url=f"http://127.0.0.1:{port}", token="x", env={})
+    c = WmlaClient(url=f"http://127.0.0.1:{port}", token="x", env={}, retry_seconds=0)
     with pytest.raises(
         WmlaError, match=f"cannot reach the wmla service at http://127.0.0.1:{port}"
     ):
