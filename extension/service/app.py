@@ -9,6 +9,7 @@ or on the command line (``--WmlaService.x=...``).
 from __future__ import annotations
 
 import asyncio
+import errno
 import importlib
 import json
 import logging
@@ -21,13 +22,14 @@ from urllib.parse import urlparse
 
 from tornado import web
 from tornado.httpserver import HTTPServer
-from traitlets import Dict, Float, Int, Unicode, default
+from traitlets import Dict, Float, Int, TraitError, Unicode, default, validate
 from traitlets.config import Application, Config
 
 from extension.backends.capacity import detect_nodes
 from extension.scheduler import UNLIMITED, Resources, SchedulerConfig
 
 from .handlers import APIError, APIHandler, IndexHandler, routes
+from .lease import Lease, LeaseHeld, watch
 from .privacy import (
     HIDEPID_ADVICE,
     NOT_ROOT_ADVICE,
@@ -190,6 +192,26 @@ class WmlaService(Application):
         c.WmlaService.min_runtime = 120
         """,
     )
+    lease_seconds = Float(
+        15.0,
+        config=True,
+        help="""Seconds the service's lease on its database lasts unless renewed (every third of
+        it). One service per database: a second one waits this long for the lease, then exits
+        naming the holder; a crashed holder's lease runs out in this time.
+
+        c.WmlaService.lease_seconds = 15
+        """,
+    )
+
+    @validate("lease_seconds")
+    def _lease_seconds(self, proposal: Any) -> float:
+        value = proposal["value"]
+        if not 3 <= value <= 3600:
+            raise TraitError(
+                f"c.WmlaService.lease_seconds must be between 3 and 3600 seconds, not {value}"
+            )
+        return value
+
     tick = Float(
         5.0,
         config=True,
@@ -405,6 +427,15 @@ class WmlaService(Application):
             tick=self.tick,
             log=self.log,
         )
+        # before anything is read or recovered: a second service on this database waits, then
+        # leaves (docs/operations.md, "One service per database")
+        self.lease = Lease(self.store, self.scheduler.db, ttl=self.lease_seconds)
+        try:
+            await self.lease.take()
+        except LeaseHeld as err:
+            self.scheduler.db.close()
+            self.store.close()
+            raise SystemExit(f"wmla: {err}") from None
         self.scheduler.load(self.default_plans)
         from extension.metering.meter import Metering  # metering: ledger, Prometheus
 
@@ -442,10 +473,27 @@ class WmlaService(Application):
         # read bodies up to 16 MiB so that one over the API's 1 MiB gets a JSON 413 naming the
         # limit (tornado would drop the connection, and the proxy answer 503 HTML)
         self.http = HTTPServer(app, xheaders=True, max_body_size=16 * 1024 * 1024)
-        self.http.listen(port, ip)
+        await self._listen(port, ip)
         self.log.info("wmla service at http://%s:%i%s (store %s)", ip, port, prefix, url)
         inst = self.scheduler.instance
         self.log.info("capacity: %s on %i node(s)", inst.capacity.describe(), len(inst.nodes))
+
+    async def _listen(self, port: int, ip: str, wait: float = 10.0) -> None:
+        """Bind, waiting a little while the port is still taken (the service before this one
+        is closing it); then exit naming the port instead of crashing in a loop."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            try:
+                self.http.listen(port, ip)
+                return
+            except OSError as err:
+                if err.errno != errno.EADDRINUSE or loop.time() >= deadline:
+                    raise SystemExit(
+                        f"wmla: cannot listen on {ip}:{port}: {err.strerror}; another process "
+                        f"has the port: stop it, or set the service's url/port"
+                    ) from None
+            await asyncio.sleep(0.25)
 
     def _log_request(self, handler: web.RequestHandler) -> None:
         status = handler.get_status()
@@ -462,6 +510,7 @@ class WmlaService(Application):
         )
 
     async def run(self) -> None:
+        parent = os.getppid()  # the hub, for a managed service: it must not outlive the hub
         await self.start_service()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -469,10 +518,13 @@ class WmlaService(Application):
             # restore SIGINT: a process started with & from a script inherits it ignored, and
             # JupyterHub stops services with SIGINT first
             loop.add_signal_handler(sig, stop.set)
+        watcher = asyncio.ensure_future(watch(self.lease, stop, parent if parent > 1 else None))
         await stop.wait()
         self.log.info("wmla service stopping")
         self.http.stop()
         await self.scheduler.stop()
+        watcher.cancel()
+        self.lease.release()
         self.store.close()
 
     def start(self) -> None:

@@ -50,7 +50,7 @@ from extension.scheduler import (
 from extension.scheduler.plans import ROOT, parent_of
 
 from .store import JobRow, PlanRecord, Store
-from .storecalls import StoreCalls
+from .storecalls import StoreCalls, StoreUnavailable
 from .submission import Rejected, Submission, SubmissionError, user_root
 
 LIVE = (JobState.PENDING.value, JobState.RUNNING.value)
@@ -113,7 +113,8 @@ class Scheduler:
         log: logging.Logger | None = None,
     ) -> None:
         self.store = store
-        self.db = StoreCalls()  # every store call of the running service goes through it
+        # every store call of the running service goes through it, in threads
+        self.db = StoreCalls(reset=store.engine.dispose)
         self.bounds = instance_bounds  # {"quota": Resources, "max_jobs": int | None}
         self.config = config
         self.storage_root = Path(storage_root)
@@ -292,6 +293,10 @@ class Scheduler:
         /health and the admin page) until a cycle succeeds; the next one retries."""
         try:
             await self.cycle()
+        except StoreUnavailable as err:  # said once by storecalls; retried every second
+            self.log.debug("scheduling cycle not stored: %s", err)
+            self.last_error = f"{type(err).__name__}: {err}"[:500]
+            return False
         except Exception as err:  # one bad cycle must not end the loop
             self.log.exception("scheduling cycle failed")
             self.last_error = f"{type(err).__name__}: {err}"[:500]
@@ -589,9 +594,12 @@ class Scheduler:
         """``submit`` keyed by the client: (the job, whether it is new). A retry of a request
         whose answer was lost (a 503 while the service restarted, a dropped connection) gets
         the job the first one made instead of a second job."""
-        row = await self.job_for_key(caller, key, digest)
-        if row is not None:
-            return row, False
+        while True:
+            row = await self.job_for_key(caller, key, digest)
+            if row is not None:
+                return row, False
+            if (caller.name, key) not in self._keys:  # none began while we looked
+                break
         done = asyncio.get_running_loop().create_future()
         self._keys[(caller.name, key)] = done
         try:

@@ -48,11 +48,15 @@ class StoreCalls:
         readers: int = 4,
         retry_after: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        reset: Callable[[], None] | None = None,
     ) -> None:
+        """``reset``: drops the pool's idle connections after a failure (a SQLite connection
+        opened while the file was read-only stays read-only for good)."""
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="wmla-store-write")
         self._readers = ThreadPoolExecutor(readers, thread_name_prefix="wmla-store-read")
         self.retry_after = retry_after
         self.clock = clock
+        self.reset = reset
         self.down_since: float | None = None  # monotonic time of the first failure in a row
         self.error: str | None = None  # the database's words, while down
 
@@ -104,6 +108,11 @@ class StoreCalls:
             self.down_since = self.clock()
             log.error("wmla: the database is unavailable: %s", words)
         self.error = words
+        if self.reset is not None:
+            try:
+                self.reset()
+            except Exception:  # the next call finds out again
+                log.debug("could not reset the store's connections", exc_info=True)
 
     def _back(self) -> None:
         if self.down_since is not None:
