@@ -32,6 +32,7 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
+    func,
     select,
     update,
 )
@@ -426,9 +427,10 @@ class Store:
                 query = query.where(TransitionRow.id > since_id)
             if leaf_prefix is not None:
                 prefix = leaf_prefix.rstrip("/")
-                query = query.where(
-                    (TransitionRow.leaf == prefix) | TransitionRow.leaf.startswith(prefix + "/")
-                )
+                # a plain prefix test, not LIKE: '_' and '%' are wildcards there, and SQLite's
+                # LIKE ignores case (/a_b would have matched /axb, /P matched /p)
+                below = func.substr(TransitionRow.leaf, 1, len(prefix) + 1) == prefix + "/"
+                query = query.where((TransitionRow.leaf == prefix) | below)
             return list(s.scalars(query).all())
 
     def decisions(self, job_id: str) -> list[DecisionRow]:

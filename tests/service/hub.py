@@ -213,10 +213,9 @@ class Client:
         self.hub = hub
         self.headers = {"Authorization": f"token {token}"} if token else {}
 
-    def __call__(self, method: str, path: str, **kwargs) -> requests.Response:
-        return requests.request(
-            method, self.hub.api + path, headers=self.headers, timeout=30, **kwargs
-        )
+    def __call__(self, method: str, path: str, headers=None, **kwargs) -> requests.Response:
+        headers = {**self.headers, **(headers or {})}
+        return requests.request(method, self.hub.api + path, headers=headers, timeout=30, **kwargs)
 
     def get(self, path: str, **kwargs) -> requests.Response:
         return self("GET", path, **kwargs)

@@ -5,7 +5,6 @@ written (floats, JSON, text), and the same answers to the same queries.
 
 from __future__ import annotations
 
-import pytest
 import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
@@ -227,13 +226,6 @@ def test_the_same_queries_give_the_same_answers(store_url: str) -> None:
         store.close()
 
 
-@pytest.mark.xfail(
-    reason="Store.transitions(leaf_prefix=) matches with LIKE: '_' is a wildcard and SQLite's "
-    "LIKE ignores case, so /a_b also returns /axb's rows, and on SQLite /P returns /p's; "
-    "fix in store.py: compare func.substr(leaf, 1, len(prefix) + 1) == prefix + '/' (or "
-    "startswith(..., autoescape=True) plus a case-sensitive comparison)",
-    strict=False,
-)
 def test_a_plan_prefix_is_matched_exactly(store_url: str) -> None:
     store = Store.open(store_url)
     try:
