@@ -22,6 +22,12 @@ to stdout. It exits 1 when the job did not finish. ``exec-get`` shows notebook s
 ``notebook``) as ``notebook (running)`` / ``notebook (ended)`` with their end time, not as
 cancelled jobs.
 
+While the service is unavailable (the hub restarting it, its store locked) every command keeps
+trying for ``--retry-seconds`` (default ``$WMLA_RETRY_SECONDS``, else 60; 0: one try) and says
+so on stderr, one line per wait (``wmla plans: the wmla service is unavailable (HTTP 503 from
+the hub's proxy), retrying in 2 s (giving up in 58 s) ...``); ``exec-start`` sends one
+``Idempotency-Key`` on all its tries, so a retry never makes a second job.
+
 ``extension/cli.py`` calls :func:`add_commands` from ``build_parser``, :func:`dlicmd_argv` on the
 arguments, and :func:`run` for the commands in :data:`COMMANDS`.
 """
@@ -38,8 +44,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 from urllib.parse import quote
 
-from extension.client import FINAL_STATES, WmlaClient, WmlaError, api_url, save_config
-from extension.magics.options import OptionsError, inside_folder, parse_train, submission_body
+from extension.client import (
+    FINAL_STATES,
+    Retrying,
+    WmlaClient,
+    WmlaError,
+    api_url,
+    save_config,
+)
+from extension.magics.options import (
+    OptionsError,
+    inside_folder,
+    parse_train,
+    retry_seconds,
+    submission_body,
+)
 
 COMMANDS = frozenset(
     {"logon", "exec-start", "exec-get", "exec-stop", "exec-outLogs", "plans", "usage"}
@@ -122,6 +141,14 @@ def add_commands(sub: Any) -> None:
     )
     usage.add_argument("--step", type=_step, help="seconds between points (at least 1)")
     usage.add_argument("--json", action="store_true")
+    for parser in (logon, get, stop, logs, plans, usage):
+        parser.add_argument(
+            "--retry-seconds",
+            type=retry_seconds,
+            metavar="S",
+            help="keep trying this long while the service is unavailable (default "
+            "$WMLA_RETRY_SECONDS, else 60; 0: one try)",
+        )
 
 
 # The service's usage API spans at most 400 days (extension/metering/handlers.py MAX_RANGE).
@@ -154,16 +181,28 @@ def _step(text: str) -> float:
     return step
 
 
+def client_for(
+    name: str, err: TextIO, retry_seconds: float | None = None, **kwargs: Any
+) -> WmlaClient:
+    """The client of command ``name``: its retries are told on ``err``, one line per wait."""
+
+    def on_retry(notice: Retrying) -> None:
+        err.write(f"wmla {name}: {notice}\n")
+        err.flush()
+
+    return WmlaClient(retry_seconds=retry_seconds, on_retry=on_retry, **kwargs)
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
     name = args.command
     try:
         if name == "logon":
-            return _logon(args, out)
+            return _logon(args, out, err)
         if name == "exec-start":
             return _exec_start(args.rest, out, err)
-        client = WmlaClient()
+        client = client_for(name, err, getattr(args, "retry_seconds", None))
         if name == "exec-get":
             return _exec_get(client, args, out)
         if name == "exec-stop":
@@ -211,7 +250,7 @@ def _emit(out: TextIO, as_json: bool, data: Any, text: Any) -> None:
 
 
 # -- commands ----------------------------------------------------------------------------------
-def _logon(args: argparse.Namespace, out: TextIO) -> int:
+def _logon(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     import requests
 
     url = args.url or os.environ.get("WMLA_URL")
@@ -240,7 +279,8 @@ def _logon(args: argparse.Namespace, out: TextIO) -> int:
         if r.status_code != 201:
             raise WmlaError(f"the hub at {hub} answered {r.status_code}: {r.text[:200]}")
         token = r.json()["token"]
-    me = WmlaClient(url=api, token=token).whoami()  # check before writing anything
+    client = client_for("logon", err, args.retry_seconds, url=api, token=token)
+    me = client.whoami()  # check before writing anything
     path = save_config({"url": api, "token": token, "user": me["name"]})
     info = {"user": me["name"], "url": api, "config": str(path), "plans": me.get("plans", [])}
     _emit(out, args.json, info, lambda: f"logged on as {me['name']} at {api} (saved in {path})")
@@ -268,7 +308,7 @@ def _exec_start(rest: Sequence[str], out: TextIO, err: TextIO) -> int:
             "folder on the hub) and the script in it, e.g. --model-dir models/mnist "
             "--model-main main.py"
         )
-    client = WmlaClient()
+    client = client_for("exec-start", err, opts.retry_seconds)
     model_dir = opts.model_dir
     if os.path.isabs(model_dir):
         model_dir = inside_folder(client.whoami()["storage"], model_dir)
@@ -281,13 +321,19 @@ def _exec_start(rest: Sequence[str], out: TextIO, err: TextIO) -> int:
     progress = err if opts.json else out  # --json: stdout is the job's JSON alone
     name = f" ({job['name']})" if job.get("name") else ""
     _say(progress, f"job {job['id']}{name} submitted to {job['plan']}")
+    job_id = job["id"]
     try:
         job = watch(client, job, progress)
     except KeyboardInterrupt:
-        job_id = job["id"]
         _say(progress, f"stopped waiting; job {job_id} keeps running: `wmla exec-get {job_id}`, "
              f"cancel it with `wmla exec-stop {job_id}`")  # fmt: skip
         return 130
+    except WmlaError as e:
+        raise WmlaError(
+            f"stopped waiting for job {job_id}, which keeps running (`wmla exec-get {job_id}` "
+            f"once the service answers): {e}",
+            e.status,
+        ) from None
     if opts.json:
         _emit(out, True, job, str)
     return 0 if job["state"] == "FINISHED" else 1

@@ -1,4 +1,10 @@
-"""The ``%wmla_*`` magics. Option parsing lives in :mod:`extension.magics.options` (pure)."""
+"""The ``%wmla_*`` magics. Option parsing lives in :mod:`extension.magics.options` (pure).
+
+While the service is unavailable the client keeps trying (``$WMLA_RETRY_SECONDS``, default 60;
+0: one try) and each wait shows in the cell's output as a line ``wmla: the wmla service is
+unavailable (HTTP 503 from the hub's proxy), retrying in 2 s (giving up in 58 s) ...``; when it
+gives up the cell stops with ``UsageError: <what happened and what to do>``, no traceback.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import argparse
 import hashlib
 import os
 import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +22,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
 from extension.cli_client import jobs_table, plans_table
-from extension.client import FINAL_STATES, WmlaClient, WmlaError
+from extension.client import FINAL_STATES, Retrying, WmlaClient, WmlaError
 
 from .options import OptionsError, TrainOptions, inside_folder, parse_train, submission_body
 
@@ -36,6 +43,12 @@ def user_folder(client: WmlaClient | None = None) -> Path:
         if storage and Path(storage).is_dir():
             return Path(storage)
     return Path.cwd()
+
+
+def show_retry(notice: Retrying) -> None:
+    """A wait of the client while the service is unavailable, in the cell's output."""
+    sys.stdout.write(f"wmla: {notice}\n")
+    sys.stdout.flush()
 
 
 def resolve_code(
@@ -97,7 +110,7 @@ class WmlaMagics(Magics):
 
     def client(self) -> WmlaClient:
         try:
-            return WmlaClient()
+            return WmlaClient(on_retry=show_retry)
         except WmlaError as err:
             raise UsageError(str(err)) from None
 

@@ -20,6 +20,9 @@ option (aliases)                          meaning
 ``--env NAME=VALUE``                      extra environment for the workers (repeatable)
 ``--wait``                                block until the job ends
 ========================================  =================================================
+
+``wmla exec-start`` also takes ``--json`` and ``--retry-seconds S`` (how long to keep trying
+while the service is unavailable; default ``$WMLA_RETRY_SECONDS``, else 60; 0: one try).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from extension.scheduler.resources import QuantityError, parse_quantity
 
 FRAMEWORKS = {"pytorch": "PyTorch", "distpytorch": "PyTorch", "torch": "PyTorch"}
 ELASTIC = re.compile(r"\s*(\d{1,6})\s*:\s*(\d{1,6})\s*\Z")
+MAX_RETRY_SECONDS = 24 * 3600.0  # extension.client.MAX_RETRY_SECONDS
 ENV = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)\Z", re.S)
 
 
@@ -58,6 +62,7 @@ class TrainOptions:
     env: dict[str, str] = field(default_factory=dict)
     wait: bool = False
     json: bool = False
+    retry_seconds: float | None = None
     framework: str | None = None
     args: list[str] = field(default_factory=list)
 
@@ -114,6 +119,20 @@ def _elastic(text: str) -> tuple[int, int]:
     return lo, hi
 
 
+def retry_seconds(text: str) -> float:
+    """``--retry-seconds``: how long the client keeps trying while the service is unavailable."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 <= seconds <= MAX_RETRY_SECONDS:  # also NaN and inf
+        raise argparse.ArgumentTypeError(
+            f"--retry-seconds takes the seconds to keep trying while the service is "
+            f"unavailable, 0 (one try) to {MAX_RETRY_SECONDS:g}, e.g. 120; got {text!r}"
+        )
+    return seconds
+
+
 def _env(text: str) -> tuple[str, str]:
     match = ENV.match(text)
     if not match:
@@ -154,6 +173,8 @@ def build_parser(prog: str, framework: bool = False, cli: bool = False) -> _Pars
     add("--wait", action="store_true", help="block until the job ends")
     if cli:
         add("--json", action="store_true", help="print JSON")
+        add("--retry-seconds", dest="retry_seconds", type=retry_seconds, metavar="S",
+            help="keep trying this long while the service is unavailable")  # fmt: skip
     return parser
 
 
@@ -199,6 +220,7 @@ def parse_train(
         env=dict(ns.env),
         wait=ns.wait,
         json=getattr(ns, "json", False),
+        retry_seconds=getattr(ns, "retry_seconds", None),
         args=script_args,
     )
     if framework:

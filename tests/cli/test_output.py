@@ -93,7 +93,7 @@ def wmla(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
     monkeypatch.setattr(cli_client, "POLL", 0, raising=False)
 
     def run(fake: FakeClient, *argv: str) -> tuple[int, str, str]:
-        monkeypatch.setattr(cli_client, "WmlaClient", lambda: fake)
+        monkeypatch.setattr(cli_client, "WmlaClient", lambda **kwargs: fake)
         capsys.readouterr()
         try:
             code = cli.main(list(argv))

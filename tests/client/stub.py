@@ -21,6 +21,7 @@ The normal answers: ``POST jobs`` stores a job (201), or with an ``Idempotency-K
 seen from the same token answers the job it stored for it (200; another body with that key is
 a 422 naming the header, as the service does); ``GET jobs``, ``GET jobs/<id>`` (and its
 ``metrics``, ``logs``), ``DELETE jobs/<id>``, ``GET`` the API root (who am I), ``GET plans``.
+``stub.state`` (when set) is the state a ``GET jobs/<id>`` finds the job in.
 ``stub.seen`` keeps ``(method, path, Idempotency-Key)`` of every request received.
 ``stub.down()`` stops listening (connections are refused) and ``stub.up()`` listens again on
 the same port.
@@ -51,6 +52,7 @@ class Stub:
         self.script: list[str] = []
         self.seen: list[tuple[str, str, str | None]] = []
         self.jobs: dict[str, dict] = {}
+        self.state: str | None = None
         self.keys: dict[tuple[str, str], tuple[str, Any]] = {}  # (token, key) -> (id, body)
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -230,6 +232,8 @@ class Handler(tornado.web.RequestHandler):
             elif rest == "history":
                 reply(200, {"transitions": []})
             else:
+                if stub.state and job["state"] != stub.state:
+                    job.update(state=stub.state, reason="", exit_code=0, ended=time.time())
                 reply(200, job)
         else:
             reply(404, {"error": f"no {path}", "status": 404})
