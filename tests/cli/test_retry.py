@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from extension import cli
+from extension import cli, cli_client
 from extension import client as client_module
 from tests.client.stub import Stub
 
@@ -125,3 +125,18 @@ def test_a_refusal_is_not_retried(stub: Stub, wmla) -> None:
     code, _, err = wmla(*START)
     assert code == 1 and stub.submissions() == 1
     assert err == "wmla exec-start: job rejected: /p allows 2 gpu; the job asks for 4 gpu\n"
+
+
+def test_exec_start_wait_that_loses_the_service_says_the_job_keeps_running(
+    stub: Stub, wmla, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli_client, "POLL", 0)
+    stub.script = ["ok"] + ["html503"] * 1000
+    code, out, err = wmla(*START, "--wait", "--retry-seconds", "0.2")
+    assert code == 1 and "job j1 (stub-main) submitted to /p" in out
+    last = err.splitlines()[-1]
+    assert last.startswith(
+        "wmla exec-start: stopped waiting for job j1, which keeps running (`wmla exec-get j1` "
+        "once the service answers): the wmla service at "
+    )
+    assert "Traceback" not in err and "<" not in err
