@@ -68,6 +68,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 # parts of a submission's cost in the service, as frames of the sampled stacks (py-spy)
 PARTS = [
     ("hub auth (HubAuth.get_user / token check)", ("get_current_user", "user_for_token")),
+    ("  waiting for HubAuth's thread (_synchronize)", ("_synchronize",)),
     ("JSON body (APIHandler.body)", ("body (extension/service/handlers.py",)),
     ("validation (parse_submission)", ("parse_submission",)),
     ("Scheduler.submit before the kick", ("submit (extension/service/scheduling.py",)),
@@ -286,6 +287,7 @@ IDLE_LEAVES = (
     "_run_safe_shutdown_loop (pycares/__init__.py)",
     "_ChannelShutdownManager._run_safe_shutdown_loop (pycares/__init__.py)",
 )
+MAIN_IDLE_LEAVES = ("select (selectors.py)", "EpollSelector.select (selectors.py)")
 
 
 def summarize_pyspy(
@@ -312,12 +314,15 @@ def summarize_pyspy(
         frames = [f for f in frames if not f.startswith("thread ")]
         if not frames:
             continue
-        if frames[-1] in IDLE_LEAVES:
+        # "thread (0x7f..): wmla-store-read_2" -> "wmla-store-read" (a pool, not one thread)
+        name = re.sub(r"^thread\s*(\([^)]*\)\s*)*:?\s*", "", thread)
+        # the event loop's thread waits in select only: blocked on a lock or a future it holds
+        # up every request (HubAuth's sync get_user waits for its own thread that way)
+        waits = MAIN_IDLE_LEAVES if name == "MainThread" else IDLE_LEAVES
+        if frames[-1] in waits:
             idle += n
             continue
         total += n
-        # "thread (0x7f..): wmla-store-read_2" -> "wmla-store-read" (a pool, not one thread)
-        name = re.sub(r"^thread\s*(\([^)]*\)\s*)*:?\s*", "", thread)
         threads[re.sub(r"_\d+$", "", name) or "?"] += n
         selfs[frames[-1]] += n
         for f in set(frames):
@@ -370,6 +375,9 @@ def summarize_cprofile(path: Path, top: int = 25) -> str:
     return out.getvalue()
 
 
+SERVICE_ENV_CONFIG = """
+c.JupyterHub.services[0]["environment"].update({env!r})
+"""
 CPROFILE_CONFIG = """
 import sys
 _wmla = c.JupyterHub.services[0]
@@ -411,6 +419,10 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
     hub.env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
     )
+    if args.service_env:
+        env = dict(item.split("=", 1) for item in args.service_env)
+        with open(hub.config, "a") as f:
+            f.write(SERVICE_ENV_CONFIG.format(env=env))
     if args.profile == "cprofile":
         with open(hub.config, "a") as f:
             f.write(CPROFILE_CONFIG.format(out=str(tmp / "service.prof")))
@@ -673,6 +685,13 @@ def main() -> int:
     parser.add_argument("--finish-after", type=float, default=0.0, help="seconds a job runs")
     parser.add_argument("--profile", choices=["py-spy", "cprofile"], default=None)
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
+    parser.add_argument(
+        "--service-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a variable for the service's environment (repeat), e.g. to compare two settings",
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the run's folder (logs)")
     args = parser.parse_args()
