@@ -48,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -221,10 +222,12 @@ async def submissions(api: str, tokens: list[str], n: int, probe_token: str) -> 
                 status: object
                 job_id = ""
                 try:
-                    async with session.post(api + "/jobs", json=job_body(k)) as r:
+                    # one Idempotency-Key per submission, as the wmla client sends
+                    key = {"Idempotency-Key": uuid.uuid4().hex}
+                    async with session.post(api + "/jobs", json=job_body(k), headers=key) as r:
                         data = await r.read()
                         status = r.status
-                    if status == 201:
+                    if status in (200, 201):
                         job_id = json.loads(data)["id"]
                 except aiohttp.ClientError as err:
                     status = type(err).__name__
