@@ -85,6 +85,13 @@ def roles(
             "users": sorted(set(admin_users)),
             "groups": sorted(set(admin_groups)),
         },
+        {
+            "name": "wmla-service",
+            "description": "The wmla service: looks at users' servers to free the resources "
+            "of notebook jobs no server holds any more (extension/service/reconcile.py)",
+            "scopes": ["list:users", "read:servers", "admin:server_state"],
+            "services": [service_name],
+        },
     ]
 
 

@@ -42,6 +42,7 @@ from .privacy import (
     proc_hides_other_processes,
     restrict_umask,
 )
+from .reconcile import hub_api_from_env, hub_fetch, reconcile_forever
 from .scheduling import Scheduler
 from .store import Store, sqlite_url
 from .submission import LimitRange, user_root
@@ -211,6 +212,26 @@ class WmlaService(Application):
                 f"c.WmlaService.lease_seconds must be between 3 and 3600 seconds, not {value}"
             )
         return value
+
+    reconcile_seconds = Float(
+        60.0,
+        config=True,
+        help="""Seconds between looks at the hub's servers: a live notebook job that no server of
+        its user holds any more (the hub was killed, a release was lost) is ended and its
+        resources freed. 0 turns it off. Needs the hub API (a hub-managed service).
+
+        c.WmlaService.reconcile_seconds = 60
+        """,
+    )
+    reconcile_grace = Float(
+        90.0,
+        config=True,
+        help="""Seconds a notebook job is left alone after it started, before the hub is asked
+        whether a server holds it (a server still spawning may not be listed yet).
+
+        c.WmlaService.reconcile_grace = 90
+        """,
+    )
 
     tick = Float(
         5.0,
@@ -519,6 +540,12 @@ class WmlaService(Application):
             # JupyterHub stops services with SIGINT first
             loop.add_signal_handler(sig, stop.set)
         watcher = asyncio.ensure_future(watch(self.lease, stop, parent if parent > 1 else None))
+        hub = hub_api_from_env()
+        if hub is not None and self.reconcile_seconds > 0:
+            reconciler = reconcile_forever(
+                self.scheduler, hub_fetch(*hub), self.reconcile_seconds, self.reconcile_grace, stop
+            )
+            asyncio.ensure_future(reconciler)
         await stop.wait()
         self.log.info("wmla service stopping")
         self.http.stop()

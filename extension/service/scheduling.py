@@ -771,6 +771,31 @@ class Scheduler:
         await self.kick()
         return await self.db.read(self.store.job, job_id) or row
 
+    def notebook_jobs(self) -> list[str]:
+        """Ids of the live notebook jobs (reconcile.py checks them against the hub)."""
+        return [job_id for job_id, kind in self.kinds.items() if kind == "notebook"]
+
+    async def release_notebook(self, job_id: str, reason: str) -> None:
+        """End a notebook job whose server is gone: its resources are free at once (the
+        spawner runs the server; nothing runs under the backend)."""
+        async with self._lock:
+            job = self.jobs.get(job_id)
+            if job is None or self.kinds.get(job_id) != "notebook":
+                return
+            now = self.clock()
+            values = {
+                "state": JobState.CANCELLED.value,
+                "ended": now,
+                "reason": reason,
+                "placement": [],
+                "terminating": False,
+            }
+            await self.db.write(
+                self.store.update_jobs, [(job_id, values, "cancelled", reason)], now
+            )
+            self._end(job, JobState.CANCELLED)
+        await self.kick()
+
     # -- plans -----------------------------------------------------------------------
     async def change_plans(
         self,

@@ -24,10 +24,13 @@ from .test_faults import Locker
 def hub(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("restarts")
     traits = {"tick": 1, "grace": 1, "device_layout": "1x4", "lease_seconds": 3}
+    traits.update(reconcile_seconds=1, reconcile_grace=1)
     hub = Hub(tmp, traits)
     try:
         hub.start()
-        hub.clients = {name: Client(hub, hub.user_token(name)) for name in ("admin", "user1")}
+        hub.clients = {
+            name: Client(hub, hub.user_token(name)) for name in ("admin", "user1", "user2")
+        }
         folder = hub.storage / "user1" / "models" / "hi"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "main.py").write_text(SCRIPT)
@@ -90,6 +93,54 @@ def test_a_second_service_on_the_same_database_leaves_naming_the_first(hub: Hub)
     assert f"another wmla service (pid {service.pid}" in second.stderr, second.stderr[-2000:]
     assert 3 <= waited < 30  # it waited for the lease (3 s here), then left
     assert requests.get(hub.api + "/health", timeout=10).json()["status"] == "ok"
+
+
+def notebook_job(hub: Hub, user: str) -> str:
+    body = {
+        "plan": "/sample-project/notebooks",
+        "kind": "notebook",
+        "user": user,
+        "resources": {"gpu": 0, "cpu": "100m", "memory": "64Mi"},
+    }
+    r = hub.clients["admin"].post("/jobs", json=body)  # what the spawner does at a spawn
+    assert r.status_code == 201, r.text
+    hub.clients[user].wait_state(r.json()["id"], {"RUNNING"})
+    return r.json()["id"]
+
+
+def wait_server(hub: Hub, user: str, ready: bool, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        own = hub.clients[user].headers  # the user's own token sees their servers
+        r = requests.get(f"{hub.url}/hub/api/users/{user}", headers=own, timeout=30)
+        servers = r.json().get("servers") or {}
+        if bool(servers.get("", {}).get("ready")) == ready and (ready or not servers):
+            return
+        assert time.monotonic() < deadline, servers
+        time.sleep(0.3)
+
+
+def test_a_notebook_job_no_server_holds_is_released_and_one_a_server_holds_is_kept(
+    hub: Hub,
+) -> None:
+    own = hub.clients["user2"].headers  # a user starts their own server
+    server = f"{hub.url}/hub/api/users/user2/server"
+    r = requests.post(server, headers=own, timeout=90)
+    assert r.status_code in (201, 202), r.text
+    try:
+        wait_server(hub, "user2", ready=True)
+        held = notebook_job(hub, "user2")  # user2's server runs: the job is held
+        leaked = notebook_job(hub, "user1")  # user1 has no server: nothing holds it
+        released = hub.clients["user1"].wait_state(leaked, {"CANCELLED"}, timeout=20)
+        assert "no default server of user1" in released["reason"]
+        time.sleep(3)  # three more rounds
+        assert hub.clients["user2"].get(f"/jobs/{held}").json()["state"] == "RUNNING"
+    finally:
+        requests.delete(server, headers=own, timeout=60)
+    wait_server(hub, "user2", ready=False)
+    # the server stopped without releasing (this hub's spawner is not wmla's): freed anyway
+    gone = hub.clients["user2"].wait_state(held, {"CANCELLED"}, timeout=20)
+    assert gone["reason"].startswith("released: the hub has no default server of user2")
 
 
 def test_after_kill_9_of_the_hub_its_service_leaves_and_the_next_hub_adopts_the_jobs(

@@ -155,9 +155,10 @@ def test_hub_config_helpers(tmp_path: Path) -> None:
         "WmlaService": {"device_layout": "4x8"}
     }
     assert ADMIN_SCOPE in custom_scopes()
-    user, admin = roles(admin_users=["alice"])
+    user, admin, service = roles(admin_users=["alice"])
     assert "access:services!service=wmla" in user["scopes"] and "self" in user["scopes"]
     assert admin["users"] == ["alice"] and ADMIN_SCOPE in admin["scopes"]
+    assert service["services"] == ["wmla"] and "read:servers" in service["scopes"]
     assert "access:services!service=wmla" in server_token_scopes()
     assert set(default_plans()) == {
         "/sample-project",
