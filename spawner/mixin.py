@@ -354,11 +354,18 @@ class WmlaSpawnerMixin(LoggingConfigurable):
             )
         return token
 
-    async def _wmla_call(self, method: str, path: str, body: Any = None, what: str = "") -> Any:
+    async def _wmla_call(
+        self, method: str, path: str, body: Any = None, what: str = "", retry: float = 5.0
+    ) -> Any:
+        """``retry``: seconds the client keeps trying while the service restarts (502/503, no
+        connection). Short by default: the hub's polls and the spawn page must not hang on
+        it; the submission, sent with an Idempotency-Key, waits longer."""
         from extension.client import WmlaClient
 
         def call() -> Any:
-            client = WmlaClient(self.wmla_service_url(), self.wmla_token(), env={})
+            client = WmlaClient(
+                self.wmla_service_url(), self.wmla_token(), env={}, retry_seconds=retry
+            )
             try:
                 return client.request(method, path, body=body, what=what or "notebook")
             finally:
@@ -420,7 +427,7 @@ class WmlaSpawnerMixin(LoggingConfigurable):
         self.wmla_leaf = f"{plan}/{self.user.name}"
         self._wmla_note(f"asking plan {plan} for room: {_describe(body['resources'])}", 5)
         try:
-            job = await self._wmla_call("POST", "jobs", body)
+            job = await self._wmla_call("POST", "jobs", body, retry=30.0)
         except WmlaError as err:
             if err.status == 422:
                 message = f"{self.wmla_leaf} can never hold this server: {err}"
