@@ -1,8 +1,15 @@
-"""The typed decisions one cycle returns; the service and the backends carry them out."""
+"""The typed decisions one cycle returns, and ``dispatch``: the one way to carry them out.
+
+The service and the simulator each have a handler with one method per kind (``start``,
+``grow``, ``shrink``, ``preempt``, ``reject``); ``dispatch(decision, handler, *args)`` calls
+the one the decision names, so a new kind of decision is a missing method, not a branch an
+isinstance chain forgot.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
 
 from .resources import Resources
 
@@ -10,6 +17,8 @@ from .resources import Resources
 @dataclass(frozen=True)
 class Start:
     """Start the whole gang: one worker on each listed node (rank i on ``placement[i]``)."""
+
+    kind: ClassVar[str] = "start"
 
     job_id: str
     placement: tuple[str, ...]
@@ -23,6 +32,8 @@ class Start:
 class Grow:
     """Add workers to a running elastic job (it restarts from its checkpoint at the new size)."""
 
+    kind: ClassVar[str] = "grow"
+
     job_id: str
     add: tuple[str, ...]
     workers: int
@@ -31,6 +42,8 @@ class Grow:
 @dataclass(frozen=True)
 class Shrink:
     """Take workers from an elastic job, the highest ranks first, after ``grace`` seconds."""
+
+    kind: ClassVar[str] = "shrink"
 
     job_id: str
     release: tuple[str, ...]
@@ -43,6 +56,8 @@ class Shrink:
 class Preempt:
     """Stop a whole gang (SIGTERM, ``grace``, SIGKILL); it returns to the queue."""
 
+    kind: ClassVar[str] = "preempt"
+
     job_id: str
     grace: float
     reason: str
@@ -53,6 +68,8 @@ class Preempt:
 class Reject:
     """The job can never run as asked; ``reason`` is the message the user sees."""
 
+    kind: ClassVar[str] = "reject"
+
     job_id: str
     reason: str
 
@@ -61,11 +78,34 @@ class Reject:
 class Wait:
     """The job stays pending this cycle; ``reason`` says what it waits for."""
 
+    kind: ClassVar[str] = "wait"
+
     job_id: str
     reason: str
 
 
 Decision = Start | Grow | Shrink | Preempt | Reject | Wait
+KINDS = ("start", "grow", "shrink", "preempt", "reject")  # what a cycle's decisions may be
+
+
+class DecisionHandler(Protocol):
+    """What carries out a cycle's decisions: one method per kind."""
+
+    def start(self, decision: Start, *args: Any) -> Any: ...
+
+    def grow(self, decision: Grow, *args: Any) -> Any: ...
+
+    def shrink(self, decision: Shrink, *args: Any) -> Any: ...
+
+    def preempt(self, decision: Preempt, *args: Any) -> Any: ...
+
+    def reject(self, decision: Reject, *args: Any) -> Any: ...
+
+
+def dispatch(decision: Decision, handler: DecisionHandler, *args: Any) -> Any:
+    """Carry out ``decision`` with ``handler``'s method of its kind (``Start`` ->
+    ``handler.start(decision, *args)``, ...) and return what it returns."""
+    return getattr(handler, decision.kind)(decision, *args)
 
 
 @dataclass(frozen=True)
@@ -94,7 +134,39 @@ class PlanFigures:
         }
 
 
-FIGURE_FIELDS = 14
+class PlanRows:
+    """Every plan's figures as a cycle records them: one named column per field of
+    ``PlanFigures``, one entry per plan, except that the vectors (deserved, allocated, demand)
+    take three entries each (gpu, cpu, memory). Eight lists instead of thousands of objects
+    for the garbage collector to walk every cycle; ``figures`` makes the PlanFigures."""
+
+    __slots__ = ("path", "share", "limit", "deserved", "allocated", "demand", "pending", "running")
+
+    def __init__(self) -> None:
+        self.path: list[str] = []
+        self.share: list[float] = []
+        self.limit: list[tuple] = []
+        self.deserved: list[float] = []
+        self.allocated: list[float] = []
+        self.demand: list[float] = []
+        self.pending: list[int] = []
+        self.running: list[int] = []
+
+    def figures(self) -> dict[str, PlanFigures]:
+        out = {}
+        for i, path in enumerate(self.path):
+            v = slice(3 * i, 3 * i + 3)
+            out[path] = PlanFigures(
+                path=path,
+                share=self.share[i],
+                limit=Resources(*self.limit[i]),
+                deserved=Resources(*self.deserved[v]),
+                allocated=Resources(*self.allocated[v]),
+                demand=Resources(*self.demand[v]),
+                pending=self.pending[i],
+                running=self.running[i],
+            )
+        return out
 
 
 class CycleResult:
@@ -118,29 +190,12 @@ class CycleResult:
         self.waiting: dict[str, str] = waiting if waiting is not None else {}
         self.reserved = reserved
         self._plans = plans
-        # per plan, FIGURE_FIELDS values: path, share, limit, deserved (3), allocated (3),
-        # demand (3), pending, running
-        self.figure_data: list = []
+        self.rows: PlanRows | None = None  # what ``plans`` is built from
 
     @property
     def plans(self) -> dict[str, PlanFigures]:
         if self._plans is None:
-            data, plans = self.figure_data, {}
-            for i in range(0, len(data), FIGURE_FIELDS):
-                path, share, limit, d0, d1, d2, a0, a1, a2, m0, m1, m2, pending, running = data[
-                    i : i + FIGURE_FIELDS
-                ]
-                plans[path] = PlanFigures(
-                    path=path,
-                    share=share,
-                    limit=Resources(*limit),
-                    deserved=Resources(d0, d1, d2),
-                    allocated=Resources(a0, a1, a2),
-                    demand=Resources(m0, m1, m2),
-                    pending=pending,
-                    running=running,
-                )
-            self._plans = plans
+            self._plans = self.rows.figures() if self.rows is not None else {}
         return self._plans
 
     def of(self, kind: type) -> list:

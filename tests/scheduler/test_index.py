@@ -1,5 +1,6 @@
-"""The plan index the core keeps between cycles (cycle._Index): it follows every change of the
-tree and the instance, forgets what the last cycle wrote, and is never shared half-written."""
+"""The plan index the core keeps between cycles (index.PlanIndex in an IndexCache): it follows
+every change of the tree and the instance, forgets what the last cycle wrote, and is never
+shared half-written."""
 
 from __future__ import annotations
 
@@ -68,12 +69,15 @@ def test_a_cycle_that_raises_is_not_kept(monkeypatch):
     jobs = [pending(f"{p}{i}", f"/{p}") for p in "ab" for i in range(6)]
     expected = outcome(run_cycle(plans.copy(), nodes(1, gpu=4), jobs))
 
-    def broken(self):
-        raise RuntimeError("the core failed half way through admission")
+    real_admit = core.admit
+
+    def broken(state):
+        real_admit(state)  # the index is written all over, then the cycle fails
+        raise RuntimeError("the core failed after admission")
 
     with monkeypatch.context() as patch:
-        patch.setattr(core._Cycle, "admit", broken)
-        with pytest.raises(RuntimeError):
+        patch.setattr(core, "admit", broken)
+        with pytest.raises(RuntimeError, match="after admission"):
             run_cycle(plans, nodes(1, gpu=4), jobs)
     assert outcome(run_cycle(plans, nodes(1, gpu=4), jobs)) == expected
 

@@ -20,7 +20,7 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_scheduler_core_uses_the_standard_library_only():
-    files = sorted(PACKAGE.glob("*.py"))
+    files = sorted(PACKAGE.rglob("*.py"))
     assert len(files) >= 8
     outside = {
         f"{path.name}: {name}"

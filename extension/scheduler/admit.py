@@ -1,0 +1,245 @@
+"""Phase 5, admit: the fair order, all-or-nothing gangs, one reservation (docs/scheduling.md
+"Admission 1", "Admission 2", "Admission 4").
+
+The fair order walks from the root, at each level to the child with the lowest dominant ratio
+that still has a job to try; equal ratios (rounded to 9 decimals) go to the child that
+deserves more, then by path. Inside a leaf: priority (high first), submission time, job id.
+Each parent keeps its active children in a heap (``PlanNode.heap``; entries go stale by
+``version`` when a ratio moves) and each leaf its buckets' first jobs (``PlanNode.heads``).
+
+Free capacity only shrinks during this phase, so a shape that found no room once finds none
+again: where no limit or job cap could give a different reason, a bucket of such a shape is
+passed over whole (its first job stands for it in reclaim), and a leaf of only such buckets at
+once (docs/scheduling.md "Cost").
+"""
+
+from __future__ import annotations
+
+import heapq
+from operator import attrgetter
+
+from . import messages
+from .index import PlanNode
+from .ledger import EPS
+from .model import Job
+from .placement import gang_room
+from .resources import RESOURCES
+from .shares import dominant_ratio
+from .state import CycleState
+
+_by_time = attrgetter("submitted", "id")
+_by_priority = attrgetter("priority")
+
+
+def in_order(jobs: list[Job]) -> list[Job]:
+    """Sort a bucket into the order inside a leaf (Admission 1): priority (high first), then
+    submission time, then id (two sorts in C: a stable sort keeps the time order among equal
+    priorities)."""
+    if len(jobs) > 1:
+        jobs.sort(key=_by_time)
+        jobs.sort(key=_by_priority, reverse=True)
+    return jobs
+
+
+def admit(state: CycleState) -> None:
+    """The reservation holder first (Admission 4: what was freed since it blocked goes to it),
+    then every leaf's turn in fair order until no plan has a job left to try."""
+    _activate(state)
+    holder = state.holder
+    if holder is not None:
+        try_start(state, *holder)
+    root = state.index.root
+    quick_ok = state.snapshot.instance.max_jobs is None
+    while root.active:
+        leaf = _pick(root)
+        _turn(state, leaf, quick_ok and not leaf.limited)
+    state.ledger.fits = {}  # free rows change again in reclaim and grow: not kept in step there
+
+
+def _activate(state: CycleState) -> None:
+    """Mark the leaves with pending jobs and their ancestors active; heapify each parent's
+    order of its active children at once."""
+    bottom_up = state.bottom_up
+    for plan in bottom_up:
+        if plan.pending:
+            plan.active = 1
+            plan.heads = None  # built on the leaf's first turn, if it needs them
+        if plan.active and plan.parent is not None:
+            plan.parent.active += 1
+    for plan in bottom_up:
+        if plan.active and plan.children:
+            heap = plan.heap
+            heap.extend(
+                (round(c.ratio, 9), c.weight, c.path, c.version, c)
+                for c in plan.children
+                if c.active
+            )
+            heapq.heapify(heap)
+
+
+def _turn(state: CycleState, leaf: PlanNode, quick: bool) -> None:
+    """One turn of ``leaf``: its jobs in order until one starts (its ratio moved: back to the
+    walk) or none is left (the leaf leaves the walk)."""
+    holder = state.holder
+    held, held_leaf = (None, None) if holder is None else holder
+    failed, blocked = state.failed_shapes, state.blocked
+    heads = leaf.heads
+    if heads is None:
+        if quick and leaf is not held_leaf and _all_failed(leaf, failed):
+            for jobs in leaf.buckets.values():  # each bucket is blocked, first job unsorted
+                if jobs and id(jobs) not in blocked:
+                    blocked[id(jobs)] = jobs
+            _deactivate(leaf)
+            return
+        heads = leaf.heads = _heads(leaf)
+    heappop, heapreplace = heapq.heappop, heapq.heapreplace
+    while heads:
+        _, _, _, seq, jobs, i = heads[0]
+        job = jobs[i]
+        if quick and job is not held and (job.per_worker, job.min_workers) in failed:
+            if id(jobs) not in blocked:
+                blocked[id(jobs)] = job
+            heappop(heads)  # the rest of the bucket has the same shape
+            continue
+        if i + 1 < len(jobs):
+            after = jobs[i + 1]
+            heapreplace(heads, (-after.priority, after.submitted, after.id, seq, jobs, i + 1))
+        else:
+            heappop(heads)
+        if job is held:
+            continue  # tried first, in admit
+        if try_start(state, job, leaf):
+            break
+    if not heads:
+        _deactivate(leaf)
+
+
+def _all_failed(leaf: PlanNode, failed: set) -> bool:
+    for (w, n, _), jobs in leaf.buckets.items():
+        if jobs and (w, n) not in failed:
+            return False
+    return True
+
+
+def _heads(leaf: PlanNode) -> list:
+    """The first job of every bucket in the order inside a leaf, as a heap."""
+    heads = []
+    for seq, jobs in enumerate(leaf.buckets.values()):
+        if jobs:
+            first = in_order(jobs)[0]
+            heads.append((-first.priority, first.submitted, first.id, seq, jobs, 0))
+    heapq.heapify(heads)
+    return heads
+
+
+def _pick(root: PlanNode) -> PlanNode:
+    """The leaf the fair order reaches: from the root, the first active child of each heap."""
+    plan = root
+    while plan.children:
+        heap = plan.heap
+        while True:
+            _, _, _, version, child = heap[0]
+            if version == child.version and child.active:
+                break
+            heapq.heappop(heap)
+        plan = child
+    return plan
+
+
+def _deactivate(plan: PlanNode) -> None:
+    plan.active = 0
+    parent = plan.parent
+    while parent is not None:
+        parent.active -= 1
+        if parent.active:
+            return
+        parent = parent.parent
+
+
+def _reorder(leaf: PlanNode) -> None:
+    """After an admission the chain's ratios changed: re-queue them in their parents. The
+    ratio is rounded so that equal ratios computed two ways tie; stale entries are skipped by
+    version."""
+    for plan in leaf.chain:
+        plan.ratio = dominant_ratio(plan.alloc, plan.deserved)
+        plan.version += 1
+        if plan.parent is not None and plan.active:
+            entry = (round(plan.ratio, 9), plan.weight, plan.path, plan.version, plan)
+            heapq.heappush(plan.parent.heap, entry)
+
+
+def try_start(state: CycleState, job: Job, leaf: PlanNode) -> bool:
+    """Admission 2: start the whole minimum gang now, under every limit on its path and the
+    job cap, each worker whole on one node; or say why it waits (Admission 4: the first gang
+    blocked by capacity holds the reservation)."""
+    w, n = job.per_worker, job.min_workers
+    req = (w[0] * n, w[1] * n, w[2] * n)
+    if leaf.limited:
+        over = over_limit(state, leaf, req)
+        if over:
+            state.waits[job.id] = over
+            return False
+    max_jobs = state.snapshot.instance.max_jobs
+    if max_jobs is not None and state.running_jobs >= max_jobs:
+        state.waits[job.id] = messages.job_cap(max_jobs)
+        return False
+    ledger = state.ledger
+    shape = (w, n)
+    tf = ledger.total_free
+    placement = None
+    if shape not in state.failed_shapes and req[0] <= tf[0] and req[1] <= tf[1] and req[2] <= tf[2]:
+        placement = ledger.fit_index(w).place(n)  # place_gang's answer, without a full pass
+    if placement is None:
+        state.failed_shapes.add(shape)
+        state.blocked.setdefault(id(leaf.buckets[(w, n, job.max_workers)]), job)
+        if state.reserved_for is None and any(w):
+            state.waits[job.id] = capacity_reason(state, w, n)
+            _reserve(state, job)
+        return False
+    ledger.take(placement, w)
+    ledger.charge(leaf, w, n)
+    state.running_jobs += 1
+    leaf.pending -= 1
+    leaf.running += 1
+    state.started[job.id] = placement
+    _reorder(leaf)
+    return True
+
+
+def over_limit(state: CycleState, leaf: PlanNode, req: tuple) -> str | None:
+    """Why ``req`` more would take a plan on ``leaf``'s path (or the quota) over its limit."""
+    root = state.index.root
+    for p in leaf.limited:
+        a, lim = p.alloc, p.limit
+        for r in range(3):
+            if a[r] + req[r] > lim[r] + EPS:
+                where = "the instance quota" if p is root else p.path
+                return messages.at_limit(where, RESOURCES[r], a[r], lim[r], req[r])
+    return None
+
+
+def capacity_reason(state: CycleState, w: tuple, n: int) -> str:
+    return messages.for_capacity(w, n, gang_room(state.ledger.free, w, n))
+
+
+def _reserve(state: CycleState, job: Job) -> None:
+    """Admission 4: hold what is free on the nodes the gang will need, so capacity freed after
+    it blocked goes to it first. Nodes are chosen by most free in the worker's main resource
+    (gpu, else cpu, else memory), then name."""
+    w = job.per_worker
+    main = 0 if w[0] else (1 if w[1] else 2)
+    room = dict(state.nodes.fits_on_empty_nodes(w))
+    ledger = state.ledger
+    free, names = ledger.free, ledger.names
+    order = [(-free[i][main], names[i], i) for i in room]
+    heapq.heapify(order)
+    held: list[int] = []
+    while order and len(held) < job.min_workers:
+        _, _, i = heapq.heappop(order)
+        room[i] -= 1
+        ledger.reserve(i, w)
+        held.append(i)
+        if room[i] > 0:
+            heapq.heappush(order, (-free[i][main], names[i], i))
+    state.reserved_for = job.id
+    state.reservation = messages.holds_reservation(", ".join(sorted({names[i] for i in held})))

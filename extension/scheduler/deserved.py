@@ -1,0 +1,102 @@
+"""Phases 3 and 4: each plan's demand, then its deserved share (docs/scheduling.md "Words":
+demand; "Deserved share").
+
+Demand of a plan is the sum over its subtree's pending and running jobs of their max request,
+capped by the plan's limit at every level; jobs rejected this cycle add none. The root's
+amount is the instance capacity, capped by total demand, and every plan hands its amount to its
+children by weighted water-filling (``shares.water_fill``), per resource, top-down.
+"""
+
+from __future__ import annotations
+
+from .shares import dominant_ratio, water_fill
+from .state import CycleState
+
+
+def compute_demand(state: CycleState) -> None:
+    """Leaves add up their running jobs and pending buckets; then bottom-up, each plan's
+    demand is capped by its limit and handed to its parent together with what it holds."""
+    for job, leaf in state.running:
+        w, m = job.per_worker, job.max_workers
+        d = leaf.demand
+        d[0] += w[0] * m
+        d[1] += w[1] * m
+        d[2] += w[2] * m
+    bottom_up = state.bottom_up = state.index.bottom_up()
+    for plan in bottom_up:
+        d, lim = plan.demand, plan.limit
+        if plan.pending:
+            for (w, _, most), jobs in plan.buckets.items():
+                if jobs:
+                    k = most * len(jobs)
+                    d[0] += w[0] * k
+                    d[1] += w[1] * k
+                    d[2] += w[2] * k
+        for r in range(3):
+            if d[r] > lim[r]:
+                d[r] = lim[r]
+        parent = plan.parent
+        if parent is not None:
+            pd, pa, a = parent.demand, parent.alloc, plan.alloc
+            pd[0] += d[0]
+            pd[1] += d[1]
+            pd[2] += d[2]
+            pa[0] += a[0]
+            pa[1] += a[1]
+            pa[2] += a[2]
+    rd, total = state.index.root.demand, state.nodes.total
+    for r in range(3):
+        rd[r] = min(rd[r], total[r])
+
+
+def compute_deserved(state: CycleState) -> None:
+    """Top-down water-filling per resource, parents before children; then every plan's
+    dominant ratio and its tie-break weight for the fair order (Admission 1)."""
+    root = state.index.root
+    root.deserved[:] = root.demand
+    for plan in reversed(state.bottom_up):  # parents before their children
+        if plan.children:
+            _hand_out(plan)
+    c0, c1, c2 = state.nodes.total
+    for plan in state.bottom_up:
+        a, d = plan.alloc, plan.deserved
+        if a[0] > 0 or a[1] > 0 or a[2] > 0:  # else the ratio stays the reset's 0
+            plan.ratio = dominant_ratio(a, d)
+        if d[0] or d[1] or d[2]:
+            plan.weight = -(
+                (d[0] / c0 if c0 > 0 else 0)
+                + (d[1] / c1 if c1 > 0 else 0)
+                + (d[2] / c2 if c2 > 0 else 0)
+            )
+
+
+def _hand_out(plan) -> None:
+    """``plan``'s deserved amount to its children by ``water_fill``, per resource. A plan with
+    nothing of a resource leaves its children at zero. Where every child's demand fits (below
+    the contended levels of the tree) each gets its demand: water_fill's own first case,
+    asked here without building its lists (most plans are the one parent of a user leaf)."""
+    kids, have = plan.children, plan.deserved
+    if len(kids) == 1:
+        kid = kids[0]
+        for r in range(3):
+            amount, cap = have[r], kid.demand[r]
+            if amount:
+                kid.deserved[r] = float(cap) if cap <= amount else _fill(amount, [kid], r)[0]
+        return
+    for r in range(3):
+        amount = have[r]
+        if not amount:
+            continue
+        caps = [k.demand[r] for k in kids]
+        if sum(caps) <= amount:
+            for kid, cap in zip(kids, caps):
+                kid.deserved[r] = float(cap)
+        else:
+            for kid, got in zip(kids, _fill(amount, kids, r, caps)):
+                kid.deserved[r] = got
+
+
+def _fill(amount: float, kids: list, r: int, caps: list | None = None) -> list[float]:
+    if caps is None:
+        caps = [k.demand[r] for k in kids]
+    return water_fill(amount, caps, [k.share for k in kids])

@@ -1,0 +1,59 @@
+"""The state of one cycle, declared in one place.
+
+``CycleState`` is what the phases of ``cycle.schedule`` share: each phase reads what the ones
+before it wrote and adds its own part (the comments name the phase that writes a field). The
+capacity arithmetic lives in ``ledger``; the plan vertices and their per-cycle figures in
+``index``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .decisions import Decision
+from .index import IndexCache, NodeFigures, PlanIndex, PlanNode
+from .ledger import Ledger
+from .model import Job, SchedulerConfig, Snapshot
+
+
+@dataclass(slots=True, eq=False)
+class CycleState:
+    snapshot: Snapshot
+    now: float
+    config: SchedulerConfig
+    index: PlanIndex  # the plan vertices; index.root is the instance
+    nodes: NodeFigures
+    ledger: Ledger
+    # 1. intake: the one pass over the jobs ----------------------------------------------
+    running: list[tuple[Job, PlanNode]] = field(default_factory=list)  # with their leaves
+    elastic: list[tuple[Job, PlanNode]] = field(default_factory=list)  # pending and running
+    holder: tuple[Job, PlanNode] | None = None  # Snapshot.reserved, if it is still pending
+    running_jobs: int = 0  # for Instance.max_jobs
+    # 2. reject, 6. reclaim: Reject, then Shrink and Preempt, in the order decided
+    decisions: list[Decision] = field(default_factory=list)
+    # 3. demand: every plan, deepest first, then by path
+    bottom_up: list[PlanNode] = field(default_factory=list)
+    # 5. admit -------------------------------------------------------------------------------
+    started: dict[str, list[int]] = field(default_factory=dict)  # job id -> node indexes
+    waits: dict[str, str] = field(default_factory=dict)  # job id -> why (other than capacity)
+    # capacity-blocked, first of each bucket (leaf and shape) in fair order: the reclaim
+    # candidates, keyed by the bucket's identity (no key to build per bucket); a whole bucket
+    # stands for its first job until reclaim needs to know which that is
+    blocked: dict[int, Job | list[Job]] = field(default_factory=dict)
+    failed_shapes: set[tuple] = field(default_factory=set)  # (worker, count) with no room
+    reserved_for: str | None = None  # Admission 4: the job holding the reservation
+    reservation: str = ""  # and what its status says about it
+    # 6. reclaim: jobs chosen as victims this cycle -----------------------------------------
+    victims: set[str] = field(default_factory=set)
+    # 7. grow: job id -> (job, node indexes added) ------------------------------------------
+    grown: dict[str, tuple[Job, list[int]]] = field(default_factory=dict)
+
+
+def open_cycle(snapshot: Snapshot, now: float, cache: IndexCache) -> CycleState:
+    """A cycle's state over a kept (or new) plan index, its per-cycle figures zeroed."""
+    inst = snapshot.instance
+    nodes = cache.nodes(inst)
+    index = cache.checkout(snapshot.plans, inst)
+    index.reset()
+    ledger = Ledger(nodes, index.free, index.incoming, index.pool)
+    return CycleState(snapshot, now, snapshot.config, index, nodes, ledger)
