@@ -138,3 +138,10 @@ c.JupyterHub.load_roles.extend(culler_roles)
 # stopped at shutdown could not release its notebook job; stop the servers first, while the
 # wmla service still runs (with c.JupyterHub.cleanup_servers = False they are left running)
 stop_servers_before_services()
+
+# -- restarts: a managed service that exits is restarted 2 s later (JupyterHub polls every 30 s),
+# and until it answers the proxy's error for /services/wmla/api/ is JSON, not the HTML page
+from hub_config.restarts import fast_service_restart, json_proxy_errors  # noqa: E402
+
+fast_service_restart()
+json_proxy_errors()

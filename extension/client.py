@@ -349,7 +349,7 @@ def _status_failure(r: requests.Response, data: Any, client: WmlaClient) -> _Fai
     """A 502/503/504: the proxy's page while the service is down, or the service's own 503."""
     status = r.status_code
     where = f"the wmla service at {client.url}"
-    if isinstance(data, dict) and data.get("error"):
+    if isinstance(data, dict) and data.get("error") and data.get("source") != "proxy":
         error = " ".join(str(data["error"]).split())[:300]
         # the service's own answer: it is up but cannot take the request now (store down)
         return _Failure(f"the wmla service is unavailable (HTTP {status}: {error})",

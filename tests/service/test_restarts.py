@@ -143,6 +143,31 @@ def test_a_notebook_job_no_server_holds_is_released_and_one_a_server_holds_is_ke
     assert gone["reason"].startswith("released: the hub has no default server of user2")
 
 
+def test_a_killed_service_is_back_in_seconds_and_the_proxy_answers_json_meanwhile(
+    hub: Hub,
+) -> None:
+    user1 = hub.clients["user1"]
+    old = hub.service_pid()
+    os.kill(old, signal.SIGKILL)
+    began = time.monotonic()
+    seen = []
+    while True:
+        r = user1.get("/jobs")
+        if r.status_code == 200 and hub.service_pid() != old:
+            break
+        seen.append(r.status_code)
+        assert r.status_code in (502, 503), r.text
+        assert r.headers["Content-Type"].startswith("application/json"), r.text
+        body = r.json()
+        assert "restarting" in body["error"] and body["retry_after"] >= 1
+        assert time.monotonic() - began < 25, "the hub did not restart the service"
+        time.sleep(0.2)
+    window = time.monotonic() - began
+    print(f"service back {window:.1f} s after kill -9 ({len(seen)} JSON answers meanwhile)")
+    assert seen and window < 15
+    hub._collect()  # the new service's PID, to stop it at the end
+
+
 def test_after_kill_9_of_the_hub_its_service_leaves_and_the_next_hub_adopts_the_jobs(
     hub: Hub,
 ) -> None:
