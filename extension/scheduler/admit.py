@@ -46,13 +46,18 @@ def admit(state: CycleState) -> None:
     then every leaf's turn in fair order until no plan has a job left to try."""
     _activate(state)
     holder = state.holder
+    held, held_leaf = (None, None) if holder is None else holder
     if holder is not None:
-        try_start(state, *holder)
-    root = state.index.root
-    quick_ok = state.snapshot.instance.max_jobs is None
+        try_start(state, held, held_leaf)
+    root, failed, blocked = state.index.root, state.failed_shapes, state.blocked
+    quick_ok = state.snapshot.instance.max_jobs is None  # no job cap: only capacity blocks
     while root.active:
         leaf = _pick(root)
-        _turn(state, leaf, quick_ok and not leaf.limited)
+        quick = quick_ok and not leaf.limited  # no limit could give another reason to wait
+        if leaf.heads is None and quick and leaf is not held_leaf:
+            if _pass_over(leaf, failed, blocked):
+                continue
+        _turn(state, leaf, quick, held)
     state.ledger.fits = {}  # free rows change again in reclaim and grow: not kept in step there
 
 
@@ -77,20 +82,27 @@ def _activate(state: CycleState) -> None:
             heapq.heapify(heap)
 
 
-def _turn(state: CycleState, leaf: PlanNode, quick: bool) -> None:
+def _pass_over(leaf: PlanNode, failed: set, blocked: dict) -> bool:
+    """A leaf whose every shape already found no room leaves the walk at once, each bucket
+    blocked whole (its first job, unsorted yet, found by reclaim if it needs it)."""
+    buckets = leaf.buckets
+    for (w, n, _), jobs in buckets.items():
+        if jobs and (w, n) not in failed:
+            return False
+    for jobs in buckets.values():
+        if jobs and id(jobs) not in blocked:
+            blocked[id(jobs)] = (leaf, jobs)
+    _deactivate(leaf)
+    return True
+
+
+def _turn(state: CycleState, leaf: PlanNode, quick: bool, held: Job | None) -> None:
     """One turn of ``leaf``: its jobs in order until one starts (its ratio moved: back to the
-    walk) or none is left (the leaf leaves the walk)."""
-    holder = state.holder
-    held, held_leaf = (None, None) if holder is None else holder
+    walk) or none is left (the leaf leaves the walk). ``quick``: a job of a shape that found
+    no room is passed over with the rest of its bucket."""
     failed, blocked = state.failed_shapes, state.blocked
     heads = leaf.heads
     if heads is None:
-        if quick and leaf is not held_leaf and _all_failed(leaf, failed):
-            for jobs in leaf.buckets.values():  # each bucket is blocked, first job unsorted
-                if jobs and id(jobs) not in blocked:
-                    blocked[id(jobs)] = jobs
-            _deactivate(leaf)
-            return
         heads = leaf.heads = _heads(leaf)
     heappop, heapreplace = heapq.heappop, heapq.heapreplace
     while heads:
@@ -98,7 +110,7 @@ def _turn(state: CycleState, leaf: PlanNode, quick: bool) -> None:
         job = jobs[i]
         if quick and job is not held and (job.per_worker, job.min_workers) in failed:
             if id(jobs) not in blocked:
-                blocked[id(jobs)] = job
+                blocked[id(jobs)] = (leaf, job)
             heappop(heads)  # the rest of the bucket has the same shape
             continue
         if i + 1 < len(jobs):
@@ -112,13 +124,6 @@ def _turn(state: CycleState, leaf: PlanNode, quick: bool) -> None:
             break
     if not heads:
         _deactivate(leaf)
-
-
-def _all_failed(leaf: PlanNode, failed: set) -> bool:
-    for (w, n, _), jobs in leaf.buckets.items():
-        if jobs and (w, n) not in failed:
-            return False
-    return True
 
 
 def _heads(leaf: PlanNode) -> list:
@@ -191,7 +196,9 @@ def try_start(state: CycleState, job: Job, leaf: PlanNode) -> bool:
         placement = ledger.fit_index(w).place(n)  # place_gang's answer, without a full pass
     if placement is None:
         state.failed_shapes.add(shape)
-        state.blocked.setdefault(id(leaf.buckets[(w, n, job.max_workers)]), job)
+        bucket = id(leaf.buckets[(w, n, job.max_workers)])
+        if bucket not in state.blocked:
+            state.blocked[bucket] = (leaf, job)
         if state.reserved_for is None and any(w):
             state.waits[job.id] = capacity_reason(state, w, n)
             _reserve(state, job)

@@ -37,9 +37,9 @@ class CycleState:
     started: dict[str, list[int]] = field(default_factory=dict)  # job id -> node indexes
     waits: dict[str, str] = field(default_factory=dict)  # job id -> why (other than capacity)
     # capacity-blocked, first of each bucket (leaf and shape) in fair order: the reclaim
-    # candidates, keyed by the bucket's identity (no key to build per bucket); a whole bucket
-    # stands for its first job until reclaim needs to know which that is
-    blocked: dict[int, Job | list[Job]] = field(default_factory=dict)
+    # candidates, (leaf, job), keyed by the bucket's identity (no key to build per bucket);
+    # a whole bucket stands for its first job until reclaim needs to know which that is
+    blocked: dict[int, tuple[PlanNode, Job | list[Job]]] = field(default_factory=dict)
     failed_shapes: set[tuple] = field(default_factory=set)  # (worker, count) with no room
     reserved_for: str | None = None  # Admission 4: the job holding the reservation
     reservation: str = ""  # and what its status says about it

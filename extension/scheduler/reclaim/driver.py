@@ -24,10 +24,9 @@ def reclaim(state: CycleState) -> None:
     ledger = state.ledger
     ledger.open_pool()
     promised = ledger.promised
-    for blocked in state.blocked.values():
+    for leaf, blocked in state.blocked.values():
         bucket = blocked.__class__ is list  # a whole bucket stands for its first job
         some = blocked[0] if bucket else blocked  # every job of a bucket has its shape
-        leaf = state.index.leaf_of(some)[0]
         k, height = within_deserved(
             promised, leaf, some.per_worker, some.min_workers, some.max_workers
         )
