@@ -44,6 +44,22 @@ ERRORS = {
     "400": _error("malformed or invalid input; the message says what and how to fix it"),
     "403": _error("not authenticated, or not allowed (e.g. not a plan admin, not a plan member)"),
     "404": _error("no such plan, or no such job of yours"),
+    "503": {
+        **_error(
+            "the service's database is unavailable (locked, read-only, unreachable) and nothing "
+            "was changed, or the service is restarting; try again after Retry-After seconds"
+        ),
+        "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+    },
+}
+IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "1-128 characters of A-Z a-z 0-9 . _ : - (e.g. a UUID), one per submission: "
+    "a retry with the same key and body returns the job the first try made (200), with "
+    "another body a 422. The wmla client, CLI and magics send one and retry on 502/503/504.",
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
 }
 JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
 
@@ -69,7 +85,20 @@ def openapi_document(prefix: str = "/services/wmla/") -> dict[str, Any]:
                 "Error": {
                     "type": "object",
                     "required": ["error", "status"],
-                    "properties": {"error": {"type": "string"}, "status": {"type": "integer"}},
+                    "properties": {
+                        "error": {"type": "string"},
+                        "status": {"type": "integer"},
+                        "retry_after": {
+                            "type": "integer",
+                            "description": "503 only: seconds to wait before trying again",
+                        },
+                        "source": {
+                            "type": "string",
+                            "description": "'proxy' when the hub's proxy answered for a service "
+                            "that is not answering (it is restarting); the request may have "
+                            "reached it",
+                        },
+                    },
                 },
                 "Resources": RESOURCES,
                 "Amounts": {
@@ -327,6 +356,7 @@ def openapi_document(prefix: str = "/services/wmla/") -> dict[str, Any]:
                 },
                 "post": {
                     "summary": "submit a job",
+                    "parameters": [IDEMPOTENCY_KEY],
                     "requestBody": {
                         "required": True,
                         "content": {
@@ -337,6 +367,7 @@ def openapi_document(prefix: str = "/services/wmla/") -> dict[str, Any]:
                     },
                     "responses": {
                         **_ok("accepted (PENDING or already RUNNING)", job_ref, "201"),
+                        **_ok("the job an earlier try with this Idempotency-Key made", job_ref),
                         **ERRORS,
                         "422": _error(
                             "rejected: it can never run as asked; the message names the plan, "
