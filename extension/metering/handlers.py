@@ -143,7 +143,7 @@ class UsageHandler(APIHandler):
                 )
             user = caller.name
         meter = self.meter
-        meter.refresh()
+        await meter.refresh_off_loop()
         ledger = meter.ledger
         plan = q["plan"]
         known = plan == ROOT or plan in ledger.nodes
@@ -206,6 +206,7 @@ class MetricsHandler(APIHandler):
                 raise APIError(
                     403, f"metrics are for plan admins: the token needs the {ADMIN_SCOPE} scope"
                 )
+        await meter.refresh_off_loop()
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
         self.finish(generate_latest(meter.registry))
 

@@ -12,6 +12,7 @@ Knobs are traits of ``Metering``: set them as ``c.Metering.x = ...`` in the serv
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -106,6 +107,8 @@ class Metering(LoggingConfigurable):
         self._result: Any = None  # the last cycle's; its plan figures are built on first read
         self.cycles = 0
         self.scheduler: Any = None
+        self._refreshing = asyncio.Lock()
+        self._refresh_task: asyncio.Task | None = None
         self.sampler = UtilizationSampler() if self.sample_interval > 0 else None
         self._sampled = -math.inf
         self.registry = CollectorRegistry()
@@ -139,7 +142,7 @@ class Metering(LoggingConfigurable):
             self.cycles += 1
             self._result = result
             self.cycle_seconds.observe(max(0.0, seconds))
-            self.refresh()
+            self._refresh_soon()
             if self.sampler is not None and now - self._sampled >= self.sample_interval:
                 self._sampled = now
                 self.sample(now)
@@ -148,7 +151,45 @@ class Metering(LoggingConfigurable):
 
     # -- the ledger ------------------------------------------------------------------------------
     def refresh(self) -> int:
-        """Fold in the transitions written since the last read; returns how many."""
+        """Fold in the transitions written since the last read; returns how many. Blocking:
+        on the service's loop use ``refresh_off_loop``."""
+        return self._fold(self._fetch(self.last_id))
+
+    async def refresh_off_loop(self) -> int:
+        """``refresh`` with the query in the store's reader threads (the loop never waits on
+        the database); one at a time, so the facts go in in their order."""
+        db = getattr(self.scheduler, "db", None)
+        if db is None:
+            return self.refresh()
+        async with self._refreshing:
+            return self._fold(await db.read(self._fetch, self.last_id))
+
+    def _refresh_soon(self) -> None:
+        """After a cycle: refresh in the background, unless one is already under way."""
+        if getattr(self.scheduler, "db", None) is None:
+            self.refresh()
+            return
+        if self._refresh_task is not None and not self._refresh_task.done():
+            return
+        self._refresh_task = asyncio.ensure_future(self.refresh_off_loop())
+        self._refresh_task.add_done_callback(self._refreshed)
+
+    def _refreshed(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.log.warning("metering could not read the transitions: %s", task.exception())
+
+    def _fold(self, rows: list) -> int:
+        n = 0
+        for row in rows:
+            if row[0] <= self.last_id:  # read twice (a refresh that raced this one)
+                continue
+            self.ledger.apply(Fact(*row[1:]))
+            self.last_id = row[0]
+            n += 1
+        self.ledger.compact(self.clock())
+        return n
+
+    def _fetch(self, after: int) -> list:
         from extension.service.store import JobRow, TransitionRow
 
         t = TransitionRow
@@ -168,17 +209,11 @@ class Metering(LoggingConfigurable):
                 t.memory,
             )
             .join(JobRow, JobRow.id == t.job_id)
-            .where(t.id > self.last_id)
+            .where(t.id > after)
             .order_by(t.id)
         )
-        n = 0
         with self.store.session() as s:
-            for row in s.execute(query):
-                self.ledger.apply(Fact(*row[1:]))
-                self.last_id = row[0]
-                n += 1
-        self.ledger.compact(self.clock())
-        return n
+            return [tuple(row) for row in s.execute(query)]
 
     # -- measured utilization ------------------------------------------------------------------
     def sample(self, now: float) -> None:
@@ -208,7 +243,8 @@ class _Collector:
     def collect(self) -> Iterator:
         m = self.meter
         try:
-            m.refresh()
+            if getattr(m.scheduler, "db", None) is None:  # the handler refreshed off the loop
+                m.refresh()
         except Exception:  # a scrape still answers with what is known
             m.log.exception("metering refresh failed during a scrape")
         ledger = m.ledger
