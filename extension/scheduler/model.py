@@ -11,12 +11,25 @@ from .resources import NO_LIMIT, Resources
 
 
 class JobState(str, Enum):
+    """A job's state; ``final`` states never change again (``FINAL_STATES``)."""
+
     PENDING = "PENDING"
     RUNNING = "RUNNING"
     FINISHED = "FINISHED"
     FAILED = "FAILED"
     REJECTED = "REJECTED"
     CANCELLED = "CANCELLED"
+
+    @property
+    def final(self) -> bool:
+        return self in FINAL_STATES
+
+
+# The states a job ends in: the one definition (the strings compare equal too, so
+# ``"FINISHED" in FINAL_STATES`` holds for a state read from JSON or the store).
+FINAL_STATES = frozenset(
+    {JobState.FINISHED, JobState.FAILED, JobState.REJECTED, JobState.CANCELLED}
+)
 
 
 @dataclass(frozen=True)
@@ -74,7 +87,7 @@ class Job:
 
 @dataclass(frozen=True)
 class Instance:
-    """The machines, cut down by the namespace quota (SCHEDULING.md "Instance")."""
+    """The machines, cut down by the namespace quota (docs/scheduling.md "Words": instance)."""
 
     nodes: tuple[Node, ...]
     quota: Resources = NO_LIMIT

@@ -1,4 +1,4 @@
-"""The plan tree: paths, shares, limits, and user leaves (SCHEDULING.md "Words").
+"""The plan tree: paths, shares, limits, and user leaves (docs/scheduling.md "Words", "Plans").
 
 A plan is addressed by its path (``/project1/dev-team``); the root ``/`` is the instance and is
 implicit. Every change is validated before anything is written, so a refused change leaves the
@@ -8,18 +8,18 @@ tree as it was.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
+from .names import ALLOWED, SEGMENT, is_segment, user_name_problem
+from .names import MAX_USER_NAME as MAX_USER_NAME  # where it was first defined
 from .resources import NO_LIMIT, RESOURCES, UNLIMITED, Resources, format_amount
 
 ROOT = "/"
-NAME = re.compile(r"[A-Za-z0-9._-]+\Z")
+NAME = SEGMENT  # a plan path segment (names.py)
 # Lengths the store keeps (its path columns hold 512 characters, and PostgreSQL refuses more):
 # a plan path up to 256, a user name up to 255 (JupyterHub's own), so a user leaf fits.
 MAX_PLAN_PATH = 256
-MAX_USER_NAME = 255
 
 
 class PlanError(ValueError):
@@ -52,10 +52,8 @@ class Plan:
 
 def check_name(name: str, what: str = "plan name") -> str:
     """Names are ``[A-Za-z0-9._-]+`` and not ``.`` or ``..`` (they would read as paths)."""
-    if not isinstance(name, str) or not NAME.match(name) or name in (".", ".."):
-        raise PlanError(
-            f"{what} {name!r} is not allowed; use letters, digits, '.', '_' and '-' only"
-        )
+    if not is_segment(name):
+        raise PlanError(f"{what} {name!r} is not allowed; use {ALLOWED} only")
     return name
 
 
@@ -79,9 +77,10 @@ def parent_of(path: str) -> str:
 @functools.lru_cache(maxsize=4096)  # called for every job in every cycle; names repeat
 def leaf_path(plan: str, user: str) -> str:
     """The user leaf a submission to ``plan`` by ``user`` is charged to."""
-    if isinstance(user, str) and len(user) > MAX_USER_NAME:
-        raise PlanError(f"user name is {len(user)} characters long; at most {MAX_USER_NAME}")
-    return f"{plan}/{check_name(user, what='user name')}"
+    problem = user_name_problem(user)
+    if problem:
+        raise PlanError(problem)
+    return f"{plan}/{user}"
 
 
 class PlanTree:

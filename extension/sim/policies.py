@@ -22,6 +22,7 @@ import heapq
 from extension.scheduler import (
     CycleResult,
     Grow,
+    IndexCache,
     Job,
     JobState,
     PlanError,
@@ -31,6 +32,7 @@ from extension.scheduler import (
     Shrink,
     Snapshot,
     Start,
+    dispatch,
     schedule,
 )
 from extension.scheduler.placement import max_workers_on, place_gang
@@ -81,6 +83,8 @@ class Wmla(Policy):
         self.elastic = 0  # live elastic jobs (they may grow even with nothing pending)
         self.timers: list[float] = []
         self.reserved: str | None = None
+        self.cache = IndexCache()  # this replay's plan index, kept between its cycles
+        self.carry = _CarryOut(self)
 
     def arrive(self, jobs: list[ReplayJob], now: float) -> None:
         for job in jobs:
@@ -149,29 +153,12 @@ class Wmla(Policy):
                 self.config,
                 reserved=self.reserved,
             )
-            result = schedule(snapshot, now)
+            result = schedule(snapshot, now, self.cache)
             self.full_cycles += 1
         self.reserved = result.reserved  # carried from cycle to cycle (Admission 4)
         self.cycles += 1
-        grace = self.config.grace
         for d in result.decisions:
-            if isinstance(d, Start):
-                job = self.live[d.job_id]
-                r.start(job, d.placement, now)
-                self._group(job)
-                if self.config.min_runtime > 0:
-                    heapq.heappush(self.timers, now + self.config.min_runtime)
-            elif isinstance(d, Grow):
-                r.grow(self.live[d.job_id], d.add, now)
-            elif isinstance(d, Shrink):
-                r.shrink(self.live[d.job_id], d.release, d.grace, now)
-            elif isinstance(d, Preempt):
-                self._ungroup(self.live[d.job_id])
-                r.preempt(self.live[d.job_id], d.grace if d.grace is not None else grace, now)
-            elif isinstance(d, Reject):
-                job = self.live[d.job_id]
-                self._gone(job)
-                r.reject(job, d.reason, now)
+            dispatch(d, self.carry, now)
         return result
 
     def _aggregated_cycle(self, now: float):
@@ -191,7 +178,7 @@ class Wmla(Policy):
         snapshot = Snapshot(
             self.plans, r.instance, merged + jobs, self.config, reserved=self.reserved
         )
-        result = schedule(snapshot, now)
+        result = schedule(snapshot, now, self.cache)
         if result.waiting:
             return None
         return result
@@ -217,6 +204,40 @@ class Wmla(Policy):
 
     def figures(self) -> dict:
         return {"core_cycles": self.cycles, "core_cycles_full_snapshot": self.full_cycles}
+
+
+class _CarryOut:
+    """The wmla policy's handler of the core's decisions (``extension.scheduler.dispatch``):
+    each is carried out on the replay at ``now``."""
+
+    def __init__(self, policy: Wmla) -> None:
+        self.policy = policy
+
+    def start(self, d: Start, now: float) -> None:
+        p = self.policy
+        job = p.live[d.job_id]
+        p.replay.start(job, d.placement, now)
+        p._group(job)
+        if p.config.min_runtime > 0:
+            heapq.heappush(p.timers, now + p.config.min_runtime)
+
+    def grow(self, d: Grow, now: float) -> None:
+        self.policy.replay.grow(self.policy.live[d.job_id], d.add, now)
+
+    def shrink(self, d: Shrink, now: float) -> None:
+        self.policy.replay.shrink(self.policy.live[d.job_id], d.release, d.grace, now)
+
+    def preempt(self, d: Preempt, now: float) -> None:
+        p = self.policy
+        job = p.live[d.job_id]
+        p._ungroup(job)
+        p.replay.preempt(job, d.grace, now)
+
+    def reject(self, d: Reject, now: float) -> None:
+        p = self.policy
+        job = p.live[d.job_id]
+        p._gone(job)
+        p.replay.reject(job, d.reason, now)
 
 
 class _Group:

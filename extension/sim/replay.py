@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from extension.backends.fake import FINISHED, RELEASED, SHRUNK, FakeBackend
-from extension.scheduler import Job, JobState
+from extension.scheduler import FINAL_STATES, Job, JobState
 
 from .metrics import PlanShape, deserved_gpus, num, percentiles
 from .scenario import Scenario, ScenarioJob
@@ -515,8 +515,7 @@ class ReplaySummary:
                 "finished": len(finished),
                 "rejected": sum(1 for j in jobs if j.state == "REJECTED"),
                 "cancelled": sum(1 for j in jobs if j.state == "CANCELLED"),
-                "unfinished": len(r.order)
-                - sum(1 for j in jobs if j.state in ("FINISHED", "REJECTED", "CANCELLED")),
+                "unfinished": len(r.order) - sum(1 for j in jobs if j.state in FINAL_STATES),
             },
             "capacity_gpu": num(r.capacity_gpu),
             "span_s": num(rec.span),

@@ -39,6 +39,7 @@ from extension.scheduler import (
     Resources,
     SchedulerConfig,
 )
+from extension.scheduler.names import is_segment, is_user_name
 from extension.scheduler.resources import UNLIMITED
 
 from .scenario import Scenario, ScenarioJob
@@ -46,7 +47,6 @@ from .scenario import Scenario, ScenarioJob
 COLUMNS = ("job_id", "submit_s", "duration_s", "gpus", "team", "user", "status")
 NO_TEAM = "unassigned"
 NO_USER = "anonymous"
-_NAME = re.compile(r"[A-Za-z0-9._-]+\Z")
 _LAYOUT = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*$")
 
 
@@ -135,10 +135,10 @@ def _row(path: Path, line: int, fields: list[str], at: dict, seen: set[str]) -> 
     if gpus < 1 or gpus != int(gpus):
         raise fail("gpus", f"must be a whole number of at least 1, got {get('gpus')!r}")
     team = get("team") or NO_TEAM
-    if not _NAME.match(team) or team in (".", ".."):
+    if not is_segment(team):
         raise fail("team", f"{team!r} cannot name a plan; use letters, digits, '.', '_', '-'")
     user = get("user") or NO_USER
-    if not _NAME.match(user) or user in (".", ".."):
+    if not is_user_name(user):
         raise fail("user", f"{user!r} cannot name a user leaf; use letters, digits, '.', '_', '-'")
     return TraceRow(
         job_id, numbers["submit_s"], numbers["duration_s"], int(gpus), team, user, get("status")

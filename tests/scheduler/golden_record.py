@@ -69,8 +69,8 @@ def recording(compact: bool = False) -> Iterator[list[str]]:
     lines: list[str] = []
     real = policies.schedule
 
-    def record(snapshot: Snapshot, now: float) -> CycleResult:
-        result = real(snapshot, now)
+    def record(snapshot: Snapshot, now: float, cache=None) -> CycleResult:
+        result = real(snapshot, now, cache)
         lines.extend(cycle_lines(now, result, compact))
         return result
 
