@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -269,21 +268,3 @@ def _print_table(result: dict, out: TextIO) -> None:
 def _team_dev(p: dict) -> Any:
     level = p["fairness"].get("1")
     return level["contended"]["mean_abs_dev_gpu"] if level else None
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder and rename: never a half-written file."""
-    fd, tmp = tempfile.mkstemp(dir=str(path.parent or "."), prefix=".wmla-", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a report is an ordinary file
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from .files import atomic_write
 from .replay import ReplaySummary
 
 MAX_POINTS = 1500
@@ -247,6 +248,4 @@ water-filling over the plan tree (docs/simulate.md).</p>
 
 def write_report(path: Path, result: dict, summaries: Mapping[str, ReplaySummary]) -> None:
     """Build the page, then write it atomically (never a half-written report)."""
-    from .command import atomic_write
-
     atomic_write(Path(path), build_html(result, summaries))
