@@ -1,4 +1,5 @@
-"""Placing a gang's workers on nodes: each worker whole on one node (SCHEDULING.md Admission 2).
+"""Placing a gang's workers on nodes: each worker whole on one node (docs/scheduling.md
+"Admission 2").
 
 ``free`` is a list of mutable ``[gpu, cpu, memory]`` rows, one per node, in the order of
 ``names``. Functions here never change ``free``; the caller commits a placement only when the

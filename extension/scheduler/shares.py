@@ -1,4 +1,4 @@
-"""Sharing arithmetic (SCHEDULING.md "Deserved share"): water-filling and dominant ratios."""
+"""Sharing arithmetic (docs/scheduling.md "Deserved share"): water-filling and dominant ratios."""
 
 from __future__ import annotations
 

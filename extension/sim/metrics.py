@@ -3,7 +3,7 @@
 - ``percentiles``: nearest rank (the smallest value with at least q of the values at or below
   it), so every reported figure is a value that really occurred.
 - ``deserved_gpus``: the deserved share of every plan from the GPU demand, by the core's own
-  hierarchical weighted water-filling (SCHEDULING.md "Deserved share"), computed outside the
+  hierarchical weighted water-filling (docs/scheduling.md "Deserved share"), computed outside the
   policy so that baselines that know nothing of shares are measured against the same yardstick.
 """
 

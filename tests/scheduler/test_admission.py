@@ -1,5 +1,5 @@
-"""Admission (SCHEDULING.md Admission 1-5): fair order, gangs, limits, rejection, reservation,
-elastic growth."""
+"""Admission (docs/scheduling.md "Admission 1" to "Admission 5"): fair order, gangs, limits,
+rejection, reservation, elastic growth."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Invariants of SCHEDULING.md over random plan trees, nodes and job streams (hypothesis)."""
+"""Invariants of docs/scheduling.md over random plan trees, nodes and job streams (hypothesis)."""
 
 from __future__ import annotations
 

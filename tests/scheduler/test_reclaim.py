@@ -1,4 +1,4 @@
-"""Reclaim (SCHEDULING.md Reclaim): borrowers only, elastic shrink first, whole gangs, grace,
+"""Reclaim (docs/scheduling.md "Reclaim"): borrowers only, elastic shrink first, whole gangs, grace,
 min_runtime, victims chosen to lose the least."""
 
 from extension.scheduler import Preempt, Shrink, Start
