@@ -35,3 +35,17 @@ def test_the_check_would_catch_a_third_party_import(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import yaml\nfrom .cycle import schedule\n")
     assert imported_modules(bad) == {"yaml"}
+
+
+def test_the_core_reads_in_small_parts():
+    """Issue 17: no function of the core over 60 lines, no module over 500."""
+    long_functions, long_files = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        if len(text.splitlines()) > 500:
+            long_files.append(path.name)
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if node.end_lineno - node.lineno + 1 > 60:
+                    long_functions.append(f"{path.relative_to(PACKAGE)}:{node.name}")
+    assert not long_functions and not long_files, (long_functions, long_files)
