@@ -81,8 +81,11 @@ def _hand_out(plan) -> None:
         for r in range(3):
             amount, cap = have[r], kid.demand[r]
             if amount:
-                kid.deserved[r] = float(cap) if cap <= amount else _fill(amount, [kid], r)[0]
+                kid.deserved[r] = (
+                    float(cap) if cap <= amount else water_fill(amount, [cap], [kid.share])[0]
+                )
         return
+    weights = None
     for r in range(3):
         amount = have[r]
         if not amount:
@@ -91,12 +94,8 @@ def _hand_out(plan) -> None:
         if sum(caps) <= amount:
             for kid, cap in zip(kids, caps):
                 kid.deserved[r] = float(cap)
-        else:
-            for kid, got in zip(kids, _fill(amount, kids, r, caps)):
-                kid.deserved[r] = got
-
-
-def _fill(amount: float, kids: list, r: int, caps: list | None = None) -> list[float]:
-    if caps is None:
-        caps = [k.demand[r] for k in kids]
-    return water_fill(amount, caps, [k.share for k in kids])
+            continue
+        if weights is None:
+            weights = [k.share for k in kids]
+        for kid, got in zip(kids, water_fill(amount, caps, weights)):
+            kid.deserved[r] = got
