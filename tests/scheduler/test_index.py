@@ -8,7 +8,16 @@ import threading
 
 import pytest
 
-from extension.scheduler import Instance, Reject, Resources, Snapshot, Wait, schedule
+from extension.scheduler import (
+    IndexCache,
+    Instance,
+    Reject,
+    Resources,
+    Snapshot,
+    Wait,
+    check_submission,
+    schedule,
+)
 from extension.scheduler import cycle as core
 from extension.scheduler.resources import UNLIMITED
 
@@ -114,3 +123,32 @@ def test_waiting_reasons_still_come_as_wait_decisions_on_request():
     result = run_cycle(plans, nodes(1, gpu=2), [pending(f"j{i}", "/a") for i in range(4)])
     assert {w.job_id: w.reason for w in result.of(Wait)} == waits(result)
     assert set(waits(result)) == {"j2", "j3"}
+
+
+def test_a_caller_owned_cache_keeps_its_own_index_between_cycles():
+    plans = tree({"/a": (1, None), "/b": (1, None)})
+    inst = Instance(nodes(1), Resources(UNLIMITED, UNLIMITED, UNLIMITED))
+    jobs = [pending(f"{p}{i}", f"/{p}") for p in "ab" for i in range(6)]
+    mine, other = IndexCache(), IndexCache()
+    first = schedule(Snapshot(plans, inst, jobs), 1.0, mine)
+    kept = mine._kept
+    assert kept is not None and other._kept is None
+    again = schedule(Snapshot(plans, inst, jobs), 1.0, mine)
+    assert mine._kept is kept  # the same vertices served the second cycle
+    assert outcome(again) == outcome(first) == outcome(schedule(Snapshot(plans, inst, jobs), 1.0))
+    assert check_submission(Snapshot(plans, inst, []), pending("x", "/a"), mine) is None
+    assert mine._kept is kept
+
+
+def test_a_changed_tree_or_instance_gets_a_new_index():
+    plans = tree({"/a": (1, None)})
+    inst = Instance(nodes(1), Resources(UNLIMITED, UNLIMITED, UNLIMITED))
+    cache = IndexCache()
+    schedule(Snapshot(plans, inst, []), 1.0, cache)
+    kept = cache._kept
+    schedule(Snapshot(plans, Instance(nodes(2), inst.quota), []), 1.0, cache)
+    assert cache._kept is not kept
+    kept = cache._kept
+    plans.add("/b")
+    schedule(Snapshot(plans, Instance(nodes(2), inst.quota), []), 1.0, cache)
+    assert cache._kept is not kept and "/b" in cache._kept.plans
