@@ -696,6 +696,7 @@ def main() -> int:
         help="a variable for the service's environment (repeat), e.g. to compare two settings",
     )
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json-out", default="", help="also write the report as JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the run's folder (logs)")
     args = parser.parse_args()
     if args.quick:
@@ -712,6 +713,8 @@ def main() -> int:
             print(f"kept {tmp}", file=sys.stderr)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=1))
     if args.json:
         print(json.dumps(report, indent=1))
     else:
