@@ -59,6 +59,16 @@ from extension.magics.options import (
     retry_seconds,
     submission_body,
 )
+from extension.tables import (  # noqa: F401 - re-exported for callers of the CLI module
+    job_details,
+    jobs_table,
+    metrics_text,
+    plans_table,
+    state_line,
+    state_text,
+    table,
+    usage_table,
+)
 
 COMMANDS = frozenset(
     {"logon", "exec-start", "exec-get", "exec-stop", "exec-outLogs", "plans", "usage"}
@@ -378,38 +388,6 @@ def watch(
         job = client.job(job["id"])
 
 
-def state_line(job: Mapping[str, Any]) -> str:
-    """``job j1 RUNNING: 2 of 2 workers running ...; ranks on node-0[0], node-0[1]``,
-    ``job j1 PENDING: /project1/dev-team at its gpu limit ...``,
-    ``job j1 FAILED (exit code 1): worker 0 exited with 1``."""
-    from widgets.figures import workers_text
-
-    state = job["state"]
-    reason = job.get("reason") or ""
-    text = f"job {job['id']} {state}"
-    if state in FINAL_STATES and job.get("exit_code") is not None:
-        text += f" (exit code {job['exit_code']})"
-    if state == "RUNNING":
-        return f"{text}: {workers_text(job)}"
-    return f"{text}: {reason}" if reason else text
-
-
-def _number(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def metrics_text(line: Mapping[str, Any]) -> str:
-    """One metrics line as ``step 120  epoch 1  loss 0.2345  accuracy 0.91`` (step, epoch and
-    progress first, then losses, then the rest in the order the script reported them)."""
-    first = [k for k in ("step", "epoch", "progress") if line.get(k) is not None]
-    skip = {"time", "rank", "world_size", *first}
-    rest = [k for k, v in line.items() if k not in skip and v is not None]
-    rest.sort(key=lambda k: 0 if "loss" in k else 1)  # stable: the script's order otherwise
-    return "  ".join(f"{k} {_number(line[k])}" for k in first + rest)
-
-
 def _exec_get(client: WmlaClient, args: argparse.Namespace, out: TextIO) -> int:
     if args.job:
         job = client.job(args.job)
@@ -419,143 +397,3 @@ def _exec_get(client: WmlaClient, args: argparse.Namespace, out: TextIO) -> int:
     jobs = client.jobs(states)
     _emit(out, args.json, {"jobs": jobs}, lambda: jobs_table(jobs))
     return 0
-
-
-# -- tables ------------------------------------------------------------------------------------
-def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [[str(c) for c in header]] + [[("" if c is None else str(c)) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def _time(t: Any) -> str:
-    if not isinstance(t, (int, float)):
-        return ""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
-
-
-def _workers(job: Mapping[str, Any]) -> str:
-    w = job.get("workers") or {}
-    wanted = f"{w.get('min')}" if w.get("min") == w.get("max") else f"{w.get('min')}:{w.get('max')}"
-    return f"{w.get('running', 0)}/{wanted}"
-
-
-def state_text(job: Mapping[str, Any]) -> str:
-    """The state as a person reads it: a notebook server (kind ``notebook``) is ``notebook
-    (pending)``, ``notebook (running)`` or ``notebook (ended)``, not a CANCELLED job (the spawner
-    cancels its job when the server stops)."""
-    state = job.get("state") or ""
-    if job.get("kind") != "notebook":
-        return state
-    return f"notebook ({'ended' if state in FINAL_STATES else state.lower()})"
-
-
-def _reason(job: Mapping[str, Any]) -> str:
-    reason = job.get("reason") or ""
-    if job.get("kind") == "notebook" and job.get("state") in FINAL_STATES:
-        if not reason or reason.startswith("cancelled by "):
-            return "server stopped"
-    return reason
-
-
-def jobs_table(jobs: Sequence[Mapping[str, Any]]) -> str:
-    if not jobs:
-        return "no jobs"
-    rows = [
-        (
-            j["id"],
-            j.get("name") or "",
-            state_text(j),
-            j["plan"],
-            _workers(j),
-            _time(j.get("submitted")),
-            _time(j.get("ended")),
-            _reason(j),
-        )  # fmt: skip
-        for j in jobs
-    ]
-    header = ("JOB", "NAME", "STATE", "PLAN", "WORKERS", "SUBMITTED", "ENDED", "REASON")
-    return table(header, rows)
-
-
-def job_details(job: Mapping[str, Any]) -> str:
-    from widgets.figures import workers_text
-
-    rows = [
-        ("job", job["id"]),
-        ("name", job.get("name") or ""),
-        ("user", job.get("user")),
-        ("plan", job.get("plan")),
-        ("kind", job.get("kind") or "train"),
-        ("state", state_text(job)),
-        ("reason", job.get("reason") or ""),
-        ("workers", workers_text(job)),
-        ("submitted", _time(job.get("submitted"))),
-        ("started", _time(job.get("started"))),
-        ("ended", _time(job.get("ended"))),
-        ("exit code", job.get("exit_code")),
-        ("preemptions", job.get("preemptions")),
-        ("command", " ".join(job.get("command") or [])),
-        ("job folder", job.get("workdir")),
-    ]
-    return "\n".join(f"{k + ':':<13}{'' if v is None else v}" for k, v in rows)
-
-
-def _amount(res: Mapping[str, Any] | None, key: str) -> str:
-    if not isinstance(res, Mapping) or key not in res:
-        return "-"
-    v = res[key]
-    if not isinstance(v, (int, float)):
-        return str(v)
-    if key == "cpu":
-        return f"{v / 1000:g}"
-    if key == "memory":
-        return f"{v / (1 << 30):.3g}Gi"
-    return f"{v:g}"
-
-
-def plans_table(tree: Mapping[str, Any]) -> str:
-    rows = []
-    for p in tree.get("plans", []):
-        limit = p.get("limit") or {}
-        rows.append(
-            (
-                p["path"] + (" (user)" if p.get("user_leaf") else ""),
-                _amount({"share": p.get("share")}, "share"),
-                _amount(limit, "gpu"),
-                _amount(p.get("deserved"), "gpu"),
-                _amount(p.get("allocated"), "gpu"),
-                _amount(p.get("allocated"), "cpu"),
-                p.get("running", 0),
-                p.get("pending", 0),
-            )
-        )
-    header = ("PLAN", "SHARE", "GPU LIMIT", "GPU DESERVED", "GPU USED", "CPU USED", "RUN", "PEND")
-    return table(header, rows)
-
-
-def usage_table(answer: Mapping[str, Any]) -> str:
-    """A line that says what was measured, in local time, then a row per child and the total."""
-    from widgets.figures import normalise_usage
-
-    norm = normalise_usage(answer)
-    rows = [(c["name"], f"{c['gpu_hours']:.3f}", f"{c['cpu_hours']:.3f}") for c in norm["children"]]
-    rows.append(
-        ("total", f"{norm['totals']['gpu_hours']:.3f}", f"{norm['totals']['cpu_hours']:.3f}")
-    )
-    title = f"usage of {answer.get('plan') or '/'}"
-    if answer.get("user"):
-        title += f" for {answer['user']}"
-    title += f" from {_time(answer.get('start'))} to {_time(answer.get('end'))}"
-    if isinstance(answer.get("step"), (int, float)):
-        title += f" (points every {_duration(answer['step'])})"
-    return title + "\n" + table(("CHILD", "GPU-HOURS", "CPU-HOURS"), rows)
-
-
-def _duration(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"

@@ -21,8 +21,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from extension.cli_client import jobs_table, plans_table
 from extension.client import FINAL_STATES, Retrying, WmlaClient, WmlaError
+from extension.tables import jobs_table, plans_table
 
 from .options import OptionsError, TrainOptions, inside_folder, parse_train, submission_body
 

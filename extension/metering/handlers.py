@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from extension.service.handlers import ADMIN_SCOPE, APIError, APIHandler
+from extension.webapi import ADMIN_SCOPE, APIError, APIHandler
 
 from .accounting import ROOT
 from .meter import Metering
@@ -166,14 +166,12 @@ class MeasuredHandler(APIHandler):
     """The sampled, measured utilization of one running job (its owner or a plan admin)."""
 
     async def get(self, job_id: str) -> None:
-        from extension.service.scheduling import NotFound
-
         caller = self.caller()
         meter: Metering = self.settings["wmla_meter"]
         sched = meter.scheduler
         try:
             await sched.visible_job(caller, job_id)
-        except NotFound as err:
+        except LookupError as err:  # the service's NotFound: no such job of yours
             raise APIError(404, str(err)) from None
         sampler = meter.sampler
         samples = list(sampler.series.get(job_id, ())) if sampler else []

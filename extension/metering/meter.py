@@ -21,7 +21,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from sqlalchemy import select
 from traitlets import Bool, Float, Int
 from traitlets.config import LoggingConfigurable
 
@@ -190,30 +189,7 @@ class Metering(LoggingConfigurable):
         return n
 
     def _fetch(self, after: int) -> list:
-        from extension.service.store import JobRow, TransitionRow
-
-        t = TransitionRow
-        query = (
-            select(
-                t.id,
-                t.at,
-                t.job_id,
-                t.leaf,
-                JobRow.user,
-                t.event,
-                t.state,
-                t.workers,
-                JobRow.max_workers,
-                t.gpu,
-                t.cpu,
-                t.memory,
-            )
-            .join(JobRow, JobRow.id == t.job_id)
-            .where(t.id > after)
-            .order_by(t.id)
-        )
-        with self.store.session() as s:
-            return [tuple(row) for row in s.execute(query)]
+        return self.store.transition_facts(after)
 
     # -- measured utilization ------------------------------------------------------------------
     def sample(self, now: float) -> None:

@@ -11,153 +11,32 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 import re
 from typing import Any
 
-from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
 from extension.backends.accounts import AccountError
 from extension.backends.userfs import UserFileError, off_loop
 from extension.scheduler import UNLIMITED, PlanError, QuantityError, Resources
 from extension.scheduler.plans import ROOT
+from extension.webapi import (  # noqa: F401 - re-exported: the admin pages import them here
+    ADMIN_SCOPE,
+    APIError,
+    APIHandler,
+    BaseHandler,
+    Caller,
+)
 
 from .openapi import openapi_document
-from .scheduling import Caller, Conflict, Forbidden, KeyReused, NotFound, Scheduler
+from .scheduling import Conflict, Forbidden, KeyReused, NotFound, Scheduler
 from .store import JobRow, PlanRecord
-from .storecalls import StoreUnavailable
 from .submission import Rejected, SubmissionError, parse_submission
 
-ADMIN_SCOPE = "custom:wmla:admin"
-MAX_BODY = 1024 * 1024  # bytes of a JSON body (the HTTP server reads up to 16 MiB to say so)
-MAX_DEPTH = 32  # levels of nesting; no valid body has more than 4
 PLAN_KEYS = {"path", "share", "limit", "members"}
 MEMBER = re.compile(r"[A-Za-z0-9._@-]{1,255}\Z")
 MAX_MEMBERS = 10_000
 IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
-
-
-class APIError(web.HTTPError):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(status, reason=None)
-        self.message = message
-
-
-class BaseHandler(HubOAuthenticated, web.RequestHandler):
-    @property
-    def sched(self) -> Scheduler:
-        return self.settings["wmla_scheduler"]
-
-    @property
-    def service(self) -> Any:
-        return self.settings["wmla_service"]
-
-
-class APIHandler(BaseHandler):
-    def set_default_headers(self) -> None:
-        self.set_header("Content-Type", "application/json; charset=utf-8")
-        self.set_header("Cache-Control", "no-store")
-
-    def get_login_url(self) -> str:  # an API never redirects to a login page
-        if self.request.method not in ("GET", "HEAD", "OPTIONS") and self.get_cookie(
-            self.hub_auth.cookie_name
-        ):
-            # HubOAuth ignores the browser's cookie on a change without the _xsrf value, so
-            # that no other page can submit or cancel jobs in the user's name
-            raise APIError(
-                403,
-                "a browser request that changes something must send the _xsrf cookie's value "
-                "in an X-XSRFToken header",
-            )
-        raise APIError(
-            403,
-            "not authenticated: send a hub API token (Authorization: token ...) that may "
-            "access the wmla service (scope access:services!service=wmla)",
-        )
-
-    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
-        if isinstance(value, StoreUnavailable):  # said once by storecalls; no traceback each
-            self.log.warning("503 %s %s: %s", self.request.method, self.request.path, value)
-            return
-        super().log_exception(typ, value, tb)
-
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        message = None
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(exc, StoreUnavailable):  # nothing was changed: the client may retry
-            retry = max(1, math.ceil(exc.retry_after))
-            self.set_status(503)
-            self.set_header("Retry-After", str(retry))
-            self.set_header("Content-Type", "application/json; charset=utf-8")
-            body = {"error": str(exc), "status": 503, "retry_after": retry}
-            self.finish(json.dumps(body))
-            return
-        if isinstance(exc, APIError):
-            message = exc.message
-        elif isinstance(exc, web.HTTPError):
-            message = exc.log_message or exc.reason or self._reason
-        if not message:
-            message = self._reason if status_code < 500 else "internal error; see the service log"
-        self.set_header("Content-Type", "application/json; charset=utf-8")
-        self.finish(json.dumps({"error": message, "status": status_code}))
-
-    def caller(self) -> Caller:
-        model = self.current_user
-        if not model:
-            self.get_login_url()
-        scopes = model.get("scopes") or []
-        admin = bool(model.get("admin")) or any(
-            s == ADMIN_SCOPE or s.startswith(ADMIN_SCOPE + "!") for s in scopes
-        )
-        return Caller(model["name"], frozenset(model.get("groups") or ()), admin)
-
-    def admin_caller(self) -> Caller:
-        caller = self.caller()
-        if not caller.admin:
-            raise APIError(
-                403,
-                f"only plan admins may change plans; {caller.name} needs the {ADMIN_SCOPE} "
-                f"scope (or hub admin)",
-            )
-        return caller
-
-    def body(self) -> Any:
-        raw = self.request.body or b"null"
-        if len(raw) > MAX_BODY:
-            raise APIError(
-                413, f"the body is {len(raw):,} bytes; at most {MAX_BODY:,} (1 MiB) are accepted"
-            )
-        try:
-            value = json.loads(raw)
-        except RecursionError:  # the C scanner recurses per level: '[' x 100,000 ends here
-            value = None
-            deep = True
-        except (ValueError, UnicodeDecodeError) as err:
-            raise APIError(400, f"the body is not valid JSON: {err}") from None
-        else:
-            deep = _deeper_than(value, MAX_DEPTH)
-        if deep:
-            raise APIError(400, f"the body is nested more than {MAX_DEPTH} levels deep")
-        return value
-
-    def reply(self, data: Any, status: int = 200) -> None:
-        self.set_status(status)
-        self.finish(json.dumps(data))
-
-
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests lists/objects more than ``limit`` levels (iteratively: a deep
-    body must not reach the recursion limit in our own validation either)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (list, dict)):
-            if depth > limit:
-                return True
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
-    return False
 
 
 def _errors(fn):

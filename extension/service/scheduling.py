@@ -21,7 +21,6 @@ import secrets
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +47,7 @@ from extension.scheduler import (
     schedule,
 )
 from extension.scheduler.plans import ROOT, parent_of
+from extension.webapi import Caller
 
 from .store import JobRow, PlanRecord, Store
 from .storecalls import StoreCalls, StoreUnavailable
@@ -71,15 +71,6 @@ class KeyReused(ValueError):
 
 class Conflict(RuntimeError):
     pass
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who is asking: a hub user (or service) name, its hub groups, whether a plan admin."""
-
-    name: str
-    groups: frozenset[str] = frozenset()
-    admin: bool = False
 
 
 def plans_after(

@@ -433,6 +433,33 @@ class Store:
                 query = query.where((TransitionRow.leaf == prefix) | below)
             return list(s.scalars(query).all())
 
+    def transition_facts(self, after: int = 0) -> list[tuple]:
+        """What metering folds (extension/metering/accounting.py ``Fact``), per transition
+        written after id ``after``, in write order: (id, at, job, leaf, user, event, state,
+        workers, max workers, gpu, cpu, memory)."""
+        t = TransitionRow
+        query = (
+            select(
+                t.id,
+                t.at,
+                t.job_id,
+                t.leaf,
+                JobRow.user,
+                t.event,
+                t.state,
+                t.workers,
+                JobRow.max_workers,
+                t.gpu,
+                t.cpu,
+                t.memory,
+            )  # fmt: skip
+            .join(JobRow, JobRow.id == t.job_id)
+            .where(t.id > after)
+            .order_by(t.id)
+        )
+        with self.session() as s:
+            return [tuple(row) for row in s.execute(query)]
+
     def decisions(self, job_id: str) -> list[DecisionRow]:
         with self.session() as s:
             query = select(DecisionRow).where(DecisionRow.job_id == job_id)

@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 
 from sqlalchemy import exc
 
+from extension.webapi import Unavailable
+
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
@@ -32,12 +34,9 @@ log = logging.getLogger(__name__)
 UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.TimeoutError, exc.DisconnectionError)
 
 
-class StoreUnavailable(RuntimeError):
-    """The database cannot serve now; the caller may try again after ``retry_after`` seconds."""
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
+class StoreUnavailable(Unavailable):
+    """The database cannot serve now; the caller may try again after ``retry_after`` seconds
+    (the API answers 503 with ``Retry-After``)."""
 
 
 class StoreCalls:

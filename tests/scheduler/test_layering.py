@@ -4,8 +4,7 @@ and sim never import the service's handlers or store tables; no package imports 
 imports it back, and no module cycles inside a package. Every import counts, also one inside
 a function: a lazy import is still an arrow.
 
-The cycles other parts have today are listed in KNOWN_CYCLES and marked xfail (not strict),
-with what must move; each such test passes once the cycle is gone.
+KNOWN_CYCLES lists a cycle that is allowed for now, with what must move (none today).
 """
 
 from __future__ import annotations
@@ -148,36 +147,14 @@ def test_arrows_run_one_way(source, target):
     assert not arrows(source, target)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="metering/handlers.py subclasses extension.service.handlers.APIHandler and imports "
-    "scheduling.NotFound; meter.py selects extension.service.store's JobRow and TransitionRow: "
-    "the service must hand metering a handler base and a store interface it owns",
-)
 def test_metering_never_imports_the_service():
     assert not arrows("extension.metering", "extension.service")
 
 
 # -- no cycles ---------------------------------------------------------------------------------
-KNOWN_CYCLES = {
-    ("extension.metering", "extension.service"): "metering imports the service's handler base "
-    "and store tables (see above) while service/app.py and openapi.py import metering",
-    ("extension.cli_client", "extension.magics"): "cli_client imports magics.options and "
-    "magics/core.py imports cli_client's jobs_table/plans_table: the shared option parsing and "
-    "tables must move to a module both import",
-}
-
-
-@pytest.mark.parametrize(
-    "pair",
-    [
-        pytest.param(pair, marks=pytest.mark.xfail(strict=False, reason=why), id="-".join(pair))
-        for pair, why in KNOWN_CYCLES.items()
-    ],
-)
-def test_known_package_cycle_is_gone(pair):
-    groups = cycles(part_graph(EDGES, 2))
-    assert not any(set(pair) <= set(g) for g in groups)
+# none left: metering has its handler base in extension/webapi.py and the store's
+# transition_facts(); the CLI and the magics share extension/tables.py
+KNOWN_CYCLES: dict[tuple[str, str], str] = {}
 
 
 def test_no_package_cycles_but_the_known_ones():
