@@ -91,7 +91,7 @@ def _pass_over(leaf: PlanNode, failed: set, blocked: dict) -> bool:
             return False
     for jobs in buckets.values():
         if jobs and id(jobs) not in blocked:
-            blocked[id(jobs)] = (leaf, jobs)
+            blocked[id(jobs)] = jobs
     _deactivate(leaf)
     return True
 
@@ -110,7 +110,7 @@ def _turn(state: CycleState, leaf: PlanNode, quick: bool, held: Job | None) -> N
         job = jobs[i]
         if quick and job is not held and (job.per_worker, job.min_workers) in failed:
             if id(jobs) not in blocked:
-                blocked[id(jobs)] = (leaf, job)
+                blocked[id(jobs)] = job
             heappop(heads)  # the rest of the bucket has the same shape
             continue
         if i + 1 < len(jobs):
@@ -196,9 +196,7 @@ def try_start(state: CycleState, job: Job, leaf: PlanNode) -> bool:
         placement = ledger.fit_index(w).place(n)  # place_gang's answer, without a full pass
     if placement is None:
         state.failed_shapes.add(shape)
-        bucket = id(leaf.buckets[(w, n, job.max_workers)])
-        if bucket not in state.blocked:
-            state.blocked[bucket] = (leaf, job)
+        state.blocked.setdefault(id(leaf.buckets[(w, n, job.max_workers)]), job)
         if state.reserved_for is None and any(w):
             state.waits[job.id] = capacity_reason(state, w, n)
             _reserve(state, job)

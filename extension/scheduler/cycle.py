@@ -41,7 +41,7 @@ def schedule(snapshot: Snapshot, now: float, cache: IndexCache | None = None) ->
     cache = SHARED_CACHE if cache is None else cache
     state = open_cycle(snapshot, now, cache)
     intake(state)  # 1., with 2. reject
-    state.ledger.hold(state.running, state.nodes)
+    state.ledger.hold(state.running, state.running_leaves, state.nodes)
     compute_demand(state)  # 3.
     compute_deserved(state)  # 4.
     admit(state)  # 5.

@@ -16,7 +16,7 @@ from .state import CycleState
 def compute_demand(state: CycleState) -> None:
     """Leaves add up their running jobs and pending buckets; then bottom-up, each plan's
     demand is capped by its limit and handed to its parent together with what it holds."""
-    for job, leaf in state.running:
+    for job, leaf in zip(state.running, state.running_leaves):
         w, m = job.per_worker, job.max_workers
         d = leaf.demand
         d[0] += w[0] * m

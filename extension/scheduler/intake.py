@@ -20,7 +20,8 @@ from .state import CycleState
 
 def intake(state: CycleState, extra: Iterable[Job] = ()) -> None:
     leaves, leaf_of = state.index.leaves, state.index.leaf_of
-    decisions, elastic, running = state.decisions, state.elastic, state.running
+    decisions, elastic = state.decisions, state.elastic
+    running, running_leaves = state.running, state.running_leaves
     pending_state, running_state = JobState.PENDING, JobState.RUNNING
     wanted = state.snapshot.reserved
     running_jobs = 0
@@ -53,7 +54,8 @@ def intake(state: CycleState, extra: Iterable[Job] = ()) -> None:
         else:
             running_jobs += 1
             leaf.running += 1
-            running.append((job, leaf))
+            running.append(job)
+            running_leaves.append(leaf)
             if job.max_workers > job.min_workers:
                 elastic.append((job, leaf))
     state.running_jobs = running_jobs

@@ -51,12 +51,12 @@ class Ledger:
         self._rooms: dict[tuple, float] = {}  # pool_room answers until the pool changes
 
     # the start of the cycle ---------------------------------------------------------------
-    def hold(self, running: list[tuple[Job, PlanNode]], nodes: NodeFigures) -> None:
+    def hold(self, running: list[Job], leaves: list[PlanNode], nodes: NodeFigures) -> None:
         """Running jobs hold their workers' nodes (a terminating job's are incoming too) and
         are charged to their leaf (to the ancestors in the demand phase); then the totals,
         cut down by the quota, which can be below the machines."""
         free, incoming, node_at = self.free, self.incoming, nodes.node_at
-        for job, leaf in running:  # the hot loop: locals, one lookup per question
+        for job, leaf in zip(running, leaves):  # the hot loop: locals, one lookup per question
             w0, w1, w2 = job.per_worker
             for name in job.placement:
                 i = node_at.get(name)

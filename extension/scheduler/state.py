@@ -25,7 +25,10 @@ class CycleState:
     nodes: NodeFigures
     ledger: Ledger
     # 1. intake: the one pass over the jobs ----------------------------------------------
-    running: list[tuple[Job, PlanNode]] = field(default_factory=list)  # with their leaves
+    # running jobs and, in step, their leaves: two lists, not a tuple per job, so a settled
+    # cycle leaves the garbage collector nothing to count (docs/scheduling.md "Cost")
+    running: list[Job] = field(default_factory=list)
+    running_leaves: list[PlanNode] = field(default_factory=list)
     elastic: list[tuple[Job, PlanNode]] = field(default_factory=list)  # pending and running
     holder: tuple[Job, PlanNode] | None = None  # Snapshot.reserved, if it is still pending
     running_jobs: int = 0  # for Instance.max_jobs
@@ -37,9 +40,9 @@ class CycleState:
     started: dict[str, list[int]] = field(default_factory=dict)  # job id -> node indexes
     waits: dict[str, str] = field(default_factory=dict)  # job id -> why (other than capacity)
     # capacity-blocked, first of each bucket (leaf and shape) in fair order: the reclaim
-    # candidates, (leaf, job), keyed by the bucket's identity (no key to build per bucket);
-    # a whole bucket stands for its first job until reclaim needs to know which that is
-    blocked: dict[int, tuple[PlanNode, Job | list[Job]]] = field(default_factory=dict)
+    # candidates, keyed by the bucket's identity (no key to build per bucket); a whole bucket
+    # stands for its first job until reclaim needs to know which that is
+    blocked: dict[int, Job | list[Job]] = field(default_factory=dict)
     failed_shapes: set[tuple] = field(default_factory=set)  # (worker, count) with no room
     reserved_for: str | None = None  # Admission 4: the job holding the reservation
     reservation: str = ""  # and what its status says about it

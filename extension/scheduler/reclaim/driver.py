@@ -23,10 +23,11 @@ def reclaim(state: CycleState) -> None:
         return
     ledger = state.ledger
     ledger.open_pool()
-    promised = ledger.promised
-    for leaf, blocked in state.blocked.values():
+    promised, leaves = ledger.promised, state.index.leaves
+    for blocked in state.blocked.values():
         bucket = blocked.__class__ is list  # a whole bucket stands for its first job
-        some = blocked[0] if bucket else blocked  # every job of a bucket has its shape
+        some = blocked[0] if bucket else blocked  # every job of a bucket has its shape and leaf
+        leaf = leaves[(some.plan, some.user)][0]
         k, height = within_deserved(
             promised, leaf, some.per_worker, some.min_workers, some.max_workers
         )

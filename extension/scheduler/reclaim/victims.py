@@ -25,7 +25,7 @@ def index_victims(state: CycleState) -> int:
     so a reclaimer looks only under borrowing siblings; returns how many there are."""
     now, min_runtime = state.now, state.config.min_runtime
     count = 0
-    for job, leaf in state.running:
+    for job, leaf in zip(state.running, state.running_leaves):
         if may_be_victim(job, now, min_runtime):
             entry = (job, leaf)
             for p in leaf.chain:
