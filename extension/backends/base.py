@@ -17,17 +17,37 @@ Events (``BackendEvent.kind``), emitted through the ``emit`` callable given to t
                 ``message`` (the tail of that worker's log) say why
 - ``released``  a stop finished (preempted or cancelled): the job holds nothing any more
 - ``lost``      after a service restart the job's workers could not be found again
+- ``refused``   (the service's own) a start the platform refused for now, before anything was
+                created: back to the queue (``AdmissionRefused`` with ``permanent=False``)
+
+Optional hooks: a backend declares what more it can do by having the methods of a capability
+below (``Opens``, ``HasQuota``, ``SyncsQueues``, ``ChecksAdmission``, ``LocalAccounts``,
+``WorkerPids``); the service asks ``isinstance(backend, HasQuota)``, never ``getattr``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from enum import Enum
+from typing import Any, Protocol, runtime_checkable
 
-from extension.scheduler import Node, Resources
+from extension.scheduler import Node, PlanTree, Resources
 
-EVENT_KINDS = ("running", "resized", "finished", "failed", "released", "lost")
+
+class EventKind(str, Enum):
+    """What a backend reports (a str: ``EventKind.RUNNING == "running"``)."""
+
+    RUNNING = "running"
+    RESIZED = "resized"
+    FINISHED = "finished"
+    FAILED = "failed"
+    RELEASED = "released"
+    LOST = "lost"
+    REFUSED = "refused"
+
+
+EVENT_KINDS = tuple(k.value for k in EventKind)
 
 
 @dataclass(frozen=True)
@@ -49,11 +69,30 @@ class JobSpec:
 @dataclass(frozen=True)
 class BackendEvent:
     job_id: str
-    kind: str  # one of EVENT_KINDS
+    kind: EventKind  # a plain string of EVENT_KINDS is taken too
     at: float  # wall-clock seconds (time.time()) when it happened
     placement: tuple[str, ...] = ()
     exit_code: int | None = None
     message: str = ""
+
+    def __post_init__(self) -> None:
+        try:  # an unknown kind is the backend's bug: said where it is made, not folded later
+            kind = EventKind(self.kind)
+        except ValueError:
+            raise ValueError(
+                f"backend event kind {self.kind!r} is not one of {', '.join(EVENT_KINDS)}"
+            ) from None
+        object.__setattr__(self, "kind", kind)
+
+
+class AdmissionRefused(RuntimeError):
+    """Raised by ``start``/``resize`` before anything was created: the platform would refuse
+    the gang (a namespace quota, a LimitRange). ``permanent`` false: it may fit later, the job
+    goes back to the queue with the platform's words; true: the job fails."""
+
+    def __init__(self, message: str, permanent: bool) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 Emit = Callable[[BackendEvent], None]
@@ -81,3 +120,41 @@ class Backend(Protocol):
 
     async def close(self) -> None:
         """Stop watching; running workers are left running (they outlive the service)."""
+
+
+# -- optional capabilities ------------------------------------------------------------------------
+@runtime_checkable
+class Opens(Protocol):
+    async def open(self) -> None:
+        """Called once before anything else (the Kubernetes backend lists the cluster)."""
+
+
+@runtime_checkable
+class HasQuota(Protocol):
+    def quota(self) -> Resources:
+        """The platform's own cap on what jobs may hold (a namespace ResourceQuota)."""
+
+
+@runtime_checkable
+class SyncsQueues(Protocol):
+    async def sync_queues(self, plans: PlanTree) -> None:
+        """Mirror the plan tree after every change (Volcano queues)."""
+
+
+@runtime_checkable
+class ChecksAdmission(Protocol):
+    def admission_problem(self, per_worker: Resources, workers: int) -> tuple[str, bool] | None:
+        """What the platform would refuse at submission: (message, permanent), or None."""
+
+
+@runtime_checkable
+class LocalAccounts(Protocol):
+    def account_for(self, user: str, home: str | None = None) -> Any:
+        """The local account ``user``'s jobs run as (made when ``home`` is given and the
+        backend creates accounts)."""
+
+
+@runtime_checkable
+class WorkerPids(Protocol):
+    def worker_pids(self, job_id: str) -> list[int]:
+        """The job's worker processes on this machine (metering samples their use)."""

@@ -17,9 +17,12 @@ import heapq
 import math
 from dataclasses import dataclass, field
 
-FINISHED = "finished"
-RELEASED = "released"  # a preempted gang's grace ended: it is pending again
-SHRUNK = "shrunk"  # a shrink's grace ended: the released workers are gone
+from .base import EventKind
+
+# the backend protocol's own words (base.EventKind); they sort as before on a tie
+FINISHED = EventKind.FINISHED
+RELEASED = EventKind.RELEASED  # a preempted gang's grace ended: it is pending again
+SHRUNK = EventKind.RESIZED  # a shrink's grace ended: the released workers are gone
 
 
 @dataclass

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 from extension.scheduler import UNLIMITED, Instance, Node, Resources, parse_quantity
 
+from . import base
 from . import manifests as m
 from .base import BackendEvent, Emit, JobSpec
 
@@ -78,16 +79,12 @@ class BackendError(RuntimeError):
     """A decision that could not be carried out; the message says why."""
 
 
-class AdmissionRefused(BackendError):
+class AdmissionRefused(BackendError, base.AdmissionRefused):
     """The namespace's ResourceQuota or LimitRange would refuse a pod of this gang.
 
     Raised by ``start``/``resize`` before anything is created. ``permanent`` is true when the
     gang can never fit (its request alone exceeds a hard limit), false when it may fit later.
     """
-
-    def __init__(self, message: str, permanent: bool) -> None:
-        super().__init__(message)
-        self.permanent = permanent
 
 
 class KubeApi(Protocol):

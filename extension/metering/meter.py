@@ -24,6 +24,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from traitlets import Bool, Float, Int
 from traitlets.config import LoggingConfigurable
 
+from extension.backends.base import WorkerPids
+
 from .accounting import RESOURCES, ROOT, Fact, Ledger
 from .utilization import UtilizationSampler
 
@@ -194,9 +196,10 @@ class Metering(LoggingConfigurable):
     # -- measured utilization ------------------------------------------------------------------
     def sample(self, now: float) -> None:
         sched = self.scheduler
-        pids_of = getattr(getattr(sched, "backend", None), "worker_pids", None)
-        if self.sampler is None or pids_of is None:
-            return
+        backend = getattr(sched, "backend", None)
+        if self.sampler is None or not isinstance(backend, WorkerPids):
+            return  # nothing to sample (e.g. Kubernetes: the workers are not on this machine)
+        pids_of = backend.worker_pids
         jobs = {}
         for job in list(sched.jobs.values()):
             if job.placement:

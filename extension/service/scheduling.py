@@ -25,7 +25,18 @@ from pathlib import Path
 from typing import Any
 
 from extension.backends.accounts import ensure_folder
-from extension.backends.base import Backend, BackendEvent, JobSpec
+from extension.backends.base import (
+    AdmissionRefused,
+    Backend,
+    BackendEvent,
+    ChecksAdmission,
+    EventKind,
+    HasQuota,
+    JobSpec,
+    LocalAccounts,
+    Opens,
+    SyncsQueues,
+)
 from extension.backends.userfs import UserFiles
 from extension.scheduler import (
     CycleResult,
@@ -44,6 +55,7 @@ from extension.scheduler import (
     Snapshot,
     Start,
     check_submission,
+    dispatch,
     schedule,
 )
 from extension.scheduler.plans import ROOT, parent_of
@@ -54,6 +66,8 @@ from .storecalls import StoreCalls, StoreUnavailable
 from .submission import Rejected, Submission, SubmissionError, user_root
 
 LIVE = (JobState.PENDING.value, JobState.RUNNING.value)
+# a job's change for the store: ({column: value}, transition event or None, reason)
+Change = tuple[dict[str, Any], str | None, str]
 Clock = Callable[[], float]
 
 
@@ -180,9 +194,8 @@ class Scheduler:
         ``cycle()`` themselves with ``run_loop=False``)."""
         self._loop = asyncio.get_running_loop()
         self.backend = backend
-        opener = getattr(backend, "open", None)
-        if opener is not None:  # e.g. the Kubernetes backend lists the cluster first
-            await opener()
+        if isinstance(backend, Opens):  # e.g. the Kubernetes backend lists the cluster first
+            await backend.open()
         self._refresh_instance()
         self._sync_queues()
         running = [
@@ -211,17 +224,16 @@ class Scheduler:
         backend = self.backend
         assert backend is not None
         quota = self.bounds["quota"]
-        backend_quota = getattr(backend, "quota", None)
-        if backend_quota is not None:
-            quota = quota.cap(backend_quota())
+        if isinstance(backend, HasQuota):
+            quota = quota.cap(backend.quota())
         self.instance = Instance(tuple(backend.capacity()), quota, self.bounds.get("max_jobs"))
 
     def _sync_queues(self) -> None:
         """Backends that mirror the plan tree (Volcano queues) get it after every change."""
-        sync = getattr(self.backend, "sync_queues", None)
-        if sync is not None:
+        backend = self.backend
+        if isinstance(backend, SyncsQueues):
             plans = self.plans.copy()
-            self._dispatch("plans", lambda: sync(plans))
+            self._dispatch("plans", lambda: backend.sync_queues(plans))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -361,11 +373,13 @@ class Scheduler:
             try:
                 await call()
             except Exception as err:  # the backend could not do it: the job fails, visibly
-                if getattr(err, "permanent", True) is False:
+                if isinstance(err, AdmissionRefused) and not err.permanent:
                     # refused for now, before anything was created (a namespace quota that may
                     # free up): back to the queue with the platform's words, not a failure
                     self.log.warning("backend refused %s for now: %s", job_id, err)
-                    self.emit(BackendEvent(job_id, "refused", self.clock(), message=str(err)))
+                    self.emit(
+                        BackendEvent(job_id, EventKind.REFUSED, self.clock(), message=str(err))
+                    )
                     return
                 self.log.exception("backend call for %s failed", job_id)
                 self.emit(
@@ -398,68 +412,74 @@ class Scheduler:
                 folded.append((ev.at or now, (job.id, *change)))
         return folded
 
-    def _event_change(self, job: Job, row: JobRow, ev: BackendEvent):
-        at = ev.at or self.clock()
-        if ev.kind == "running":
-            if ev.placement:
-                job.placement = tuple(ev.placement)
-            return {"placement": list(job.placement)}, "running", ""
-        if ev.kind == "resized":
-            target = self._resize_to.pop(job.id, None)
-            job.placement = tuple(ev.placement) if ev.placement else (target or job.placement)
-            job.terminating = False
-            return {"placement": list(job.placement), "terminating": False}, "resized", ""
-        if ev.kind in ("finished", "failed", "lost"):
-            state = JobState.FINISHED if ev.kind == "finished" else JobState.FAILED
-            if row.cancel_requested and ev.kind != "finished":
-                state = JobState.CANCELLED
-            reason = ev.message
-            if ev.kind == "lost":
-                reason = ev.message or "the job's workers were lost after a service restart"
-            if ev.kind == "failed" and not reason:
-                reason = f"a worker exited with code {ev.exit_code}"
-            if state is JobState.CANCELLED:
-                reason = row.reason or "cancelled"
-            self._end(job, state)
+    def _event_change(self, job: Job, row: JobRow, ev: BackendEvent) -> Change | None:
+        """What the event changes: (column values, transition event, reason); one fold per
+        kind (docs/service.md "The scheduling loop")."""
+        return FOLDS[ev.kind](self, job, row, ev)
+
+    def _on_running(self, job: Job, row: JobRow, ev: BackendEvent) -> Change:
+        if ev.placement:
+            job.placement = tuple(ev.placement)
+        return {"placement": list(job.placement)}, "running", ""
+
+    def _on_resized(self, job: Job, row: JobRow, ev: BackendEvent) -> Change:
+        target = self._resize_to.pop(job.id, None)
+        job.placement = tuple(ev.placement) if ev.placement else (target or job.placement)
+        job.terminating = False
+        return {"placement": list(job.placement), "terminating": False}, "resized", ""
+
+    def _on_ended(self, job: Job, row: JobRow, ev: BackendEvent) -> Change:
+        """finished, failed, lost: the workers are gone; a cancel under way ends CANCELLED."""
+        state = JobState.FINISHED if ev.kind is EventKind.FINISHED else JobState.FAILED
+        reason = ev.message
+        if ev.kind is EventKind.LOST:
+            reason = ev.message or "the job's workers were lost after a service restart"
+        if ev.kind is EventKind.FAILED and not reason:
+            reason = f"a worker exited with code {ev.exit_code}"
+        if row.cancel_requested and ev.kind is not EventKind.FINISHED:
+            state, reason = JobState.CANCELLED, row.reason or "cancelled"
+        self._end(job, state)
+        values = {
+            "state": state.value,
+            "placement": [],
+            "terminating": False,
+            "ended": ev.at or self.clock(),
+            "exit_code": ev.exit_code,
+            "reason": reason,
+        }
+        return values, ev.kind.value, reason
+
+    def _on_released(self, job: Job, row: JobRow, ev: BackendEvent) -> Change:
+        """A stop finished: cancelled, or preempted and back to the queue (it resumes from its
+        checkpoint when started again)."""
+        if row.cancel_requested:
+            self._end(job, JobState.CANCELLED)
+            reason = row.reason or "cancelled"
             values = {
-                "state": state.value,
+                "state": JobState.CANCELLED.value,
                 "placement": [],
                 "terminating": False,
-                "ended": at,
-                "exit_code": ev.exit_code,
+                "ended": ev.at or self.clock(),
                 "reason": reason,
             }
-            return values, ev.kind, reason
-        if ev.kind == "released":
-            if row.cancel_requested:
-                self._end(job, JobState.CANCELLED)
-                reason = row.reason or "cancelled"
-                values = {
-                    "state": JobState.CANCELLED.value,
-                    "placement": [],
-                    "terminating": False,
-                    "ended": at,
-                    "reason": reason,
-                }
-                return values, "cancelled", reason
-            # preempted: back to the queue; it resumes from its checkpoint when started again
-            job.state, job.placement, job.started = JobState.PENDING, (), None
-            job.terminating = False
-            values = {
-                "state": JobState.PENDING.value,
-                "placement": [],
-                "terminating": False,
-                "preemptions": row.preemptions + 1,
-            }
-            return values, "released", row.reason
-        if ev.kind == "refused":  # the service's own: a start the platform refused for now
-            job.state, job.placement, job.started = JobState.PENDING, (), None
-            job.terminating = False
-            reason = f"waiting: the platform refused to start it for now: {ev.message}"
-            values = {"state": JobState.PENDING.value, "placement": [], "terminating": False}
-            return {**values, "reason": reason}, "refused", reason
-        self.log.warning("unknown backend event %r for %s", ev.kind, ev.job_id)
-        return None
+            return values, "cancelled", reason
+        job.state, job.placement, job.started = JobState.PENDING, (), None
+        job.terminating = False
+        values = {
+            "state": JobState.PENDING.value,
+            "placement": [],
+            "terminating": False,
+            "preemptions": row.preemptions + 1,
+        }
+        return values, "released", row.reason
+
+    def _on_refused(self, job: Job, row: JobRow, ev: BackendEvent) -> Change:
+        """The service's own: a start the platform refused for now; back to the queue."""
+        job.state, job.placement, job.started = JobState.PENDING, (), None
+        job.terminating = False
+        reason = f"waiting: the platform refused to start it for now: {ev.message}"
+        values = {"state": JobState.PENDING.value, "placement": [], "terminating": False}
+        return {**values, "reason": reason}, "refused", reason
 
     def _end(self, job: Job, state: JobState) -> None:
         job.state = state
@@ -474,49 +494,14 @@ class Scheduler:
         self, decisions: Iterable, waiting: dict[str, str], now: float
     ) -> tuple[list[tuple[str, dict, str | None, str]], list[tuple[str, str, dict]]]:
         """The decisions applied to the live jobs; returns the store's (changes, decisions)."""
-        changes: list[tuple[str, dict, str | None, str]] = []
-        log: list[tuple[str, str, dict]] = []
+        carry = CarryOut(self, now)
         for d in decisions:
             job = self.jobs.get(d.job_id)
             if job is None:
                 continue
-            if isinstance(d, Start):
-                job.state, job.placement, job.started = JobState.RUNNING, d.placement, now
-                values = {
-                    "state": JobState.RUNNING.value,
-                    "placement": list(d.placement),
-                    "started": now,
-                    "reason": "",
-                }
-                changes.append((job.id, values, "started", ""))
-                log.append((job.id, "start", {"placement": list(d.placement)}))
-                if self.kinds.get(job.id) != "notebook":  # the spawner runs notebook servers
-                    self._queue_backend(job.id, "start", tuple(d.placement))
-            elif isinstance(d, Grow):
-                job.placement = job.placement + d.add
-                changes.append((job.id, {"placement": list(job.placement)}, "grown", ""))
-                log.append((job.id, "grow", {"add": list(d.add), "workers": d.workers}))
-                self._queue_backend(job.id, "resize", job.placement)
-            elif isinstance(d, Shrink):
-                job.terminating = True
-                target = _without(job.placement, d.release)
-                self._resize_to[job.id] = target
-                values = {"terminating": True, "reason": d.reason}
-                changes.append((job.id, values, "shrinking", d.reason))
-                log.append((job.id, "shrink", {"release": list(d.release), "reason": d.reason}))
-                self._queue_backend(job.id, "resize", target, d.grace)
-            elif isinstance(d, Preempt):
-                job.terminating = True
-                values = {"terminating": True, "reason": d.reason}
-                changes.append((job.id, values, "preempting", d.reason))
-                log.append((job.id, "preempt", {"reason": d.reason, "for": d.for_job}))
-                self._queue_stop(job.id, d.grace, d.reason)
-            elif isinstance(d, Reject):
-                self._end(job, JobState.REJECTED)
-                values = {"state": JobState.REJECTED.value, "ended": now, "reason": d.reason}
-                changes.append((job.id, values, "rejected", d.reason))
-                log.append((job.id, "reject", {"reason": d.reason}))
+            dispatch(d, carry, job)
             self._reasons.pop(d.job_id, None)
+        changes, log = carry.changes, carry.log
         reasons = self._reasons
         for job_id, reason in waiting.items():
             if reasons.get(job_id) != reason and job_id in self.jobs:  # write only what changed
@@ -634,10 +619,9 @@ class Scheduler:
             problem = check_submission(Snapshot(self.plans, self.instance, [], self.config), job)
         except PlanError as err:
             raise SubmissionError(str(err)) from None
-        admission = getattr(self.backend, "admission_problem", None)
-        if problem is None and admission is not None:
+        if problem is None and isinstance(self.backend, ChecksAdmission):
             # what the platform itself would refuse for good (a LimitRange on Kubernetes)
-            found = admission(sub.per_worker, sub.min_workers)
+            found = self.backend.admission_problem(sub.per_worker, sub.min_workers)
             if found is not None and found[1]:
                 problem = f"rejected: {found[0]}"
         if problem:
@@ -713,11 +697,10 @@ class Scheduler:
         their private folder first. Raises AccountError when the user has no account and gets
         none. Blocking when it creates: call it from a thread on an event loop.
         """
-        account_for = getattr(self.backend, "account_for", None)
-        if account_for is None:  # a backend without local accounts (Kubernetes)
+        if not isinstance(self.backend, LocalAccounts):  # no local accounts (Kubernetes)
             return UserFiles(None)
         folder = user_root(self.storage_root, user)
-        account = account_for(user, home=str(folder) if create else None)
+        account = self.backend.account_for(user, home=str(folder) if create else None)
         if create:
             ensure_folder(self.storage_root, user, account)
         return UserFiles.of(account)
@@ -814,6 +797,70 @@ class Scheduler:
         plan = self.plans.get(path)
         users, groups = self.members.get(path, ([], []))
         return PlanRecord(plan.path, plan.share, plan.limit, plan.user_leaf, users, groups)
+
+
+# one fold per event kind (base.EventKind); a kind without one fails the test that lists them
+FOLDS: dict[EventKind, Callable[[Scheduler, Job, JobRow, BackendEvent], Change]] = {
+    EventKind.RUNNING: Scheduler._on_running,
+    EventKind.RESIZED: Scheduler._on_resized,
+    EventKind.FINISHED: Scheduler._on_ended,
+    EventKind.FAILED: Scheduler._on_ended,
+    EventKind.LOST: Scheduler._on_ended,
+    EventKind.RELEASED: Scheduler._on_released,
+    EventKind.REFUSED: Scheduler._on_refused,
+}
+
+
+class CarryOut:
+    """A cycle's decisions applied to the live jobs (one method per kind, the core's
+    ``dispatch``): what each changes for the store, what the core decided for the log, and the
+    backend calls queued for after the store has it all."""
+
+    def __init__(self, sched: Scheduler, now: float) -> None:
+        self.sched, self.now = sched, now
+        self.changes: list[tuple[str, dict, str | None, str]] = []
+        self.log: list[tuple[str, str, dict]] = []
+
+    def start(self, d: Start, job: Job) -> None:
+        job.state, job.placement, job.started = JobState.RUNNING, d.placement, self.now
+        values = {
+            "state": JobState.RUNNING.value,
+            "placement": list(d.placement),
+            "started": self.now,
+            "reason": "",
+        }
+        self.changes.append((job.id, values, "started", ""))
+        self.log.append((job.id, "start", {"placement": list(d.placement)}))
+        if self.sched.kinds.get(job.id) != "notebook":  # the spawner runs notebook servers
+            self.sched._queue_backend(job.id, "start", tuple(d.placement))
+
+    def grow(self, d: Grow, job: Job) -> None:
+        job.placement = job.placement + d.add
+        self.changes.append((job.id, {"placement": list(job.placement)}, "grown", ""))
+        self.log.append((job.id, "grow", {"add": list(d.add), "workers": d.workers}))
+        self.sched._queue_backend(job.id, "resize", job.placement)
+
+    def shrink(self, d: Shrink, job: Job) -> None:
+        job.terminating = True
+        target = _without(job.placement, d.release)
+        self.sched._resize_to[job.id] = target
+        values = {"terminating": True, "reason": d.reason}
+        self.changes.append((job.id, values, "shrinking", d.reason))
+        self.log.append((job.id, "shrink", {"release": list(d.release), "reason": d.reason}))
+        self.sched._queue_backend(job.id, "resize", target, d.grace)
+
+    def preempt(self, d: Preempt, job: Job) -> None:
+        job.terminating = True
+        values = {"terminating": True, "reason": d.reason}
+        self.changes.append((job.id, values, "preempting", d.reason))
+        self.log.append((job.id, "preempt", {"reason": d.reason, "for": d.for_job}))
+        self.sched._queue_stop(job.id, d.grace, d.reason)
+
+    def reject(self, d: Reject, job: Job) -> None:
+        self.sched._end(job, JobState.REJECTED)
+        values = {"state": JobState.REJECTED.value, "ended": self.now, "reason": d.reason}
+        self.changes.append((job.id, values, "rejected", d.reason))
+        self.log.append((job.id, "reject", {"reason": d.reason}))
 
 
 def new_job_id() -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from extension.backends.base import AdmissionRefused
 from extension.scheduler import UNLIMITED, Node, Resources, SchedulerConfig
 from extension.service.scheduling import Caller, Conflict, Forbidden, NotFound, Scheduler
 from extension.service.store import PlanRecord, Store, sqlite_url
@@ -351,10 +352,11 @@ async def test_cycle_hooks_see_every_cycle_and_cannot_break_it(rig: Rig) -> None
     assert seen and "/sample-project/training/user1" in seen[-1][0] and seen[-1][1]
 
 
-class _RefusedForNow(Exception):
+class _RefusedForNow(AdmissionRefused):
     """What KubernetesBackend raises when a namespace quota would refuse a pod for now."""
 
-    permanent = False
+    def __init__(self, message: str) -> None:
+        super().__init__(message, permanent=False)
 
 
 async def test_a_start_the_platform_refuses_for_now_goes_back_to_the_queue(rig: Rig) -> None:
