@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
+import shutil
 import site
 import sys
 from collections.abc import Awaitable, Callable, Mapping
@@ -48,18 +50,56 @@ NOT_ROOT_WARNING = (
 )
 
 
+def hub_package_paths() -> list[str]:
+    """Where the hub's Python packages are: what a server started with another interpreter
+    needs on PYTHONPATH. The hub's own ``PYTHONPATH`` (a hub run by a system Python over a
+    virtualenv's packages, as when it does not run as root), the folder JupyterHub was imported
+    from, the virtualenv's site-packages when the hub runs in one, and the project (installed
+    editable: the ``.pth`` file that finds it is read only in a site folder)."""
+    import jupyterhub
+
+    given = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = [*given, str(Path(jupyterhub.__file__).resolve().parents[1])]
+    if sys.prefix != sys.base_prefix:  # a virtualenv: its site-packages (the system's are not)
+        paths += site.getsitepackages()
+    paths.append(str(PROJECT))
+    return [p for p in dict.fromkeys(os.path.abspath(p) for p in paths) if os.path.isdir(p)]
+
+
+def hub_prefixes() -> list[str]:
+    """The environments holding the hub's packages: ``sys.prefix`` and, for each package
+    folder ``<prefix>/lib/pythonX.Y/site-packages``, its ``<prefix>`` (a system Python running
+    a virtualenv's packages has ``sys.prefix`` = /usr, while JupyterLab's files are the
+    virtualenv's)."""
+    prefixes = [sys.prefix]
+    for path in hub_package_paths():
+        parts = Path(path).parts
+        if len(parts) > 3 and parts[-1] in ("site-packages", "dist-packages"):
+            if parts[-3] == "lib" and parts[-2].startswith("python"):
+                prefixes.append(str(Path(*parts[:-3])))
+    return list(dict.fromkeys(prefixes))
+
+
 def hub_jupyter_paths() -> dict[str, str]:
     """Where the hub's environment keeps Jupyter's configuration and data, for a server that
     runs another interpreter over the hub's packages. Jupyter finds them from ``sys.prefix``,
-    which is then the system Python's, so without these the server starts without JupyterLab,
+    which is then the other Python's, so without these the server starts without JupyterLab,
     the terminals or the widgets' front-end (their ``jupyter_server_config.d`` entries and lab
     extensions live in the hub's environment)."""
-    prefix = Path(sys.prefix)
+    found = [Path(p) for p in hub_prefixes() if (Path(p) / "share" / "jupyter").is_dir()]
+    found = found or [Path(sys.prefix)]
+    lab = next((p for p in found if (p / "share" / "jupyter" / "lab").is_dir()), found[0])
     return {
-        "JUPYTER_CONFIG_PATH": str(prefix / "etc" / "jupyter"),
-        "JUPYTER_PATH": str(prefix / "share" / "jupyter"),
-        "JUPYTERLAB_DIR": str(prefix / "share" / "jupyter" / "lab"),
+        "JUPYTER_CONFIG_PATH": os.pathsep.join(str(p / "etc" / "jupyter") for p in found),
+        "JUPYTER_PATH": os.pathsep.join(str(p / "share" / "jupyter") for p in found),
+        "JUPYTERLAB_DIR": str(lab / "share" / "jupyter" / "lab"),
     }
+
+
+def own_account() -> Account:
+    """The account the hub itself runs as (what runs the servers when it is not root)."""
+    entry = pwd.getpwuid(os.geteuid())
+    return Account(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
 
 
 class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
@@ -101,10 +141,13 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
 
     account_python = Unicode(
         "auto",
-        help="""When the hub's own Python cannot be run by the users' accounts (e.g. a pyenv
-        under /root, mode 0700), run their servers with this Python over the hub's packages
-        (PYTHONPATH = the hub's site-packages and the project). "auto": the system Python of the
-        same major.minor version; "": never (the spawn fails with the reason).
+        help="""When the account a server runs as cannot start ``c.Spawner.cmd`` (e.g. a
+        virtualenv over a pyenv under /root, mode 0700; or, the hub not root, a
+        ``jupyterhub-singleuser`` that is not on PATH), run the server with this Python over
+        the hub's packages (PYTHONPATH = the hub's package folders and the project, and
+        Jupyter's paths of the hub's environment). "auto": the hub's own interpreter when that
+        account can run it, else the system Python of the same major.minor version; "": never
+        (the spawn fails with the reason).
 
         c.WmlaLocalSpawner.account_python = "/usr/bin/python3.11"
         """,
@@ -175,10 +218,13 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
             self._wmla_cmd = list(self.cmd)
         self.cmd, self._wmla_pythonpath = list(self._wmla_cmd), ""
         self._wmla_jupyter_env, self._wmla_python = {}, sys.executable
-        if account is not None and self.cmd:
-            why = unreachable(self.cmd[0], account)
+        runner = account or own_account()  # not root: the servers run as the hub's account
+        if self.cmd:
+            why = unreachable(self.cmd[0], runner)
+            if why and os.sep not in self.cmd[0] and shutil.which(self.cmd[0]) is None:
+                why = f"{self.cmd[0]} is not on the hub's PATH"
             if why:
-                self._use_account_python(account, why)
+                self._use_account_python(runner, why)
         folder = ensure_folder(self.storage_root, self.user.name, account)
         if self.autoload_magics:
             install_startup(folder / ".ipython", folder, account)
@@ -200,15 +246,16 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
             self.log.info("%s: put %s in %s", self._log_name, ", ".join(written), folder)
 
     def _use_account_python(self, account: Account, why: str) -> None:
-        paths = [*site.getsitepackages(), str(PROJECT)]
-        python = (
-            storage.account_python(account, self.account_python, paths)
-            if self.account_python
-            else None
-        )
+        paths = hub_package_paths()
+        python = None
+        if self.account_python == "auto" and unreachable(sys.executable, account) is None:
+            if not any(storage.folder_unreachable(p, account) for p in paths):
+                python = sys.executable  # the hub's own interpreter (e.g. the hub not root)
+        if python is None and self.account_python:
+            python = storage.account_python(account, self.account_python, paths)
         if python is None:
             raise StorageError(
-                f"{self.user.name}'s server would run as system account {account.name}, "
+                f"{self.user.name}'s server would run as account {account.name}, "
                 f"which cannot start {self.cmd[0]}: {why}. Install Python where every "
                 "account can read it (or set c.WmlaLocalSpawner.account_python to one), or set "
                 "c.WmlaLocalSpawner.system_users = False"
