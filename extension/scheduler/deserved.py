@@ -17,11 +17,11 @@ def compute_demand(state: CycleState) -> None:
     """Leaves add up their running jobs and pending buckets; then bottom-up, each plan's
     demand is capped by its limit and handed to its parent together with what it holds."""
     for job, leaf in zip(state.running, state.running_leaves):
-        w, m = job.per_worker, job.max_workers
+        w, most = job.per_worker, job.max_workers
         d = leaf.demand
-        d[0] += w[0] * m
-        d[1] += w[1] * m
-        d[2] += w[2] * m
+        d[0] += w[0] * most
+        d[1] += w[1] * most
+        d[2] += w[2] * most
     bottom_up = state.bottom_up = state.index.bottom_up()
     for plan in bottom_up:
         d, lim = plan.demand, plan.limit

@@ -101,12 +101,12 @@ class Ledger:
     @staticmethod
     def charge(leaf: PlanNode, w: tuple, count: int) -> None:
         """``leaf`` and its ancestors hold ``count`` more workers of ``w``."""
-        g, c, m = w[0] * count, w[1] * count, w[2] * count
+        gpu, cpu, mem = w[0] * count, w[1] * count, w[2] * count
         for p in leaf.chain:
             a = p.alloc
-            a[0] += g
-            a[1] += c
-            a[2] += m
+            a[0] += gpu
+            a[1] += cpu
+            a[2] += mem
 
     def fit_index(self, w: tuple) -> FitIndex:
         fits = self.fits.get(w)
