@@ -67,17 +67,17 @@ def hub_package_paths() -> list[str]:
 
 
 def hub_prefixes() -> list[str]:
-    """The environments holding the hub's packages: ``sys.prefix`` and, for each package
-    folder ``<prefix>/lib/pythonX.Y/site-packages``, its ``<prefix>`` (a system Python running
-    a virtualenv's packages has ``sys.prefix`` = /usr, while JupyterLab's files are the
-    virtualenv's)."""
-    prefixes = [sys.prefix]
+    """The environments holding the hub's packages: for each package folder
+    ``<prefix>/lib/pythonX.Y/site-packages``, its ``<prefix>``, then ``sys.prefix`` (a system
+    Python running a virtualenv's packages has ``sys.prefix`` = /usr, while JupyterLab's files
+    are the virtualenv's)."""
+    prefixes = []
     for path in hub_package_paths():
         parts = Path(path).parts
         if len(parts) > 3 and parts[-1] in ("site-packages", "dist-packages"):
             if parts[-3] == "lib" and parts[-2].startswith("python"):
                 prefixes.append(str(Path(*parts[:-3])))
-    return list(dict.fromkeys(prefixes))
+    return list(dict.fromkeys([*prefixes, sys.prefix]))
 
 
 def hub_jupyter_paths() -> dict[str, str]:

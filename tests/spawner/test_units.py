@@ -209,3 +209,49 @@ def test_a_missing_magics_module_leaves_a_note_and_ipython_starts(tmp_path: Path
     assert done.returncode == 0, done.stderr
     assert "alive" in done.stdout
     assert "wmla: magics not available" in done.stderr
+
+
+def test_a_server_cmd_the_hubs_account_cannot_start_runs_on_the_hubs_interpreter(
+    tmp_path: Path,
+) -> None:
+    """Not root (or system_users off), the servers run as the hub's own account: a
+    jupyterhub-singleuser it cannot start (not on PATH here; elsewhere a venv script whose
+    interpreter it may not run) becomes `<the hub's python> -m jupyterhub.singleuser` with the
+    hub's packages and Jupyter paths, instead of a FileNotFoundError at spawn."""
+    spawner = make("alice", system_users=False, autoload_magics=False, getting_started=False)
+    spawner.storage_root = str(tmp_path)
+    spawner.cmd = ["no-such-jupyterhub-singleuser"]
+    spawner._prepare()
+    assert spawner.cmd == [sys.executable, "-m", "jupyterhub.singleuser"]
+    assert spawner._wmla_python == sys.executable
+    paths = spawner._wmla_pythonpath.split(os.pathsep)
+    assert str(Path(__file__).resolve().parents[2]) in paths  # the project
+    import jupyterhub
+
+    assert str(Path(jupyterhub.__file__).resolve().parents[1]) in paths
+    assert Path(spawner._wmla_jupyter_env["JUPYTERLAB_DIR"], "static").is_dir()
+    runnable = make("bob", system_users=False, autoload_magics=False, getting_started=False)
+    runnable.storage_root = str(tmp_path)
+    runnable.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
+    runnable._prepare()
+    assert runnable._wmla_pythonpath == "" and runnable._wmla_jupyter_env == {}
+
+
+def test_jupyter_paths_follow_the_packages_not_the_interpreter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A system Python over a virtualenv's site-packages (PYTHONPATH): sys.prefix is /usr, and
+    JupyterLab, its extensions and the server config are the virtualenv's."""
+    from spawner.local import hub_jupyter_paths, hub_package_paths
+
+    env = tmp_path / "env"
+    site = env / "lib" / "python3.11" / "site-packages"
+    (env / "share" / "jupyter" / "lab").mkdir(parents=True)
+    (env / "etc" / "jupyter").mkdir(parents=True)
+    site.mkdir(parents=True)
+    monkeypatch.setenv("PYTHONPATH", f"{site}{os.pathsep}{tmp_path / 'missing'}")
+    assert hub_package_paths()[0] == str(site)  # first, and a missing folder left out
+    paths = hub_jupyter_paths()
+    assert paths["JUPYTERLAB_DIR"] == str(env / "share" / "jupyter" / "lab")
+    assert paths["JUPYTER_PATH"].split(os.pathsep)[0] == str(env / "share" / "jupyter")
+    assert paths["JUPYTER_CONFIG_PATH"].split(os.pathsep)[0] == str(env / "etc" / "jupyter")
