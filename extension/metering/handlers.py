@@ -14,6 +14,7 @@ from typing import Any
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from extension.scheduler.names import is_user_name
 from extension.webapi import ADMIN_SCOPE, APIError, APIHandler
 
 from .accounting import ROOT
@@ -22,7 +23,6 @@ from .usage import usage, usage_csv
 
 PARAMS = {"plan", "user", "start", "end", "step", "format"}
 PLAN = re.compile(r"(/[A-Za-z0-9._@-]{1,255}){1,32}/?\Z")
-USER = re.compile(r"[A-Za-z0-9._@-]{1,255}\Z")
 DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\Z")
 UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, None: 1}
 NICE_STEPS = (60, 300, 900, 3600, 6 * 3600, 86400, 7 * 86400)
@@ -118,7 +118,7 @@ class UsageHandler(APIHandler):
         if fmt not in ("json", "csv"):
             raise APIError(400, f"format must be json or csv, got {fmt!r}")
         user = one.get("user") or None
-        if user is not None and not USER.match(user):
+        if user is not None and not is_user_name(user):
             raise APIError(400, f"user {user!r} is not a hub user name")
         return {
             "plan": plan,

@@ -31,6 +31,7 @@ from typing import Any
 from extension.backends.accounts import AccountError
 from extension.backends.userfs import UserFileError, UserFiles
 from extension.scheduler import QuantityError, Resources, parse_quantity
+from extension.scheduler.names import user_name_problem
 from extension.scheduler.resources import RESOURCES, format_amount
 
 KEYS = {
@@ -70,7 +71,6 @@ LOADER_ENV = re.compile(
     r"OPENSSL_CONF|OPENSSL_ENGINES|SSLKEYLOGFILE|GIT_.*)\Z"
 )
 NAME = re.compile(r"[A-Za-z0-9 ._-]{0,100}\Z")
-USER_NAME = re.compile(r"[A-Za-z0-9._@-]+\Z")
 
 
 class SubmissionError(ValueError):
@@ -233,8 +233,9 @@ class Submission:
 
 def user_root(storage_root: str | Path, user: str) -> Path:
     """``<storage_root>/<user>``, refusing user names that would not be one folder."""
-    if not USER_NAME.match(user) or user in (".", ".."):
-        raise SubmissionError(f"user name {user!r} cannot name a storage folder")
+    problem = user_name_problem(user)
+    if problem:
+        raise SubmissionError(f"{problem}: it names the user's storage folder and plan leaf")
     return Path(storage_root).resolve() / user
 
 
