@@ -17,93 +17,55 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from extension.backends.accounts import ensure_folder
 from extension.backends.base import (
     AdmissionRefused,
     Backend,
     BackendEvent,
-    ChecksAdmission,
     EventKind,
     HasQuota,
     JobSpec,
-    LocalAccounts,
     Opens,
     SyncsQueues,
 )
-from extension.backends.userfs import UserFiles
 from extension.scheduler import (
     CycleResult,
-    Grow,
     Instance,
     Job,
     JobState,
-    PlanError,
     PlanFigures,
     PlanTree,
-    Preempt,
-    Reject,
     Resources,
     SchedulerConfig,
-    Shrink,
     Snapshot,
-    Start,
-    check_submission,
     dispatch,
     schedule,
 )
-from extension.scheduler.plans import ROOT, parent_of
-from extension.webapi import Caller
+from extension.webapi import Caller  # noqa: F401 - re-exported
 
+from .actions import (  # noqa: F401 - re-exported: the handlers import them here
+    Actions,
+    Conflict,
+    Forbidden,
+    KeyReused,
+    NotFound,
+    new_job_id,
+    plans_after,
+)
+from .changes import FOLDS, CarryOut, Change
 from .store import JobRow, PlanRecord, Store
 from .storecalls import StoreCalls, StoreUnavailable
-from .submission import Rejected, Submission, SubmissionError, user_root
 
 LIVE = (JobState.PENDING.value, JobState.RUNNING.value)
-# a job's change for the store: ({column: value}, transition event or None, reason)
-Change = tuple[dict[str, Any], str | None, str]
 Clock = Callable[[], float]
 
 
-class NotFound(LookupError):
-    pass
-
-
-class Forbidden(PermissionError):
-    pass
-
-
-class KeyReused(ValueError):
-    """An Idempotency-Key sent again with a different submission."""
-
-
-class Conflict(RuntimeError):
-    pass
-
-
-def plans_after(
-    tree: PlanTree, records: list[PlanRecord], create: bool, delete: Iterable[str] = ()
-) -> PlanTree:
-    """The tree with a change applied, on a copy, validated by the core (PlanError on a
-    refusal, the original untouched): what change_plans stores and the admin page previews."""
-    tree = tree.copy()
-    for path in delete:
-        tree.remove(path)
-    for rec in records:
-        if create:
-            tree.add(rec.path, rec.share, rec.limit)
-        else:
-            tree.update(rec.path, rec.share, rec.limit)
-    return tree
-
-
-class Scheduler:
+class Scheduler(Actions):
     """Plans, jobs and the loop. The REST handlers call the public methods."""
 
     def __init__(
@@ -417,70 +379,6 @@ class Scheduler:
         kind (docs/service.md "The scheduling loop")."""
         return FOLDS[ev.kind](self, job, row, ev)
 
-    def _on_running(self, job: Job, row: JobRow, ev: BackendEvent) -> Change:
-        if ev.placement:
-            job.placement = tuple(ev.placement)
-        return {"placement": list(job.placement)}, "running", ""
-
-    def _on_resized(self, job: Job, row: JobRow, ev: BackendEvent) -> Change:
-        target = self._resize_to.pop(job.id, None)
-        job.placement = tuple(ev.placement) if ev.placement else (target or job.placement)
-        job.terminating = False
-        return {"placement": list(job.placement), "terminating": False}, "resized", ""
-
-    def _on_ended(self, job: Job, row: JobRow, ev: BackendEvent) -> Change:
-        """finished, failed, lost: the workers are gone; a cancel under way ends CANCELLED."""
-        state = JobState.FINISHED if ev.kind is EventKind.FINISHED else JobState.FAILED
-        reason = ev.message
-        if ev.kind is EventKind.LOST:
-            reason = ev.message or "the job's workers were lost after a service restart"
-        if ev.kind is EventKind.FAILED and not reason:
-            reason = f"a worker exited with code {ev.exit_code}"
-        if row.cancel_requested and ev.kind is not EventKind.FINISHED:
-            state, reason = JobState.CANCELLED, row.reason or "cancelled"
-        self._end(job, state)
-        values = {
-            "state": state.value,
-            "placement": [],
-            "terminating": False,
-            "ended": ev.at or self.clock(),
-            "exit_code": ev.exit_code,
-            "reason": reason,
-        }
-        return values, ev.kind.value, reason
-
-    def _on_released(self, job: Job, row: JobRow, ev: BackendEvent) -> Change:
-        """A stop finished: cancelled, or preempted and back to the queue (it resumes from its
-        checkpoint when started again)."""
-        if row.cancel_requested:
-            self._end(job, JobState.CANCELLED)
-            reason = row.reason or "cancelled"
-            values = {
-                "state": JobState.CANCELLED.value,
-                "placement": [],
-                "terminating": False,
-                "ended": ev.at or self.clock(),
-                "reason": reason,
-            }
-            return values, "cancelled", reason
-        job.state, job.placement, job.started = JobState.PENDING, (), None
-        job.terminating = False
-        values = {
-            "state": JobState.PENDING.value,
-            "placement": [],
-            "terminating": False,
-            "preemptions": row.preemptions + 1,
-        }
-        return values, "released", row.reason
-
-    def _on_refused(self, job: Job, row: JobRow, ev: BackendEvent) -> Change:
-        """The service's own: a start the platform refused for now; back to the queue."""
-        job.state, job.placement, job.started = JobState.PENDING, (), None
-        job.terminating = False
-        reason = f"waiting: the platform refused to start it for now: {ev.message}"
-        values = {"state": JobState.PENDING.value, "placement": [], "terminating": False}
-        return {**values, "reason": reason}, "refused", reason
-
     def _end(self, job: Job, state: JobState) -> None:
         job.state = state
         job.placement = ()
@@ -531,341 +429,6 @@ class Scheduler:
         else:
             self._calls.append(call)
 
-    # -- jobs -----------------------------------------------------------------------
-    def may_submit(self, caller: Caller, plan: str) -> bool:
-        if caller.admin:
-            return True
-        listed = False
-        path = plan
-        while path != ROOT:
-            users, groups = self.members.get(path, ([], []))
-            if users or groups:
-                listed = True
-                if caller.name in users or caller.groups & set(groups):
-                    return True
-            path = parent_of(path)
-        return not listed  # a plan nobody on its path restricts is open to every hub user
-
-    def usable_plans(self, caller: Caller) -> list[str]:
-        return [p.path for p in self.plans if not p.user_leaf and self.may_submit(caller, p.path)]
-
-    async def job_for_key(self, caller: Caller, key: str, digest: str) -> JobRow | None:
-        """The job ``caller`` already submitted with Idempotency-Key ``key`` (waiting for a
-        submission with that key that is under way), or None. KeyReused when that job was
-        submitted with a different body."""
-        under_way = self._keys.get((caller.name, key))
-        if under_way is not None:
-            await asyncio.shield(under_way)
-        row = await self.db.read(self.store.job_by_key, caller.name, key)
-        if row is not None and (row.request or {}).get("digest") != digest:
-            raise KeyReused(
-                f"Idempotency-Key {key!r} was used for job {row.id} with a different body; "
-                "send a new key for a new submission"
-            )
-        return row
-
-    async def submit_once(
-        self, caller: Caller, sub: Submission, key: str, digest: str
-    ) -> tuple[JobRow, bool]:
-        """``submit`` keyed by the client: (the job, whether it is new). A retry of a request
-        whose answer was lost (a 503 while the service restarted, a dropped connection) gets
-        the job the first one made instead of a second job."""
-        while True:
-            row = await self.job_for_key(caller, key, digest)
-            if row is not None:
-                return row, False
-            if (caller.name, key) not in self._keys:  # none began while we looked
-                break
-        done = asyncio.get_running_loop().create_future()
-        self._keys[(caller.name, key)] = done
-        try:
-            return await self.submit(caller, sub, key=key, digest=digest), True
-        finally:
-            del self._keys[(caller.name, key)]
-            done.set_result(None)
-
-    async def submit(
-        self, caller: Caller, sub: Submission, key: str | None = None, digest: str = ""
-    ) -> JobRow:
-        """Validate against the plans and the instance, store the job, and run a cycle."""
-        if sub.plan not in self.plans:
-            raise NotFound(
-                f"there is no plan {sub.plan!r}; plans you may use: "
-                f"{', '.join(self.usable_plans(caller)) or 'none (ask an admin)'}"
-            )
-        if self.plans.get(sub.plan).user_leaf:
-            raise SubmissionError(
-                f"{sub.plan} is a user leaf; submit to its parent {parent_of(sub.plan)}"
-            )
-        if not self.may_submit(caller, sub.plan):
-            raise Forbidden(
-                f"you may not submit to {sub.plan}; plans you may use: "
-                f"{', '.join(self.usable_plans(caller)) or 'none (ask an admin to add you)'}"
-            )
-        now = self.clock()
-        job_id = new_job_id()
-        job = Job(
-            id=job_id,
-            user=caller.name,
-            plan=sub.plan,
-            per_worker=sub.per_worker,
-            min_workers=sub.min_workers,
-            max_workers=sub.max_workers,
-            priority=sub.priority,
-            submitted=now,
-            preemptible=sub.preemptible,
-        )
-        try:
-            problem = check_submission(Snapshot(self.plans, self.instance, [], self.config), job)
-        except PlanError as err:
-            raise SubmissionError(str(err)) from None
-        if problem is None and isinstance(self.backend, ChecksAdmission):
-            # what the platform itself would refuse for good (a LimitRange on Kubernetes)
-            found = self.backend.admission_problem(sub.per_worker, sub.min_workers)
-            if found is not None and found[1]:
-                problem = f"rejected: {found[0]}"
-        if problem:
-            raise Rejected(problem)
-        # the user leaf is created on first use (SCHEDULING.md "User leaf")
-        tree = self.plans.copy()
-        leaf = tree.ensure_user_leaf(sub.plan, caller.name)
-        workdir = user_root(self.storage_root, caller.name) / "jobs" / job_id
-        command = [] if sub.kind == "notebook" else [self.python, sub.model_main, *sub.args]
-        env = {
-            **sub.env,
-            "WMLA_JOB_ID": job_id,
-            "WMLA_JOB_DIR": str(workdir),
-            "WMLA_USER": caller.name,
-            "WMLA_PLAN": sub.plan,
-            "WMLA_LEAF": leaf.path,
-            "WMLA_MODEL_DIR": sub.model_dir,
-        }
-        row = JobRow(
-            id=job_id,
-            user=caller.name,
-            plan=sub.plan,
-            leaf=leaf.path,
-            kind=sub.kind,
-            state=JobState.PENDING.value,
-            gpu=sub.per_worker.gpu,
-            cpu=sub.per_worker.cpu,
-            memory=sub.per_worker.memory,
-            limits=sub.limits.to_dict(),
-            min_workers=sub.min_workers,
-            max_workers=sub.max_workers,
-            priority=sub.priority,
-            preemptible=sub.preemptible,
-            command=command,
-            request={
-                "name": sub.name,
-                "args": list(sub.args),
-                "model_dir": sub.model_dir,
-                **({"digest": digest} if key else {}),
-            },
-            idempotency_key=key,
-            workdir=str(workdir),
-            env=env,
-            name=sub.name,
-            submitted=now,
-            placement=[],
-            terminating=False,
-            cancel_requested=False,
-            reason="",
-            preemptions=0,
-        )
-        if leaf.path not in self.plans:
-            async with self._lock:  # the tree changes: not in the middle of a cycle
-                if leaf.path not in self.plans:
-                    tree = self.plans.copy()
-                    leaf = tree.ensure_user_leaf(sub.plan, caller.name)
-                    record = PlanRecord(leaf.path, 1.0, leaf.limit, True)
-                    await self.db.write(self.store.save_plans, [record], now)
-                    self.plans = tree
-                    self.members[leaf.path] = ([], [])
-                    self._sync_queues()
-        await self.db.write(self.store.add_job, row, now)
-        async with self._lock:  # not while a cycle reloads the jobs from the store
-            if job_id not in self.jobs:
-                self._take_in(row)
-        await self.kick()
-        return await self.db.read(self.store.job, job_id) or row
-
-    def files_for(self, user: str, create: bool = False) -> UserFiles:
-        """``user``'s files with the rights their jobs run with (docs/security.md).
-
-        ``create``: as root, make the user's account (when the backend creates accounts) and
-        their private folder first. Raises AccountError when the user has no account and gets
-        none. Blocking when it creates: call it from a thread on an event loop.
-        """
-        if not isinstance(self.backend, LocalAccounts):  # no local accounts (Kubernetes)
-            return UserFiles(None)
-        folder = user_root(self.storage_root, user)
-        account = self.backend.account_for(user, home=str(folder) if create else None)
-        if create:
-            ensure_folder(self.storage_root, user, account)
-        return UserFiles.of(account)
-
-    async def visible_job(self, caller: Caller, job_id: str) -> JobRow:
-        """The job if the caller may see it; 404 for everyone else (its existence is private)."""
-        row = None
-        if isinstance(job_id, str) and len(job_id) <= 64:
-            row = await self.db.read(self.store.job, job_id)
-        if row is None or (row.user != caller.name and not caller.admin):
-            raise NotFound(f"there is no job {job_id!r} of yours")
-        return row
-
-    async def cancel(self, caller: Caller, job_id: str) -> JobRow:
-        row = await self.visible_job(caller, job_id)
-        async with self._lock:  # the store first, then the live job: a failed write changes none
-            job = self.jobs.get(job_id)
-            if job is None:
-                raise Conflict(f"job {job_id} is already {row.state}; nothing to cancel")
-            now = self.clock()
-            reason = f"cancelled by {caller.name}"
-            if job.state is JobState.PENDING or self.kinds.get(job_id) == "notebook":
-                # nothing runs under the backend: the resources are released at once
-                values = {
-                    "state": JobState.CANCELLED.value,
-                    "ended": now,
-                    "reason": reason,
-                    "placement": [],
-                    "terminating": False,
-                }
-                await self.db.write(
-                    self.store.update_jobs, [(job_id, values, "cancelled", reason)], now
-                )
-                self._end(job, JobState.CANCELLED)
-            elif not row.cancel_requested:
-                values = {"cancel_requested": True, "terminating": True, "reason": reason}
-                await self.db.write(
-                    self.store.update_jobs, [(job_id, values, "cancelling", reason)], now
-                )
-                job.terminating = True
-                self._queue_stop(job_id, self.config.grace, reason, now=True)
-        await self.kick()
-        return await self.db.read(self.store.job, job_id) or row
-
-    def notebook_jobs(self) -> list[str]:
-        """Ids of the live notebook jobs (reconcile.py checks them against the hub)."""
-        return [job_id for job_id, kind in self.kinds.items() if kind == "notebook"]
-
-    async def release_notebook(self, job_id: str, reason: str) -> None:
-        """End a notebook job whose server is gone: its resources are free at once (the
-        spawner runs the server; nothing runs under the backend)."""
-        async with self._lock:
-            job = self.jobs.get(job_id)
-            if job is None or self.kinds.get(job_id) != "notebook":
-                return
-            now = self.clock()
-            values = {
-                "state": JobState.CANCELLED.value,
-                "ended": now,
-                "reason": reason,
-                "placement": [],
-                "terminating": False,
-            }
-            await self.db.write(
-                self.store.update_jobs, [(job_id, values, "cancelled", reason)], now
-            )
-            self._end(job, JobState.CANCELLED)
-        await self.kick()
-
-    # -- plans -----------------------------------------------------------------------
-    async def change_plans(
-        self,
-        records: list[PlanRecord],
-        create: bool,
-        delete: Iterable[str] = (),
-    ) -> None:
-        """Validate on a copy of the tree, then write to the store, then swap the tree in."""
-        delete = list(delete)
-        async with self._lock:
-            tree = plans_after(self.plans, records, create, delete)
-            await self.db.write(self.store.save_plans, records, self.clock(), delete=delete)
-            self.plans = tree
-            for path in delete:
-                self.members.pop(path, None)
-            for rec in records:
-                self.members[rec.path] = (list(rec.users), list(rec.groups))
-            self._sync_queues()
-        await self.kick()
-
-    def live_jobs_under(self, path: str) -> list[Job]:
-        return [j for j in self.jobs.values() if j.leaf == path or j.leaf.startswith(path + "/")]
-
-    def record(self, path: str) -> PlanRecord:
-        plan = self.plans.get(path)
-        users, groups = self.members.get(path, ([], []))
-        return PlanRecord(plan.path, plan.share, plan.limit, plan.user_leaf, users, groups)
-
-
-# one fold per event kind (base.EventKind); a kind without one fails the test that lists them
-FOLDS: dict[EventKind, Callable[[Scheduler, Job, JobRow, BackendEvent], Change]] = {
-    EventKind.RUNNING: Scheduler._on_running,
-    EventKind.RESIZED: Scheduler._on_resized,
-    EventKind.FINISHED: Scheduler._on_ended,
-    EventKind.FAILED: Scheduler._on_ended,
-    EventKind.LOST: Scheduler._on_ended,
-    EventKind.RELEASED: Scheduler._on_released,
-    EventKind.REFUSED: Scheduler._on_refused,
-}
-
-
-class CarryOut:
-    """A cycle's decisions applied to the live jobs (one method per kind, the core's
-    ``dispatch``): what each changes for the store, what the core decided for the log, and the
-    backend calls queued for after the store has it all."""
-
-    def __init__(self, sched: Scheduler, now: float) -> None:
-        self.sched, self.now = sched, now
-        self.changes: list[tuple[str, dict, str | None, str]] = []
-        self.log: list[tuple[str, str, dict]] = []
-
-    def start(self, d: Start, job: Job) -> None:
-        job.state, job.placement, job.started = JobState.RUNNING, d.placement, self.now
-        values = {
-            "state": JobState.RUNNING.value,
-            "placement": list(d.placement),
-            "started": self.now,
-            "reason": "",
-        }
-        self.changes.append((job.id, values, "started", ""))
-        self.log.append((job.id, "start", {"placement": list(d.placement)}))
-        if self.sched.kinds.get(job.id) != "notebook":  # the spawner runs notebook servers
-            self.sched._queue_backend(job.id, "start", tuple(d.placement))
-
-    def grow(self, d: Grow, job: Job) -> None:
-        job.placement = job.placement + d.add
-        self.changes.append((job.id, {"placement": list(job.placement)}, "grown", ""))
-        self.log.append((job.id, "grow", {"add": list(d.add), "workers": d.workers}))
-        self.sched._queue_backend(job.id, "resize", job.placement)
-
-    def shrink(self, d: Shrink, job: Job) -> None:
-        job.terminating = True
-        target = _without(job.placement, d.release)
-        self.sched._resize_to[job.id] = target
-        values = {"terminating": True, "reason": d.reason}
-        self.changes.append((job.id, values, "shrinking", d.reason))
-        self.log.append((job.id, "shrink", {"release": list(d.release), "reason": d.reason}))
-        self.sched._queue_backend(job.id, "resize", target, d.grace)
-
-    def preempt(self, d: Preempt, job: Job) -> None:
-        job.terminating = True
-        values = {"terminating": True, "reason": d.reason}
-        self.changes.append((job.id, values, "preempting", d.reason))
-        self.log.append((job.id, "preempt", {"reason": d.reason, "for": d.for_job}))
-        self.sched._queue_stop(job.id, d.grace, d.reason)
-
-    def reject(self, d: Reject, job: Job) -> None:
-        self.sched._end(job, JobState.REJECTED)
-        values = {"state": JobState.REJECTED.value, "ended": self.now, "reason": d.reason}
-        self.changes.append((job.id, values, "rejected", d.reason))
-        self.log.append((job.id, "reject", {"reason": d.reason}))
-
-
-def new_job_id() -> str:
-    return "job-" + secrets.token_hex(5)
-
 
 def _core_job(row: JobRow) -> Job:
     return Job(
@@ -898,17 +461,6 @@ def _spec(row: JobRow) -> JobSpec:
         env=dict(row.env or {}),
         kind=row.kind,
     )
-
-
-def _without(placement: tuple[str, ...], release: tuple[str, ...]) -> tuple[str, ...]:
-    """Drop the released nodes from the highest ranks down (Shrink releases the top ranks)."""
-    out = list(placement)
-    for node in release:
-        for i in range(len(out) - 1, -1, -1):
-            if out[i] == node:
-                del out[i]
-                break
-    return tuple(out)
 
 
 def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:

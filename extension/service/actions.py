@@ -1,0 +1,349 @@
+"""What the REST handlers ask of the scheduler: submit, look at and cancel jobs (also keyed by
+an Idempotency-Key), free a notebook's job, change plans. A mixin of ``Scheduler``
+(scheduling.py), which owns the state these read and change: the store, the live jobs, the
+plan tree, the loop's lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Iterable
+
+from extension.backends.accounts import ensure_folder
+from extension.backends.base import ChecksAdmission, LocalAccounts
+from extension.backends.userfs import UserFiles
+from extension.scheduler import Job, JobState, PlanError, PlanTree, Snapshot, check_submission
+from extension.scheduler.plans import ROOT, parent_of
+from extension.webapi import Caller
+
+from .store import JobRow, PlanRecord
+from .submission import Rejected, Submission, SubmissionError, user_root
+
+
+class NotFound(LookupError):
+    pass
+
+
+class Forbidden(PermissionError):
+    pass
+
+
+class KeyReused(ValueError):
+    """An Idempotency-Key sent again with a different submission."""
+
+
+class Conflict(RuntimeError):
+    pass
+
+
+def plans_after(
+    tree: PlanTree, records: list[PlanRecord], create: bool, delete: Iterable[str] = ()
+) -> PlanTree:
+    """The tree with a change applied, on a copy, validated by the core (PlanError on a
+    refusal, the original untouched): what change_plans stores and the admin page previews."""
+    tree = tree.copy()
+    for path in delete:
+        tree.remove(path)
+    for rec in records:
+        if create:
+            tree.add(rec.path, rec.share, rec.limit)
+        else:
+            tree.update(rec.path, rec.share, rec.limit)
+    return tree
+
+
+class Actions:
+    """The handlers' side of the Scheduler (see the module's docstring)."""
+
+    # -- jobs -----------------------------------------------------------------------
+    def may_submit(self, caller: Caller, plan: str) -> bool:
+        if caller.admin:
+            return True
+        listed = False
+        path = plan
+        while path != ROOT:
+            users, groups = self.members.get(path, ([], []))
+            if users or groups:
+                listed = True
+                if caller.name in users or caller.groups & set(groups):
+                    return True
+            path = parent_of(path)
+        return not listed  # a plan nobody on its path restricts is open to every hub user
+
+    def usable_plans(self, caller: Caller) -> list[str]:
+        return [p.path for p in self.plans if not p.user_leaf and self.may_submit(caller, p.path)]
+
+    async def job_for_key(self, caller: Caller, key: str, digest: str) -> JobRow | None:
+        """The job ``caller`` already submitted with Idempotency-Key ``key`` (waiting for a
+        submission with that key that is under way), or None. KeyReused when that job was
+        submitted with a different body."""
+        under_way = self._keys.get((caller.name, key))
+        if under_way is not None:
+            await asyncio.shield(under_way)
+        row = await self.db.read(self.store.job_by_key, caller.name, key)
+        if row is not None and (row.request or {}).get("digest") != digest:
+            raise KeyReused(
+                f"Idempotency-Key {key!r} was used for job {row.id} with a different body; "
+                "send a new key for a new submission"
+            )
+        return row
+
+    async def submit_once(
+        self, caller: Caller, sub: Submission, key: str, digest: str
+    ) -> tuple[JobRow, bool]:
+        """``submit`` keyed by the client: (the job, whether it is new). A retry of a request
+        whose answer was lost (a 503 while the service restarted, a dropped connection) gets
+        the job the first one made instead of a second job."""
+        while True:
+            row = await self.job_for_key(caller, key, digest)
+            if row is not None:
+                return row, False
+            if (caller.name, key) not in self._keys:  # none began while we looked
+                break
+        done = asyncio.get_running_loop().create_future()
+        self._keys[(caller.name, key)] = done
+        try:
+            return await self.submit(caller, sub, key=key, digest=digest), True
+        finally:
+            del self._keys[(caller.name, key)]
+            done.set_result(None)
+
+    async def submit(
+        self, caller: Caller, sub: Submission, key: str | None = None, digest: str = ""
+    ) -> JobRow:
+        """Validate against the plans and the instance, store the job, and run a cycle."""
+        self._check_plan(caller, sub.plan)
+        now = self.clock()
+        job_id = new_job_id()
+        self._check_fits(caller, sub, job_id, now)
+        # the user leaf is created on first use (docs/scheduling.md "User leaf")
+        leaf = self.plans.copy().ensure_user_leaf(sub.plan, caller.name)
+        row = self._job_row(caller, sub, job_id, leaf.path, now, key, digest)
+        if leaf.path not in self.plans:
+            await self._add_user_leaf(sub.plan, caller.name, now)
+        await self.db.write(self.store.add_job, row, now)
+        async with self._lock:  # not while a cycle reloads the jobs from the store
+            if job_id not in self.jobs:
+                self._take_in(row)
+        await self.kick()
+        return await self.db.read(self.store.job, job_id) or row
+
+    def _check_plan(self, caller: Caller, plan: str) -> None:
+        """The plan exists, is not a user leaf, and the caller may submit to it."""
+        if plan not in self.plans:
+            raise NotFound(
+                f"there is no plan {plan!r}; plans you may use: "
+                f"{', '.join(self.usable_plans(caller)) or 'none (ask an admin)'}"
+            )
+        if self.plans.get(plan).user_leaf:
+            raise SubmissionError(f"{plan} is a user leaf; submit to its parent {parent_of(plan)}")
+        if not self.may_submit(caller, plan):
+            raise Forbidden(
+                f"you may not submit to {plan}; plans you may use: "
+                f"{', '.join(self.usable_plans(caller)) or 'none (ask an admin to add you)'}"
+            )
+
+    def _check_fits(self, caller: Caller, sub: Submission, job_id: str, now: float) -> None:
+        """Rejected when the job can never run as asked (docs/scheduling.md "Admission"), by
+        the plans and the instance or by the platform itself (a LimitRange on Kubernetes)."""
+        job = Job(
+            id=job_id,
+            user=caller.name,
+            plan=sub.plan,
+            per_worker=sub.per_worker,
+            min_workers=sub.min_workers,
+            max_workers=sub.max_workers,
+            priority=sub.priority,
+            submitted=now,
+            preemptible=sub.preemptible,
+        )
+        try:
+            problem = check_submission(Snapshot(self.plans, self.instance, [], self.config), job)
+        except PlanError as err:
+            raise SubmissionError(str(err)) from None
+        if problem is None and isinstance(self.backend, ChecksAdmission):
+            found = self.backend.admission_problem(sub.per_worker, sub.min_workers)
+            if found is not None and found[1]:
+                problem = f"rejected: {found[0]}"
+        if problem:
+            raise Rejected(problem)
+
+    def _job_row(
+        self,
+        caller: Caller,
+        sub: Submission,
+        job_id: str,
+        leaf: str,
+        now: float,
+        key: str | None,
+        digest: str,
+    ) -> JobRow:
+        """The job as the store keeps it: what was asked, where it runs, the env it gets."""
+        workdir = user_root(self.storage_root, caller.name) / "jobs" / job_id
+        command = [] if sub.kind == "notebook" else [self.python, sub.model_main, *sub.args]
+        env = {
+            **sub.env,
+            "WMLA_JOB_ID": job_id,
+            "WMLA_JOB_DIR": str(workdir),
+            "WMLA_USER": caller.name,
+            "WMLA_PLAN": sub.plan,
+            "WMLA_LEAF": leaf,
+            "WMLA_MODEL_DIR": sub.model_dir,
+        }
+        request = {"name": sub.name, "args": list(sub.args), "model_dir": sub.model_dir}
+        if key:
+            request["digest"] = digest  # a retry with this key must send the same body
+        return JobRow(
+            id=job_id,
+            user=caller.name,
+            plan=sub.plan,
+            leaf=leaf,
+            kind=sub.kind,
+            state=JobState.PENDING.value,
+            gpu=sub.per_worker.gpu,
+            cpu=sub.per_worker.cpu,
+            memory=sub.per_worker.memory,
+            limits=sub.limits.to_dict(),
+            min_workers=sub.min_workers,
+            max_workers=sub.max_workers,
+            priority=sub.priority,
+            preemptible=sub.preemptible,
+            command=command,
+            request=request,
+            idempotency_key=key,
+            workdir=str(workdir),
+            env=env,
+            name=sub.name,
+            submitted=now,
+            placement=[],
+            terminating=False,
+            cancel_requested=False,
+            reason="",
+            preemptions=0,
+        )
+
+    async def _add_user_leaf(self, plan: str, user: str, now: float) -> None:
+        async with self._lock:  # the tree changes: not in the middle of a cycle
+            tree = self.plans.copy()
+            leaf = tree.ensure_user_leaf(plan, user)
+            if leaf.path in self.plans:  # another submission made it meanwhile
+                return
+            await self.db.write(
+                self.store.save_plans, [PlanRecord(leaf.path, 1.0, leaf.limit, True)], now
+            )
+            self.plans = tree
+            self.members[leaf.path] = ([], [])
+            self._sync_queues()
+
+    def files_for(self, user: str, create: bool = False) -> UserFiles:
+        """``user``'s files with the rights their jobs run with (docs/security.md).
+
+        ``create``: as root, make the user's account (when the backend creates accounts) and
+        their private folder first. Raises AccountError when the user has no account and gets
+        none. Blocking when it creates: call it from a thread on an event loop.
+        """
+        if not isinstance(self.backend, LocalAccounts):  # no local accounts (Kubernetes)
+            return UserFiles(None)
+        folder = user_root(self.storage_root, user)
+        account = self.backend.account_for(user, home=str(folder) if create else None)
+        if create:
+            ensure_folder(self.storage_root, user, account)
+        return UserFiles.of(account)
+
+    async def visible_job(self, caller: Caller, job_id: str) -> JobRow:
+        """The job if the caller may see it; 404 for everyone else (its existence is private)."""
+        row = None
+        if isinstance(job_id, str) and len(job_id) <= 64:
+            row = await self.db.read(self.store.job, job_id)
+        if row is None or (row.user != caller.name and not caller.admin):
+            raise NotFound(f"there is no job {job_id!r} of yours")
+        return row
+
+    async def cancel(self, caller: Caller, job_id: str) -> JobRow:
+        row = await self.visible_job(caller, job_id)
+        async with self._lock:  # the store first, then the live job: a failed write changes none
+            job = self.jobs.get(job_id)
+            if job is None:
+                raise Conflict(f"job {job_id} is already {row.state}; nothing to cancel")
+            now = self.clock()
+            reason = f"cancelled by {caller.name}"
+            if job.state is JobState.PENDING or self.kinds.get(job_id) == "notebook":
+                # nothing runs under the backend: the resources are released at once
+                values = {
+                    "state": JobState.CANCELLED.value,
+                    "ended": now,
+                    "reason": reason,
+                    "placement": [],
+                    "terminating": False,
+                }
+                await self.db.write(
+                    self.store.update_jobs, [(job_id, values, "cancelled", reason)], now
+                )
+                self._end(job, JobState.CANCELLED)
+            elif not row.cancel_requested:
+                values = {"cancel_requested": True, "terminating": True, "reason": reason}
+                await self.db.write(
+                    self.store.update_jobs, [(job_id, values, "cancelling", reason)], now
+                )
+                job.terminating = True
+                self._queue_stop(job_id, self.config.grace, reason, now=True)
+        await self.kick()
+        return await self.db.read(self.store.job, job_id) or row
+
+    def notebook_jobs(self) -> list[str]:
+        """Ids of the live notebook jobs (reconcile.py checks them against the hub)."""
+        return [job_id for job_id, kind in self.kinds.items() if kind == "notebook"]
+
+    async def release_notebook(self, job_id: str, reason: str) -> None:
+        """End a notebook job whose server is gone: its resources are free at once (the
+        spawner runs the server; nothing runs under the backend)."""
+        async with self._lock:
+            job = self.jobs.get(job_id)
+            if job is None or self.kinds.get(job_id) != "notebook":
+                return
+            now = self.clock()
+            values = {
+                "state": JobState.CANCELLED.value,
+                "ended": now,
+                "reason": reason,
+                "placement": [],
+                "terminating": False,
+            }
+            await self.db.write(
+                self.store.update_jobs, [(job_id, values, "cancelled", reason)], now
+            )
+            self._end(job, JobState.CANCELLED)
+        await self.kick()
+
+    # -- plans -----------------------------------------------------------------------
+    async def change_plans(
+        self,
+        records: list[PlanRecord],
+        create: bool,
+        delete: Iterable[str] = (),
+    ) -> None:
+        """Validate on a copy of the tree, then write to the store, then swap the tree in."""
+        delete = list(delete)
+        async with self._lock:
+            tree = plans_after(self.plans, records, create, delete)
+            await self.db.write(self.store.save_plans, records, self.clock(), delete=delete)
+            self.plans = tree
+            for path in delete:
+                self.members.pop(path, None)
+            for rec in records:
+                self.members[rec.path] = (list(rec.users), list(rec.groups))
+            self._sync_queues()
+        await self.kick()
+
+    def live_jobs_under(self, path: str) -> list[Job]:
+        return [j for j in self.jobs.values() if j.leaf == path or j.leaf.startswith(path + "/")]
+
+    def record(self, path: str) -> PlanRecord:
+        plan = self.plans.get(path)
+        users, groups = self.members.get(path, ([], []))
+        return PlanRecord(plan.path, plan.share, plan.limit, plan.user_leaf, users, groups)
+
+
+def new_job_id() -> str:
+    return "job-" + secrets.token_hex(5)

@@ -1,0 +1,166 @@
+"""What a cycle's backend events and decisions change: one fold per event kind, one method per
+decision kind (the core's ``dispatch``). Each returns or collects the store's change for a job,
+``({column: value}, transition event or None, reason)``, and updates the live job in memory;
+the loop (scheduling.py) stores them all in one transaction before any backend call goes out.
+
+``sched`` is the service's Scheduler (its live jobs, its queued backend calls).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from extension.backends.base import BackendEvent, EventKind
+from extension.scheduler import Grow, Job, JobState, Preempt, Reject, Shrink, Start
+
+from .store import JobRow
+
+# a job's change for the store: ({column: value}, transition event or None, reason)
+Change = tuple[dict[str, Any], str | None, str]
+
+
+# -- events --------------------------------------------------------------------------------
+def on_running(sched: Any, job: Job, row: JobRow, ev: BackendEvent) -> Change:
+    if ev.placement:
+        job.placement = tuple(ev.placement)
+    return {"placement": list(job.placement)}, "running", ""
+
+
+def on_resized(sched: Any, job: Job, row: JobRow, ev: BackendEvent) -> Change:
+    target = sched._resize_to.pop(job.id, None)
+    job.placement = tuple(ev.placement) if ev.placement else (target or job.placement)
+    job.terminating = False
+    return {"placement": list(job.placement), "terminating": False}, "resized", ""
+
+
+def on_ended(sched: Any, job: Job, row: JobRow, ev: BackendEvent) -> Change:
+    """finished, failed, lost: the workers are gone; a cancel under way ends CANCELLED."""
+    state = JobState.FINISHED if ev.kind is EventKind.FINISHED else JobState.FAILED
+    reason = ev.message
+    if ev.kind is EventKind.LOST:
+        reason = ev.message or "the job's workers were lost after a service restart"
+    if ev.kind is EventKind.FAILED and not reason:
+        reason = f"a worker exited with code {ev.exit_code}"
+    if row.cancel_requested and ev.kind is not EventKind.FINISHED:
+        state, reason = JobState.CANCELLED, row.reason or "cancelled"
+    sched._end(job, state)
+    values = {
+        "state": state.value,
+        "placement": [],
+        "terminating": False,
+        "ended": ev.at or sched.clock(),
+        "exit_code": ev.exit_code,
+        "reason": reason,
+    }
+    return values, ev.kind.value, reason
+
+
+def on_released(sched: Any, job: Job, row: JobRow, ev: BackendEvent) -> Change:
+    """A stop finished: cancelled, or preempted and back to the queue (it resumes from its
+    checkpoint when started again)."""
+    if row.cancel_requested:
+        sched._end(job, JobState.CANCELLED)
+        reason = row.reason or "cancelled"
+        values = {
+            "state": JobState.CANCELLED.value,
+            "placement": [],
+            "terminating": False,
+            "ended": ev.at or sched.clock(),
+            "reason": reason,
+        }
+        return values, "cancelled", reason
+    job.state, job.placement, job.started = JobState.PENDING, (), None
+    job.terminating = False
+    values = {
+        "state": JobState.PENDING.value,
+        "placement": [],
+        "terminating": False,
+        "preemptions": row.preemptions + 1,
+    }
+    return values, "released", row.reason
+
+
+def on_refused(sched: Any, job: Job, row: JobRow, ev: BackendEvent) -> Change:
+    """The service's own: a start the platform refused for now; back to the queue."""
+    job.state, job.placement, job.started = JobState.PENDING, (), None
+    job.terminating = False
+    reason = f"waiting: the platform refused to start it for now: {ev.message}"
+    values = {"state": JobState.PENDING.value, "placement": [], "terminating": False}
+    return {**values, "reason": reason}, "refused", reason
+
+
+# one fold per event kind (base.EventKind); a kind without one fails the test that lists them
+FOLDS: dict[EventKind, Callable[[Any, Job, JobRow, BackendEvent], Change]] = {
+    EventKind.RUNNING: on_running,
+    EventKind.RESIZED: on_resized,
+    EventKind.FINISHED: on_ended,
+    EventKind.FAILED: on_ended,
+    EventKind.LOST: on_ended,
+    EventKind.RELEASED: on_released,
+    EventKind.REFUSED: on_refused,
+}
+
+
+# -- decisions -----------------------------------------------------------------------------
+class CarryOut:
+    """A cycle's decisions applied to the live jobs (one method per kind, the core's
+    ``dispatch``): what each changes for the store, what the core decided for the log, and the
+    backend calls queued for after the store has it all."""
+
+    def __init__(self, sched: Any, now: float) -> None:
+        self.sched, self.now = sched, now
+        self.changes: list[tuple[str, dict, str | None, str]] = []
+        self.log: list[tuple[str, str, dict]] = []
+
+    def start(self, d: Start, job: Job) -> None:
+        job.state, job.placement, job.started = JobState.RUNNING, d.placement, self.now
+        values = {
+            "state": JobState.RUNNING.value,
+            "placement": list(d.placement),
+            "started": self.now,
+            "reason": "",
+        }
+        self.changes.append((job.id, values, "started", ""))
+        self.log.append((job.id, "start", {"placement": list(d.placement)}))
+        if self.sched.kinds.get(job.id) != "notebook":  # the spawner runs notebook servers
+            self.sched._queue_backend(job.id, "start", tuple(d.placement))
+
+    def grow(self, d: Grow, job: Job) -> None:
+        job.placement = job.placement + d.add
+        self.changes.append((job.id, {"placement": list(job.placement)}, "grown", ""))
+        self.log.append((job.id, "grow", {"add": list(d.add), "workers": d.workers}))
+        self.sched._queue_backend(job.id, "resize", job.placement)
+
+    def shrink(self, d: Shrink, job: Job) -> None:
+        job.terminating = True
+        target = _without(job.placement, d.release)
+        self.sched._resize_to[job.id] = target
+        values = {"terminating": True, "reason": d.reason}
+        self.changes.append((job.id, values, "shrinking", d.reason))
+        self.log.append((job.id, "shrink", {"release": list(d.release), "reason": d.reason}))
+        self.sched._queue_backend(job.id, "resize", target, d.grace)
+
+    def preempt(self, d: Preempt, job: Job) -> None:
+        job.terminating = True
+        values = {"terminating": True, "reason": d.reason}
+        self.changes.append((job.id, values, "preempting", d.reason))
+        self.log.append((job.id, "preempt", {"reason": d.reason, "for": d.for_job}))
+        self.sched._queue_stop(job.id, d.grace, d.reason)
+
+    def reject(self, d: Reject, job: Job) -> None:
+        self.sched._end(job, JobState.REJECTED)
+        values = {"state": JobState.REJECTED.value, "ended": self.now, "reason": d.reason}
+        self.changes.append((job.id, values, "rejected", d.reason))
+        self.log.append((job.id, "reject", {"reason": d.reason}))
+
+
+def _without(placement: tuple[str, ...], release: tuple[str, ...]) -> tuple[str, ...]:
+    """Drop the released nodes from the highest ranks down (Shrink releases the top ranks)."""
+    out = list(placement)
+    for node in release:
+        for i in range(len(out) - 1, -1, -1):
+            if out[i] == node:
+                del out[i]
+                break
+    return tuple(out)
