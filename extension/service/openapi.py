@@ -81,348 +81,365 @@ def openapi_document(prefix: str = "/services/wmla/") -> dict[str, Any]:
             "securitySchemes": {
                 "hubToken": {"type": "apiKey", "in": "header", "name": "Authorization"}
             },
-            "schemas": {
-                "Error": {
-                    "type": "object",
-                    "required": ["error", "status"],
-                    "properties": {
-                        "error": {"type": "string"},
-                        "status": {"type": "integer"},
-                        "retry_after": {
-                            "type": "integer",
-                            "description": "503 only: seconds to wait before trying again",
-                        },
-                        "source": {
-                            "type": "string",
-                            "description": "'proxy' when the hub's proxy answered for a service "
-                            "that is not answering (it is restarting); the request may have "
-                            "reached it",
-                        },
-                    },
-                },
-                "Resources": RESOURCES,
-                "Amounts": {
-                    "type": "object",
-                    "description": "gpu devices, cpu millicores, memory bytes; an absent key "
-                    "in a limit means unlimited",
-                    "properties": {k: {"type": "number"} for k in ("gpu", "cpu", "memory")},
-                },
-                "PlanInput": {
-                    "type": "object",
-                    "properties": {
-                        "path": {"type": "string", "example": "/project1/dev-team"},
-                        "share": {"type": "number", "exclusiveMinimum": True, "minimum": 0},
-                        "limit": {
-                            "allOf": [RESOURCES],
-                            "description": "replaces the whole limit; resources left out are "
-                            "unlimited",
-                        },
-                        "members": {
-                            "type": "object",
-                            "description": "hub users and groups allowed to submit here (and "
-                            "below); a plan nobody on its path restricts is open to all",
-                            "properties": {
-                                "users": {"type": "array", "items": {"type": "string"}},
-                                "groups": {"type": "array", "items": {"type": "string"}},
-                            },
-                        },
-                    },
-                    "additionalProperties": False,
-                },
-                "Plan": {
-                    "type": "object",
-                    "properties": {
-                        "path": {"type": "string"},
-                        "name": {"type": "string"},
-                        "share": {"type": "number"},
-                        "limit": {"$ref": "#/components/schemas/Amounts"},
-                        "user_leaf": {"type": "boolean"},
-                        "user_leaves": {
-                            "type": "integer",
-                            "description": "how many user leaves the plan has; a non-admin "
-                            "sees only their own leaf among its children, and only their own "
-                            "name among members.users",
-                        },
-                        "members": {"type": "object"},
-                        **FIGURES,
-                        "children": {
-                            "type": "array",
-                            "items": {"$ref": "#/components/schemas/Plan"},
-                        },
-                    },
-                },
-                "JobInput": {
-                    "type": "object",
-                    "required": ["plan", "command"],
-                    "additionalProperties": False,
-                    "properties": {
-                        "plan": {"type": "string", "example": "/sample-project/training"},
-                        "name": {"type": "string", "maxLength": 100},
-                        "workers": {
-                            "description": "a rigid gang (2), or elastic: '1:4' or "
-                            "{'min': 1, 'max': 4}",
-                            "oneOf": [
-                                {"type": "integer", "minimum": 1},
-                                {"type": "string", "pattern": "^\\d+(:\\d+)?$"},
-                                {
-                                    "type": "object",
-                                    "properties": {
-                                        "min": {"type": "integer"},
-                                        "max": {"type": "integer"},
-                                    },
-                                },
-                            ],
-                        },
-                        "resources": {
-                            "allOf": [RESOURCES],
-                            "description": "per-worker request; omitted ones take the "
-                            "instance limit range's default_request",
-                        },
-                        "limits": {"allOf": [RESOURCES], "description": "per-worker limits"},
-                        "priority": {"type": "integer"},
-                        "preemptible": {"type": "boolean"},
-                        "kind": {"type": "string", "enum": ["train", "notebook"]},
-                        "command": {
-                            "type": "object",
-                            "required": ["model_main"],
-                            "additionalProperties": False,
-                            "properties": {
-                                "model_dir": {
-                                    "type": "string",
-                                    "description": "inside <storage_root>/<user>",
-                                },
-                                "model_main": {
-                                    "type": "string",
-                                    "description": "the script, inside model_dir",
-                                },
-                                "args": {"type": "array", "items": {"type": "string"}},
-                            },
-                        },
-                        "env": {"type": "object", "additionalProperties": {"type": "string"}},
-                    },
-                },
-                "Job": {
-                    "type": "object",
-                    "properties": {
-                        "id": {"type": "string"},
-                        "name": {"type": "string"},
-                        "user": {"type": "string"},
-                        "plan": {"type": "string"},
-                        "leaf": {"type": "string", "description": "the user leaf charged"},
-                        "kind": {"type": "string"},
-                        "state": {
-                            "type": "string",
-                            "enum": [
-                                "PENDING",
-                                "RUNNING",
-                                "FINISHED",
-                                "FAILED",
-                                "REJECTED",
-                                "CANCELLED",
-                            ],
-                        },
-                        "reason": {"type": "string", "description": "why it waits or ended"},
-                        "workers": {"type": "object"},
-                        "resources": {"$ref": "#/components/schemas/Amounts"},
-                        "limits": {"$ref": "#/components/schemas/Amounts"},
-                        "priority": {"type": "integer"},
-                        "preemptible": {"type": "boolean"},
-                        "command": {"type": "array", "items": {"type": "string"}},
-                        "workdir": {"type": "string"},
-                        "submitted": {"type": "number"},
-                        "started": {"type": "number", "nullable": True},
-                        "ended": {"type": "number", "nullable": True},
-                        "placement": {"type": "array", "items": {"type": "string"}},
-                        "exit_code": {"type": "integer", "nullable": True},
-                        "preemptions": {"type": "integer"},
-                    },
-                },
-            },
+            "schemas": _schemas(),
         },
         "security": [{"hubToken": []}],
         "paths": {
-            "/": {
-                "get": {
-                    "summary": "who am I: name, groups, plan admin, plans I may submit to "
-                    "(plan admins: ?user=&groups= for what another user may use)",
-                    "parameters": [
-                        {"name": "user", "in": "query", "schema": {"type": "string"}},
-                        {"name": "groups", "in": "query", "schema": {"type": "string"}},
-                    ],
-                    "responses": {**_ok("the caller", {"type": "object"}), **ERRORS},
-                }
-            },
-            "/health": {
-                "get": {
-                    "summary": "liveness (no authentication)",
-                    "security": [],
-                    "responses": _ok("alive", {"type": "object"}),
-                }
-            },
-            "/openapi.json": {
-                "get": {
-                    "summary": "this document (no authentication)",
-                    "security": [],
-                    "responses": _ok("the document", {"type": "object"}),
-                }
-            },
-            "/plans": {
-                "get": {
-                    "summary": "the plan tree with share, limit, deserved, allocated, demand",
-                    "responses": {
-                        **_ok(
-                            "the tree under 'root', and every plan in 'plans'",
-                            {
-                                "type": "object",
-                                "properties": {
-                                    "root": plan_ref,
-                                    "plans": {"type": "array", "items": plan_ref},
-                                },
-                            },
-                        ),
-                        **ERRORS,
-                    },
-                },
-                "post": {
-                    "summary": "create a plan (plan admins)",
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {"$ref": "#/components/schemas/PlanInput"}
-                            }
-                        },
-                    },
-                    "responses": {
-                        **_ok("created", plan_ref, "201"),
-                        **ERRORS,
-                        "409": _error("the plan exists"),
-                    },
-                },
-            },
-            "/plans/{path}": {
-                "parameters": [
-                    {
-                        "name": "path",
-                        "in": "path",
-                        "required": True,
-                        "description": "the plan path without its leading '/', e.g. "
-                        "project1/dev-team",
-                        "schema": {"type": "string"},
-                    }
-                ],
-                "get": {
-                    "summary": "one plan",
-                    "responses": {**_ok("the plan", plan_ref), **ERRORS},
-                },
-                "patch": {
-                    "summary": "change share, limit or members (plan admins)",
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {"$ref": "#/components/schemas/PlanInput"}
-                            }
-                        },
-                    },
-                    "responses": {**_ok("the changed plan", plan_ref), **ERRORS},
-                },
-                "delete": {
-                    "summary": "delete a plan with no child plans and no live jobs (plan admins)",
-                    "responses": {
-                        "204": {"description": "deleted, with its user leaves"},
-                        **ERRORS,
-                        "409": _error("it still has pending or running jobs"),
-                    },
-                },
-            },
-            "/jobs": {
-                "get": {
-                    "summary": "your jobs (plan admins: everyone's, or ?user=)",
-                    "parameters": [
-                        {"name": "state", "in": "query", "schema": {"type": "string"}},
-                        {"name": "user", "in": "query", "schema": {"type": "string"}},
-                    ],
-                    "responses": {
-                        **_ok(
-                            "the jobs",
-                            {
-                                "type": "object",
-                                "properties": {"jobs": {"type": "array", "items": job_ref}},
-                            },
-                        ),
-                        **ERRORS,
-                    },
-                },
-                "post": {
-                    "summary": "submit a job",
-                    "parameters": [IDEMPOTENCY_KEY],
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {"$ref": "#/components/schemas/JobInput"}
-                            }
-                        },
-                    },
-                    "responses": {
-                        **_ok("accepted (PENDING or already RUNNING)", job_ref, "201"),
-                        **_ok("the job an earlier try with this Idempotency-Key made", job_ref),
-                        **ERRORS,
-                        "422": _error(
-                            "rejected: it can never run as asked; the message names the plan, "
-                            "the resource, the limit and the request"
-                        ),
-                    },
-                },
-            },
-            "/jobs/{job_id}": {
-                "parameters": [JOB_ID],
-                "get": {"summary": "one job", "responses": {**_ok("the job", job_ref), **ERRORS}},
-                "delete": {
-                    "summary": "cancel the job (its workers get SIGTERM, a grace, then SIGKILL)",
-                    "responses": {
-                        **_ok("the job, cancelled or cancelling", job_ref),
-                        **ERRORS,
-                        "409": _error("the job already ended"),
-                    },
-                },
-            },
-            "/jobs/{job_id}/logs": {
-                "parameters": [
-                    JOB_ID,
-                    {"name": "worker", "in": "query", "schema": {"type": "integer"}},
-                    {"name": "tail", "in": "query", "schema": {"type": "integer"}},
-                ],
-                "get": {
-                    "summary": "the job's log: one worker's, or all prefixed by worker",
-                    "responses": {**_ok("logs", {"type": "object"}), **ERRORS},
-                },
-            },
-            "/jobs/{job_id}/metrics": {
-                "parameters": [
-                    JOB_ID,
-                    {"name": "since", "in": "query", "schema": {"type": "integer"}},
-                ],
-                "get": {
-                    "summary": "metrics the runtime reported ($WMLA_JOB_DIR/metrics.jsonl), "
-                    "from line 'since'; 'next' is where to continue",
-                    "responses": {**_ok("metrics", {"type": "object"}), **ERRORS},
-                },
-            },
-            "/jobs/{job_id}/history": {
-                "parameters": [JOB_ID],
-                "get": {
-                    "summary": "every state and allocation change of the job, with times",
-                    "responses": {**_ok("transitions", {"type": "object"}), **ERRORS},
-                },
-            },
-            "/instance": {
-                "get": {
-                    "summary": "nodes, capacity, quota, limit range, what is allocated",
-                    "responses": {**_ok("the instance", {"type": "object"}), **ERRORS},
-                }
-            },
+            **_misc_paths(),
+            **_plan_paths(plan_ref),
+            **_job_paths(job_ref),
             **metering_paths(),  # /usage (extension/metering/openapi.py)
+        },
+    }
+
+
+def _schemas() -> dict[str, Any]:
+    """The request and answer bodies."""
+    return {
+        "Error": {
+            "type": "object",
+            "required": ["error", "status"],
+            "properties": {
+                "error": {"type": "string"},
+                "status": {"type": "integer"},
+                "retry_after": {
+                    "type": "integer",
+                    "description": "503 only: seconds to wait before trying again",
+                },
+                "source": {
+                    "type": "string",
+                    "description": "'proxy' when the hub's proxy answered for a service "
+                    "that is not answering (it is restarting); the request may have "
+                    "reached it",
+                },
+            },
+        },
+        "Resources": RESOURCES,
+        "Amounts": {
+            "type": "object",
+            "description": "gpu devices, cpu millicores, memory bytes; an absent key "
+            "in a limit means unlimited",
+            "properties": {k: {"type": "number"} for k in ("gpu", "cpu", "memory")},
+        },
+        "PlanInput": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "example": "/project1/dev-team"},
+                "share": {"type": "number", "exclusiveMinimum": True, "minimum": 0},
+                "limit": {
+                    "allOf": [RESOURCES],
+                    "description": "replaces the whole limit; resources left out are unlimited",
+                },
+                "members": {
+                    "type": "object",
+                    "description": "hub users and groups allowed to submit here (and "
+                    "below); a plan nobody on its path restricts is open to all",
+                    "properties": {
+                        "users": {"type": "array", "items": {"type": "string"}},
+                        "groups": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+            },
+            "additionalProperties": False,
+        },
+        "Plan": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string"},
+                "name": {"type": "string"},
+                "share": {"type": "number"},
+                "limit": {"$ref": "#/components/schemas/Amounts"},
+                "user_leaf": {"type": "boolean"},
+                "user_leaves": {
+                    "type": "integer",
+                    "description": "how many user leaves the plan has; a non-admin "
+                    "sees only their own leaf among its children, and only their own "
+                    "name among members.users",
+                },
+                "members": {"type": "object"},
+                **FIGURES,
+                "children": {
+                    "type": "array",
+                    "items": {"$ref": "#/components/schemas/Plan"},
+                },
+            },
+        },
+        "JobInput": {
+            "type": "object",
+            "required": ["plan", "command"],
+            "additionalProperties": False,
+            "properties": {
+                "plan": {"type": "string", "example": "/sample-project/training"},
+                "name": {"type": "string", "maxLength": 100},
+                "workers": {
+                    "description": "a rigid gang (2), or elastic: '1:4' or {'min': 1, 'max': 4}",
+                    "oneOf": [
+                        {"type": "integer", "minimum": 1},
+                        {"type": "string", "pattern": "^\\d+(:\\d+)?$"},
+                        {
+                            "type": "object",
+                            "properties": {
+                                "min": {"type": "integer"},
+                                "max": {"type": "integer"},
+                            },
+                        },
+                    ],
+                },
+                "resources": {
+                    "allOf": [RESOURCES],
+                    "description": "per-worker request; omitted ones take the "
+                    "instance limit range's default_request",
+                },
+                "limits": {"allOf": [RESOURCES], "description": "per-worker limits"},
+                "priority": {"type": "integer"},
+                "preemptible": {"type": "boolean"},
+                "kind": {"type": "string", "enum": ["train", "notebook"]},
+                "command": {
+                    "type": "object",
+                    "required": ["model_main"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "model_dir": {
+                            "type": "string",
+                            "description": "inside <storage_root>/<user>",
+                        },
+                        "model_main": {
+                            "type": "string",
+                            "description": "the script, inside model_dir",
+                        },
+                        "args": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+                "env": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        },
+        "Job": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string"},
+                "name": {"type": "string"},
+                "user": {"type": "string"},
+                "plan": {"type": "string"},
+                "leaf": {"type": "string", "description": "the user leaf charged"},
+                "kind": {"type": "string"},
+                "state": {
+                    "type": "string",
+                    "enum": [
+                        "PENDING",
+                        "RUNNING",
+                        "FINISHED",
+                        "FAILED",
+                        "REJECTED",
+                        "CANCELLED",
+                    ],
+                },
+                "reason": {"type": "string", "description": "why it waits or ended"},
+                "workers": {"type": "object"},
+                "resources": {"$ref": "#/components/schemas/Amounts"},
+                "limits": {"$ref": "#/components/schemas/Amounts"},
+                "priority": {"type": "integer"},
+                "preemptible": {"type": "boolean"},
+                "command": {"type": "array", "items": {"type": "string"}},
+                "workdir": {"type": "string"},
+                "submitted": {"type": "number"},
+                "started": {"type": "number", "nullable": True},
+                "ended": {"type": "number", "nullable": True},
+                "placement": {"type": "array", "items": {"type": "string"}},
+                "exit_code": {"type": "integer", "nullable": True},
+                "preemptions": {"type": "integer"},
+            },
+        },
+    }
+
+
+def _misc_paths() -> dict[str, Any]:
+    """Who am I, health, this document, the instance."""
+    return {
+        "/": {
+            "get": {
+                "summary": "who am I: name, groups, plan admin, plans I may submit to "
+                "(plan admins: ?user=&groups= for what another user may use)",
+                "parameters": [
+                    {"name": "user", "in": "query", "schema": {"type": "string"}},
+                    {"name": "groups", "in": "query", "schema": {"type": "string"}},
+                ],
+                "responses": {**_ok("the caller", {"type": "object"}), **ERRORS},
+            }
+        },
+        "/health": {
+            "get": {
+                "summary": "liveness (no authentication)",
+                "security": [],
+                "responses": _ok("alive", {"type": "object"}),
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "this document (no authentication)",
+                "security": [],
+                "responses": _ok("the document", {"type": "object"}),
+            }
+        },
+        "/instance": {
+            "get": {
+                "summary": "nodes, capacity, quota, limit range, what is allocated",
+                "responses": {**_ok("the instance", {"type": "object"}), **ERRORS},
+            }
+        },
+    }
+
+
+def _plan_paths(plan_ref: dict) -> dict[str, Any]:
+    """The plan tree (changes need a plan admin)."""
+    return {
+        "/plans": {
+            "get": {
+                "summary": "the plan tree with share, limit, deserved, allocated, demand",
+                "responses": {
+                    **_ok(
+                        "the tree under 'root', and every plan in 'plans'",
+                        {
+                            "type": "object",
+                            "properties": {
+                                "root": plan_ref,
+                                "plans": {"type": "array", "items": plan_ref},
+                            },
+                        },
+                    ),
+                    **ERRORS,
+                },
+            },
+            "post": {
+                "summary": "create a plan (plan admins)",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/PlanInput"}}
+                    },
+                },
+                "responses": {
+                    **_ok("created", plan_ref, "201"),
+                    **ERRORS,
+                    "409": _error("the plan exists"),
+                },
+            },
+        },
+        "/plans/{path}": {
+            "parameters": [
+                {
+                    "name": "path",
+                    "in": "path",
+                    "required": True,
+                    "description": "the plan path without its leading '/', e.g. project1/dev-team",
+                    "schema": {"type": "string"},
+                }
+            ],
+            "get": {
+                "summary": "one plan",
+                "responses": {**_ok("the plan", plan_ref), **ERRORS},
+            },
+            "patch": {
+                "summary": "change share, limit or members (plan admins)",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/PlanInput"}}
+                    },
+                },
+                "responses": {**_ok("the changed plan", plan_ref), **ERRORS},
+            },
+            "delete": {
+                "summary": "delete a plan with no child plans and no live jobs (plan admins)",
+                "responses": {
+                    "204": {"description": "deleted, with its user leaves"},
+                    **ERRORS,
+                    "409": _error("it still has pending or running jobs"),
+                },
+            },
+        },
+    }
+
+
+def _job_paths(job_ref: dict) -> dict[str, Any]:
+    """Jobs: submit, list, one, cancel, logs, metrics, history."""
+    return {
+        "/jobs": {
+            "get": {
+                "summary": "your jobs (plan admins: everyone's, or ?user=)",
+                "parameters": [
+                    {"name": "state", "in": "query", "schema": {"type": "string"}},
+                    {"name": "user", "in": "query", "schema": {"type": "string"}},
+                ],
+                "responses": {
+                    **_ok(
+                        "the jobs",
+                        {
+                            "type": "object",
+                            "properties": {"jobs": {"type": "array", "items": job_ref}},
+                        },
+                    ),
+                    **ERRORS,
+                },
+            },
+            "post": {
+                "summary": "submit a job",
+                "parameters": [IDEMPOTENCY_KEY],
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/JobInput"}}
+                    },
+                },
+                "responses": {
+                    **_ok("accepted (PENDING or already RUNNING)", job_ref, "201"),
+                    **_ok("the job an earlier try with this Idempotency-Key made", job_ref),
+                    **ERRORS,
+                    "422": _error(
+                        "rejected: it can never run as asked; the message names the plan, "
+                        "the resource, the limit and the request"
+                    ),
+                },
+            },
+        },
+        "/jobs/{job_id}": {
+            "parameters": [JOB_ID],
+            "get": {"summary": "one job", "responses": {**_ok("the job", job_ref), **ERRORS}},
+            "delete": {
+                "summary": "cancel the job (its workers get SIGTERM, a grace, then SIGKILL)",
+                "responses": {
+                    **_ok("the job, cancelled or cancelling", job_ref),
+                    **ERRORS,
+                    "409": _error("the job already ended"),
+                },
+            },
+        },
+        "/jobs/{job_id}/logs": {
+            "parameters": [
+                JOB_ID,
+                {"name": "worker", "in": "query", "schema": {"type": "integer"}},
+                {"name": "tail", "in": "query", "schema": {"type": "integer"}},
+            ],
+            "get": {
+                "summary": "the job's log: one worker's, or all prefixed by worker",
+                "responses": {**_ok("logs", {"type": "object"}), **ERRORS},
+            },
+        },
+        "/jobs/{job_id}/metrics": {
+            "parameters": [
+                JOB_ID,
+                {"name": "since", "in": "query", "schema": {"type": "integer"}},
+            ],
+            "get": {
+                "summary": "metrics the runtime reported ($WMLA_JOB_DIR/metrics.jsonl), "
+                "from line 'since'; 'next' is where to continue",
+                "responses": {**_ok("metrics", {"type": "object"}), **ERRORS},
+            },
+        },
+        "/jobs/{job_id}/history": {
+            "parameters": [JOB_ID],
+            "get": {
+                "summary": "every state and allocation change of the job, with times",
+                "responses": {**_ok("transitions", {"type": "object"}), **ERRORS},
+            },
         },
     }
