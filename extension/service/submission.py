@@ -269,35 +269,13 @@ def parse_submission(
         raise SubmissionError(
             f"unknown field {unknown[0]!r}; the fields are {', '.join(sorted(KEYS))}"
         )
-    plan = body.get("plan")
-    if not isinstance(plan, str) or not plan.startswith("/"):
-        raise SubmissionError(
-            "plan is required: the path of a resource plan such as /sample-project/training"
-        )
-    name = body.get("name", "")
-    if not isinstance(name, str) or not NAME.match(name):
-        raise SubmissionError(
-            f"name: up to 100 letters, digits, spaces, '.', '_' or '-', got {name!r}; "
-            "or leave it out for a name from the script (e.g. pytorch_mnist-main)"
-        )
-    name = name.strip()
-    kind = body.get("kind", "train")
-    if kind not in ("train", "notebook"):
-        raise SubmissionError(f"kind must be 'train' or 'notebook', got {kind!r}")
+    plan, name, kind = _plan(body), _name(body), _kind(body)
     lo, hi = _workers(body.get("workers", 1), max_workers)
     try:
         per_worker, limits = limit_range.apply(body.get("resources"), body.get("limits"))
     except QuantityError as err:
         raise SubmissionError(str(err)) from None
-    priority = body.get("priority", 0)
-    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_PRIORITY:
-        raise SubmissionError(
-            f"priority must be a whole number from -{MAX_PRIORITY} to "
-            f"{MAX_PRIORITY}, got {priority!r}"
-        )
-    preemptible = body.get("preemptible", kind == "train")
-    if not isinstance(preemptible, bool):
-        raise SubmissionError(f"preemptible must be true or false, got {preemptible!r}")
+    priority, preemptible = _priority(body), _preemptible(body, kind)
     if kind == "notebook" and (preemptible or lo != 1 or hi != 1):
         # the spawner runs the server, so nothing could stop or resize it on a decision
         raise SubmissionError("a notebook job is one worker and not preemptible")
@@ -309,6 +287,63 @@ def parse_submission(
             raise SubmissionError("a notebook job has no command: the spawner starts the server")
         return Submission(plan, name or "notebook", lo, hi, per_worker, limits, priority,
                           preemptible, kind, "", "", (), env)  # fmt: skip
+    model_dir, main, args = _command(command)
+    try:  # last: the one check that may create an account and run a helper as the user
+        user_files = files() if files is not None else UserFiles(None)
+        folder, script = user_files.resolve_command(str(root), model_dir, main)
+    except (UserFileError, AccountError) as err:
+        raise SubmissionError(str(err)) from None
+    return Submission(
+        plan, name or default_name(str(root), script), lo, hi, per_worker, limits, priority,
+        preemptible, kind, folder, script, tuple(args), env,
+    )  # fmt: skip
+
+
+def _plan(body: dict) -> str:
+    plan = body.get("plan")
+    if not isinstance(plan, str) or not plan.startswith("/"):
+        raise SubmissionError(
+            "plan is required: the path of a resource plan such as /sample-project/training"
+        )
+    return plan
+
+
+def _name(body: dict) -> str:
+    name = body.get("name", "")
+    if not isinstance(name, str) or not NAME.match(name):
+        raise SubmissionError(
+            f"name: up to 100 letters, digits, spaces, '.', '_' or '-', got {name!r}; "
+            "or leave it out for a name from the script (e.g. pytorch_mnist-main)"
+        )
+    return name.strip()
+
+
+def _kind(body: dict) -> str:
+    kind = body.get("kind", "train")
+    if kind not in ("train", "notebook"):
+        raise SubmissionError(f"kind must be 'train' or 'notebook', got {kind!r}")
+    return kind
+
+
+def _priority(body: dict) -> int:
+    priority = body.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > MAX_PRIORITY:
+        raise SubmissionError(
+            f"priority must be a whole number from -{MAX_PRIORITY} to "
+            f"{MAX_PRIORITY}, got {priority!r}"
+        )
+    return priority
+
+
+def _preemptible(body: dict, kind: str) -> bool:
+    preemptible = body.get("preemptible", kind == "train")
+    if not isinstance(preemptible, bool):
+        raise SubmissionError(f"preemptible must be true or false, got {preemptible!r}")
+    return preemptible
+
+
+def _command(command: Any) -> tuple[str, str, list[str]]:
+    """(model_dir, model_main, args) as given; the paths are resolved later, as the user."""
     if not isinstance(command, dict):
         raise SubmissionError(
             'command is required: {"model_dir": "models/x", "model_main": "main.py", '
@@ -330,15 +365,7 @@ def parse_submission(
         raise SubmissionError(
             f"command.args: at most {MAX_ARGS} arguments of {MAX_ARG_LEN} characters, no NUL"
         )
-    try:  # last: the one check that may create an account and run a helper as the user
-        user_files = files() if files is not None else UserFiles(None)
-        folder, script = user_files.resolve_command(str(root), model_dir, main)
-    except (UserFileError, AccountError) as err:
-        raise SubmissionError(str(err)) from None
-    return Submission(
-        plan, name or default_name(str(root), script), lo, hi, per_worker, limits, priority,
-        preemptible, kind, folder, script, tuple(args), env,
-    )  # fmt: skip
+    return model_dir, main, args
 
 
 def default_name(root: str, script: str) -> str:
