@@ -226,36 +226,42 @@ class _Collector:
                 m.refresh()
         except Exception:  # a scrape still answers with what is known
             m.log.exception("metering refresh failed during a scrape")
+        yield from self._plan_families()
+        cycles = CounterMetricFamily("wmla_scheduling_cycles", "Scheduling cycles run.")
+        cycles.add_metric([], m.cycles)
+        yield cycles
+        if m.sampler is not None:
+            yield from _measured_families(m.sampler)
+
+    def _plan_families(self) -> list:
+        """Per plan: requested and used (the ledger), deserved, demand, limit and jobs (the
+        last cycle's figures), preemptions."""
+        m = self.meter
         ledger = m.ledger
         labels = ["plan", "resource"]
-        requested = GaugeMetricFamily(
+
+        def gauge(name: str, doc: str, labels: list[str] = labels) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=labels)
+
+        requested = gauge(
             "wmla_plan_requested",
             "Requested now: max request of pending and running jobs in the plan's subtree "
             "(gpu devices, cpu cores, memory bytes).",
-            labels=labels,
         )
-        used = GaugeMetricFamily(
+        used = gauge(
             "wmla_plan_used",
             "Used now: resources held by the workers of running jobs in the plan's subtree.",
-            labels=labels,
         )
-        deserved = GaugeMetricFamily(
-            "wmla_plan_deserved", "Deserved share from the last scheduling cycle.", labels=labels
+        deserved = gauge("wmla_plan_deserved", "Deserved share from the last scheduling cycle.")
+        limit = gauge(
+            "wmla_plan_limit", "The plan's limit (resources without a limit are left out)."
         )
-        limit = GaugeMetricFamily(
-            "wmla_plan_limit",
-            "The plan's limit (resources without a limit are left out).",
-            labels=labels,
-        )
-        demand = GaugeMetricFamily(
+        demand = gauge(
             "wmla_plan_demand",
             "Demand capped by the plan's limit, as the scheduler counted it in the last cycle.",
-            labels=labels,
         )
-        jobs = GaugeMetricFamily(
-            "wmla_plan_jobs",
-            "Pending and running jobs in the plan's subtree.",
-            labels=["plan", "state"],
+        jobs = gauge(
+            "wmla_plan_jobs", "Pending and running jobs in the plan's subtree.", ["plan", "state"]
         )
         preemptions = CounterMetricFamily(
             "wmla_preemptions", "Jobs preempted in the plan's subtree.", labels=["plan"]
@@ -281,34 +287,34 @@ class _Collector:
                         limit.add_metric([path, name], fig.limit[i] / scale)
                 jobs.add_metric([path, "pending"], fig.pending)
                 jobs.add_metric([path, "running"], fig.running)
-        yield from (requested, used, deserved, limit, demand, jobs, preemptions)
-        cycles = CounterMetricFamily("wmla_scheduling_cycles", "Scheduling cycles run.")
-        cycles.add_metric([], m.cycles)
-        yield cycles
-        sampler = m.sampler
-        if sampler is not None:
-            cpu = GaugeMetricFamily(
-                "wmla_job_measured_cpu_cores",
-                "Measured: cores busy in the job's worker processes (psutil), last sample.",
-                labels=["job", "plan"],
-            )
-            mem = GaugeMetricFamily(
-                "wmla_job_measured_memory_bytes",
-                "Measured: resident memory of the job's worker processes, last sample.",
-                labels=["job", "plan"],
-            )
-            gpu = GaugeMetricFamily(
-                "wmla_job_measured_gpu_utilization",
-                "Measured: utilization (0..1) of the GPUs the job's processes use (NVML).",
-                labels=["job", "plan"],
-            )
-            for job_id, sample in sampler.latest().items():
-                leaf = sampler.leaves.get(job_id, ROOT)
-                cpu.add_metric([job_id, leaf], sample.cpu_cores)
-                mem.add_metric([job_id, leaf], sample.memory_bytes)
-                if sample.gpu_utilization is not None:
-                    gpu.add_metric([job_id, leaf], sample.gpu_utilization)
-            yield from (cpu, mem, gpu)
+        return [requested, used, deserved, limit, demand, jobs, preemptions]
+
+
+def _measured_families(sampler: UtilizationSampler) -> list:
+    """Per running job on this machine: the last sample of its processes' CPU, memory, GPU."""
+    labels = ["job", "plan"]
+    cpu = GaugeMetricFamily(
+        "wmla_job_measured_cpu_cores",
+        "Measured: cores busy in the job's worker processes (psutil), last sample.",
+        labels=labels,
+    )
+    mem = GaugeMetricFamily(
+        "wmla_job_measured_memory_bytes",
+        "Measured: resident memory of the job's worker processes, last sample.",
+        labels=labels,
+    )
+    gpu = GaugeMetricFamily(
+        "wmla_job_measured_gpu_utilization",
+        "Measured: utilization (0..1) of the GPUs the job's processes use (NVML).",
+        labels=labels,
+    )
+    for job_id, sample in sampler.latest().items():
+        leaf = sampler.leaves.get(job_id, ROOT)
+        cpu.add_metric([job_id, leaf], sample.cpu_cores)
+        mem.add_metric([job_id, leaf], sample.memory_bytes)
+        if sample.gpu_utilization is not None:
+            gpu.add_metric([job_id, leaf], sample.gpu_utilization)
+    return [cpu, mem, gpu]
 
 
 def _leaves(scheduler: Any) -> set[str]:
