@@ -9,18 +9,15 @@ or on the command line (``--WmlaService.x=...``).
 from __future__ import annotations
 
 import asyncio
-import errno
 import importlib
 import json
 import logging
 import os
-import secrets
 import signal
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from tornado import web
 from tornado.httpserver import HTTPServer
 from traitlets import Dict, Float, Int, TraitError, Unicode, default, validate
 from traitlets.config import Application, Config
@@ -28,7 +25,6 @@ from traitlets.config import Application, Config
 from extension.backends.capacity import detect_nodes
 from extension.scheduler import UNLIMITED, Resources, SchedulerConfig
 
-from .handlers import APIError, APIHandler, IndexHandler, routes
 from .lease import Lease, LeaseHeld, watch
 from .privacy import (
     HIDEPID_ADVICE,
@@ -46,11 +42,7 @@ from .reconcile import hub_api_from_env, hub_fetch, reconcile_forever
 from .scheduling import Scheduler
 from .store import Store, sqlite_url
 from .submission import LimitRange, user_root
-
-
-class NotFoundHandler(APIHandler):
-    def prepare(self) -> None:
-        raise APIError(404, f"no such endpoint {self.request.path}; see api/v1/openapi.json")
+from .web import listen, web_application
 
 
 class WmlaService(Application):
@@ -449,7 +441,7 @@ class WmlaService(Application):
             log=self.log,
         )
         # before anything is read or recovered: a second service on this database waits, then
-        # leaves (docs/operations.md, "One service per database")
+        # leaves (docs/service.md, "When the database fails, and restarts")
         self.lease = Lease(self.store, self.scheduler.db, ttl=self.lease_seconds)
         try:
             await self.lease.take()
@@ -467,68 +459,17 @@ class WmlaService(Application):
         for warning in self.security_report()["warnings"]:
             self.log.warning("\n!!! wmla: %s", warning)
         prefix = self.prefix if self.prefix.endswith("/") else self.prefix + "/"
-        from jupyterhub.services.auth import HubOAuthCallbackHandler
-
-        from extension.metering.handlers import metering_routes
-        from extension.service.admin import admin_routes
-
-        app = web.Application(
-            [
-                (prefix + "oauth_callback", HubOAuthCallbackHandler),
-                (prefix + "?", IndexHandler),
-                *routes(prefix),
-                *metering_routes(prefix),
-                *admin_routes(prefix),  # the plan admin page (extension/service/admin)
-            ],
-            default_handler_class=NotFoundHandler,
-            cookie_secret=secrets.token_bytes(32),
-            wmla_scheduler=self.scheduler,
-            wmla_service=self,
-            wmla_meter=self.meter,
-            wmla_prefix=prefix,
-            log_function=self._log_request,
-        )
+        app = web_application(self, prefix)
         service_url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
         ip = self.ip or service_url.hostname or "127.0.0.1"
         port = self.port or service_url.port or 10101
         # read bodies up to 16 MiB so that one over the API's 1 MiB gets a JSON 413 naming the
         # limit (tornado would drop the connection, and the proxy answer 503 HTML)
         self.http = HTTPServer(app, xheaders=True, max_body_size=16 * 1024 * 1024)
-        await self._listen(port, ip)
+        await listen(self.http, port, ip)
         self.log.info("wmla service at http://%s:%i%s (store %s)", ip, port, prefix, url)
         inst = self.scheduler.instance
         self.log.info("capacity: %s on %i node(s)", inst.capacity.describe(), len(inst.nodes))
-
-    async def _listen(self, port: int, ip: str, wait: float = 10.0) -> None:
-        """Bind, waiting a little while the port is still taken (the service before this one
-        is closing it); then exit naming the port instead of crashing in a loop."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        while True:
-            try:
-                self.http.listen(port, ip)
-                return
-            except OSError as err:
-                if err.errno != errno.EADDRINUSE or loop.time() >= deadline:
-                    raise SystemExit(
-                        f"wmla: cannot listen on {ip}:{port}: {err.strerror}; another process "
-                        f"has the port: stop it, or set the service's url/port"
-                    ) from None
-            await asyncio.sleep(0.25)
-
-    def _log_request(self, handler: web.RequestHandler) -> None:
-        status = handler.get_status()
-        level = logging.INFO if status < 400 else logging.WARNING
-        if handler.request.path.endswith("/health"):
-            level = logging.DEBUG
-        self.log.log(
-            level,
-            "%i %s %s %.1fms",
-            status,
-            handler.request.method,
-            handler.request.uri,
-            1000 * handler.request.request_time(),
-        )
 
     async def run(self) -> None:
         parent = os.getppid()  # the hub, for a managed service: it must not outlive the hub

@@ -1,0 +1,78 @@
+"""The service's tornado application: its routes (the API, metering, the admin pages, HubOAuth's
+callback), its request log, and binding its port."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import secrets
+from typing import Any
+
+from jupyterhub.services.auth import HubOAuthCallbackHandler
+from tornado import web
+from tornado.httpserver import HTTPServer
+
+from extension.metering.handlers import metering_routes
+from extension.service.admin import admin_routes
+
+from .handlers import APIError, APIHandler, IndexHandler, routes
+
+
+class NotFoundHandler(APIHandler):
+    def prepare(self) -> None:
+        raise APIError(404, f"no such endpoint {self.request.path}; see api/v1/openapi.json")
+
+
+def web_application(service: Any, prefix: str) -> web.Application:
+    """The routes under ``prefix`` (ending in /) with the service's scheduler and meter."""
+    log = service.log
+
+    def log_request(handler: web.RequestHandler) -> None:
+        status = handler.get_status()
+        level = logging.INFO if status < 400 else logging.WARNING
+        if handler.request.path.endswith("/health"):
+            level = logging.DEBUG
+        log.log(
+            level,
+            "%i %s %s %.1fms",
+            status,
+            handler.request.method,
+            handler.request.uri,
+            1000 * handler.request.request_time(),
+        )
+
+    return web.Application(
+        [
+            (prefix + "oauth_callback", HubOAuthCallbackHandler),
+            (prefix + "?", IndexHandler),
+            *routes(prefix),
+            *metering_routes(prefix),
+            *admin_routes(prefix),  # the plan admin page (extension/service/admin)
+        ],
+        default_handler_class=NotFoundHandler,
+        cookie_secret=secrets.token_bytes(32),
+        wmla_scheduler=service.scheduler,
+        wmla_service=service,
+        wmla_meter=service.meter,
+        wmla_prefix=prefix,
+        log_function=log_request,
+    )
+
+
+async def listen(http: HTTPServer, port: int, ip: str, wait: float = 10.0) -> None:
+    """Bind, waiting a little while the port is still taken (the service before this one
+    is closing it); then exit naming the port instead of crashing in a loop."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    while True:
+        try:
+            http.listen(port, ip)
+            return
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE or loop.time() >= deadline:
+                raise SystemExit(
+                    f"wmla: cannot listen on {ip}:{port}: {err.strerror}; another process "
+                    f"has the port: stop it, or set the service's url/port"
+                ) from None
+        await asyncio.sleep(0.25)
