@@ -452,11 +452,12 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
             "statuses": {str(k): v for k, v in base_status.items()},
         }
 
-        if args.profile == "py-spy":
+        if args.profile in ("py-spy", "py-spy-gil"):
             spy_bin = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
             spy = subprocess.Popen(
                 [spy_bin, "record", "--pid", str(pids["service"]), "--rate", str(args.rate),
-                 "--format", "raw", "--threads", "-o", str(tmp / "profile.txt")],
+                 "--format", "raw", "--threads", "-o", str(tmp / "profile.txt"),
+                 *(["--gil"] if args.profile == "py-spy-gil" else [])],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
             )  # fmt: skip
             time.sleep(1.0)
@@ -552,10 +553,11 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
             "hwm": round(hwm, 1),
         }
         report["prometheus_cycle_histogram"] = prometheus_cycles(hub, admin)
-        if args.profile == "py-spy" and (tmp / "profile.txt").exists():
+        if args.profile in ("py-spy", "py-spy-gil") and (tmp / "profile.txt").exists():
             report["profile"] = summarize_pyspy(
                 tmp / "profile.txt", len(ok), cpu1["service"] - cpu0["service"], args.rate
             )
+            report["profile"]["mode"] = args.profile
     finally:
         if spy is not None and spy.poll() is None:
             spy.kill()
@@ -662,7 +664,7 @@ def print_report(r: dict) -> None:
     prof = r.get("profile")
     if prof and prof.get("samples"):
         print(
-            f"\nprofile (py-spy, {prof['samples']:,} busy samples of the service, "
+            f"\nprofile ({prof['mode']}, {prof['samples']:,} busy samples of the service, "
             f"{prof['idle_samples']:,} idle left out; {prof['busy_ms_per_submission']} ms busy"
             f" and {prof['cpu_ms_per_submission']} ms CPU per submission):"
             f" threads {prof['threads']}"
@@ -686,7 +688,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="1,000 jobs")
     parser.add_argument("--baseline", type=int, default=0, help="baseline GETs (default 2,000)")
     parser.add_argument("--finish-after", type=float, default=0.0, help="seconds a job runs")
-    parser.add_argument("--profile", choices=["py-spy", "cprofile"], default=None)
+    parser.add_argument(
+        "--profile",
+        choices=["py-spy", "py-spy-gil", "cprofile"],
+        default=None,
+        help="py-spy: every busy thread's stack; py-spy-gil: only the thread holding the GIL "
+        "(where the service's Python CPU goes, without the time threads wait for it)",
+    )
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     parser.add_argument(
         "--service-env",
