@@ -1,0 +1,262 @@
+"""Capacity and admission: what the cluster can hold (its Ready nodes, cut by the namespace's
+ResourceQuota: SCHEDULING.md "Instance"), and whether the namespace's ResourceQuotas and
+LimitRanges would refuse a pod of a gang, checked for the whole gang before anything is created
+(the API server's own admission would refuse the third pod after two were made)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from extension.scheduler import UNLIMITED, Instance, Node, Resources
+
+from .. import manifests as m
+from .api import LIMIT_RANGES, NODES, PYTORCHJOBS, QUOTAS
+from .objects import _labels, _name, _quantity, node_capacity
+from .state import Cache, _Tracked
+
+log = logging.getLogger("extension.backends.kubernetes")
+
+
+def quota_cut(quotas: Iterable[Mapping], gpu_resource: str = m.DEFAULT_GPU_RESOURCE) -> Resources:
+    """The tightest request bound the namespace's ResourceQuotas put on (gpu, cpu, memory)."""
+    cut = [UNLIMITED, UNLIMITED, UNLIMITED]
+    keys = (
+        (0, (f"requests.{gpu_resource}",)),
+        (1, ("requests.cpu", "cpu")),
+        (2, ("requests.memory", "memory")),
+    )
+    for quota in quotas:
+        hard = (quota.get("spec") or {}).get("hard") or {}
+        for index, names in keys:
+            for key in names:
+                if key in hard:
+                    cut[index] = min(cut[index], _quantity(key, hard[key], gpu_resource))
+    return Resources(*cut)
+
+
+@dataclass(frozen=True)
+class PodAsk:
+    """What one pod of a gang will be charged: effective requests and limits after defaults."""
+
+    requests: dict[str, float]
+    limits: dict[str, float]
+
+
+def effective_pod(
+    per_worker: Resources,
+    limit_ranges: Iterable[Mapping],
+    gpu_resource: str = m.DEFAULT_GPU_RESOURCE,
+) -> PodAsk:
+    """Requests and limits of one worker pod as the API server will see them.
+
+    The backend sets limits equal to requests for what the job asks; a resource the job leaves
+    at 0 is not written, so a LimitRange ``defaultRequest``/``default`` fills it in, and that is
+    what the quota charges.
+    """
+    requests: dict[str, float] = {}
+    limits: dict[str, float] = {}
+    for name, amount in (("cpu", per_worker.cpu), ("memory", per_worker.memory)):
+        if amount:
+            requests[name] = limits[name] = float(amount)
+    if per_worker.gpu:
+        requests[gpu_resource] = limits[gpu_resource] = float(per_worker.gpu)
+    for lr in limit_ranges:
+        for item in (lr.get("spec") or {}).get("limits") or []:
+            if item.get("type") != "Container":
+                continue
+            default = item.get("default") or {}
+            default_request = item.get("defaultRequest") or {}
+            for name in ("cpu", "memory"):
+                if name in requests:
+                    continue
+                if name in default_request:
+                    requests[name] = _quantity(name, default_request[name], gpu_resource)
+                elif name in default:
+                    requests[name] = _quantity(name, default[name], gpu_resource)
+                if name in default and name not in limits:
+                    limits[name] = _quantity(name, default[name], gpu_resource)
+    return PodAsk(requests, limits)
+
+
+def limit_range_problem(
+    ask: PodAsk, limit_ranges: Iterable[Mapping], gpu_resource: str = m.DEFAULT_GPU_RESOURCE
+) -> str | None:
+    """Why a LimitRange would refuse a one-container worker pod, or None."""
+    for lr in limit_ranges:
+        where = f"LimitRange {_name(lr)}"
+        for item in (lr.get("spec") or {}).get("limits") or []:
+            kind = item.get("type")
+            if kind not in ("Container", "Pod"):
+                continue
+            for name, bound in (item.get("min") or {}).items():
+                low = _quantity(name, bound, gpu_resource)
+                for what, values in (("request", ask.requests), ("limit", ask.limits)):
+                    if values.get(name, 0) < low:
+                        return (
+                            f"{where} refuses the worker pod: {kind} {name} {what} "
+                            f"{_show(name, values.get(name, 0))} is below the minimum {bound}"
+                        )
+            for name, bound in (item.get("max") or {}).items():
+                high = _quantity(name, bound, gpu_resource)
+                if name not in ask.limits:
+                    return (
+                        f"{where} refuses the worker pod: {kind} {name} has a maximum of {bound} "
+                        f"but the pod sets no {name} limit; ask for {name} explicitly"
+                    )
+                for what, values in (("request", ask.requests), ("limit", ask.limits)):
+                    if values.get(name, 0) > high:
+                        return (
+                            f"{where} refuses the worker pod: {kind} {name} {what} "
+                            f"{_show(name, values[name])} is above the maximum {bound}; ask for "
+                            f"at most {bound} per worker"
+                        )
+            for name, ratio in (item.get("maxLimitRequestRatio") or {}).items():
+                req, lim = ask.requests.get(name, 0), ask.limits.get(name, 0)
+                if req and lim / req > float(ratio) + 1e-9:
+                    return (
+                        f"{where} refuses the worker pod: {name} limit/request ratio "
+                        f"{lim / req:g} is above {ratio}"
+                    )
+    return None
+
+
+def quota_problem(
+    ask: PodAsk,
+    pods: int,
+    quotas: Iterable[Mapping],
+    in_flight: Mapping[str, float] | None = None,
+    gpu_resource: str = m.DEFAULT_GPU_RESOURCE,
+    objects: Mapping[str, float] | None = None,
+) -> tuple[str, bool] | None:
+    """Why a ResourceQuota would refuse one of ``pods`` such pods, and whether for ever.
+
+    ``in_flight`` is what our already-created jobs will still charge (pods the operator has not
+    created yet), keyed like quota entries; the quota's ``status.used`` does not show it yet.
+    ``objects`` are object counts the job adds, e.g. ``{"count/pytorchjobs.kubeflow.org": 1}``.
+    """
+    need: dict[str, float] = {"pods": float(pods), **(objects or {})}
+    for name, value in ask.requests.items():
+        need[f"requests.{name}"] = value * pods
+    for name, value in ask.limits.items():
+        need[f"limits.{name}"] = value * pods
+    need["cpu"] = need.get("requests.cpu", 0.0)
+    need["memory"] = need.get("requests.memory", 0.0)
+    for quota in quotas:
+        hard = (quota.get("spec") or {}).get("hard") or {}
+        used = (quota.get("status") or {}).get("used") or {}
+        for key, bound in sorted(hard.items()):
+            if key not in need or not need[key]:
+                continue
+            limit = _quantity(key, bound, gpu_resource)
+            in_use = _quantity(key, used.get(key, 0), gpu_resource) + (in_flight or {}).get(key, 0)
+            if need[key] > limit:
+                return (
+                    f"ResourceQuota {_name(quota)} refuses the job: {pods} worker(s) need "
+                    f"{key} {_show(key, need[key])}, more than the hard limit {bound}; "
+                    "ask for fewer workers or less per worker",
+                    True,
+                )
+            if in_use + need[key] > limit:
+                return (
+                    f"ResourceQuota {_name(quota)} has no room: {key} {_show(key, in_use)} in use "
+                    f"+ {_show(key, need[key])} asked > hard {bound}",
+                    False,
+                )
+    return None
+
+
+def _show(key: str, value: float) -> str:
+    base = key.split(".", 1)[1] if key.startswith(("requests.", "limits.")) else key
+    if base == "cpu":
+        return m.format_cpu(value)
+    if base == "memory":
+        return m.format_memory(value)
+    return f"{value:g}"
+
+
+class _Admission:
+    """What the cluster can hold and what its namespace would refuse; reads the cache only.
+
+    A part of ``KubernetesBackend``: ``backend.py`` sets the attributes declared here.
+    ``_pods_of`` is the backend's.
+    """
+
+    cache: Cache
+    gpu_resource: str
+    job_kind: str
+    node_selector: dict[str, str]
+    _listed: dict[str, asyncio.Event]
+    _jobs: dict[str, _Tracked]
+
+    def capacity(self) -> list[Node]:
+        """Schedulable, Ready nodes (matching ``node_selector``) with their allocatable.
+
+        Read from the cache: ``await open()`` first, or this is empty.
+        """
+        if NODES not in self._listed or not self._listed[NODES].is_set():
+            log.warning("capacity() before the nodes were listed: await backend.open() first")
+        nodes = []
+        for obj in self.cache.all(NODES):
+            if any(_labels(obj).get(k) != v for k, v in self.node_selector.items()):
+                continue
+            node = node_capacity(obj, self.gpu_resource)
+            if node is not None:
+                nodes.append(node)
+        return nodes
+
+    def quota(self) -> Resources:
+        """The namespace ResourceQuota's bound on requests (UNLIMITED where none is set)."""
+        return quota_cut(self.cache.all(QUOTAS), self.gpu_resource)
+
+    def instance(self) -> Instance:
+        """The instance the core schedules: the nodes, cut down by the namespace quota."""
+        return Instance(nodes=tuple(self.capacity()), quota=self.quota())
+
+    def limit_ranges(self) -> list[dict]:
+        return self.cache.all(LIMIT_RANGES)
+
+    def admission_problem(
+        self, per_worker: Resources, workers: int, new_object: bool = True
+    ) -> tuple[str, bool] | None:
+        """Would the quota or a LimitRange refuse a pod of this gang? (message, permanent).
+
+        ``new_object`` false for a grow: the job object exists, only pods are added."""
+        ask = effective_pod(per_worker, self.cache.all(LIMIT_RANGES), self.gpu_resource)
+        problem = limit_range_problem(ask, self.cache.all(LIMIT_RANGES), self.gpu_resource)
+        if problem:
+            return problem, True
+        counted = (
+            "pytorchjobs.kubeflow.org" if self.job_kind == PYTORCHJOBS else "jobs.batch.volcano.sh"
+        )
+        return quota_problem(
+            ask,
+            workers,
+            self.cache.all(QUOTAS),
+            self._in_flight(),
+            self.gpu_resource,
+            objects={f"count/{counted}": 1} if new_object else None,
+        )
+
+    def _in_flight(self) -> dict[str, float]:
+        """Quota our created jobs will still take: pods the operator has not made yet."""
+        out: dict[str, float] = {}
+        for tracked in self._jobs.values():
+            if tracked.phase == "stopping":
+                continue
+            missing = tracked.workers - len(self._pods_of(tracked.name))
+            if missing <= 0:
+                continue
+            ask = effective_pod(
+                tracked.spec.per_worker, self.cache.all(LIMIT_RANGES), self.gpu_resource
+            )
+            out["pods"] = out.get("pods", 0) + missing
+            for name, value in ask.requests.items():
+                out[f"requests.{name}"] = out.get(f"requests.{name}", 0) + value * missing
+            for name, value in ask.limits.items():
+                out[f"limits.{name}"] = out.get(f"limits.{name}", 0) + value * missing
+        out["cpu"] = out.get("requests.cpu", 0)
+        out["memory"] = out.get("requests.memory", 0)
+        return out
