@@ -83,11 +83,12 @@ c.WmlaLocalSpawner.storage_root = str(STORAGE)
 ACCOUNT_TEMPLATE = os.environ.get("WMLA_ACCOUNT_TEMPLATE", "wmla-{username}")
 c.WmlaLocalSpawner.system_user_template = ACCOUNT_TEMPLATE
 c.WmlaLocalSpawner.start_timeout = 600  # a notebook may wait for room in its plan
-# the spawn page: a notebook size, and the plans this user may use (plan_choice, on by default)
-c.WmlaLocalSpawner.profiles = [
-    {"slug": "cpu", "display_name": "CPU only", "default": True,
+# the spawn page: a notebook size, and the plans this user may use (plan_choice, on by default);
+# KubeSpawner's profile_list shape, so the same list serves c.KubeSpawner.profile_list
+c.WmlaLocalSpawner.profile_list = [
+    {"display_name": "CPU only", "slug": "cpu", "default": True,
      "description": "for notebooks; training jobs get their GPUs from their plan"},
-    {"slug": "gpu", "display_name": "1 GPU", "gpu": 1,
+    {"display_name": "1 GPU", "slug": "gpu", "kubespawner_override": {"gpus": 1},
      "description": "stopped after 15 idle minutes, so the GPU goes back to the pool"},
 ]  # fmt: skip
 c.Spawner.http_timeout = 60

@@ -9,11 +9,14 @@ The overlays are pure (``spawner/objects.py``); here they become KubeSpawner tra
 
 from __future__ import annotations
 
+import inspect
+
 from kubespawner import KubeSpawner
 from traitlets import Bool, Unicode, default
 
 from extension.scheduler.resources import parse_quantity
 
+from . import profiles as profile_shapes
 from .kernel import STARTUP_SCRIPT
 from .mixin import WmlaSpawnerMixin
 from .objects import DEFAULT_MOUNT_PATH, make_pod_overlay, mount_path, validate_username
@@ -92,8 +95,21 @@ class WmlaKubeSpawner(WmlaSpawnerMixin, KubeSpawner):
 
     _wmla_admitted = False
 
+    @default("profile_list")
+    def _wmla_profile_list_default(self) -> list[dict]:
+        return profile_shapes.from_legacy(self.profiles)  # the deprecated shape, if set
+
     async def load_user_options(self) -> None:
-        await super().load_user_options()
+        # The pick, checked first: a choice that is not in the list is a sentence on the spawn
+        # page (KubeSpawner's own answer is a KeyError); and the plan the picked profile forces
+        # (a wmla_plan override) wins over a plan picked on the page, as for the local spawner.
+        source = self.profile_list
+        if callable(source):
+            source = source(self)
+            if inspect.isawaitable(source):
+                source = await source
+        self.wmla_pick_profile(profile_shapes.initialize(source, check=False))
+        await super().load_user_options()  # the picked profile's overrides, KubeSpawner's way
         validate_username(self.user.name)
         if not self._wmla_admitted:
             plan = await self.wmla_admit()

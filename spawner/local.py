@@ -10,6 +10,7 @@ runs as the hub's own account and only the API keeps users apart: the log says s
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import pwd
 import shutil
@@ -20,14 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner, set_user_setuid
-from traitlets import Bool, Integer, Unicode, default
+from traitlets import Bool, Dict, Integer, List, TraitError, Unicode, Union, default
+from traitlets import Callable as CallableTrait
 
 from extension.backends.userfs import UserFileError, UserFiles
 
+from . import profiles as profile_shapes
 from . import storage
 from .getting_started import MARKER, starter_files
 from .kernel import install_startup
-from .mixin import WmlaSpawnerMixin
+from .mixin import AdmissionError, WmlaSpawnerMixin
 from .storage import (
     Account,
     StorageError,
@@ -153,6 +156,31 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         """,
     ).tag(config=True)
 
+    profile_list = Union(
+        [List(Dict()), CallableTrait(), Dict()],
+        help="""The spawn page's choices, in KubeSpawner's ``profile_list`` shape, so one
+        setting serves this spawner and WmlaKubeSpawner (spawner/profiles.py): a list (or a
+        dict, or a callable of the spawner, maybe async) of ``display_name``, ``slug``
+        (optional), ``description``, ``default``, ``kubespawner_override`` (traits of this
+        spawner to set: ``wmla_plan``, ``gpus``, ``cpu_guarantee``, ``mem_guarantee``,
+        ``notebook_cpu``, ``notebook_memory``, ``default_url``, ``environment``, ...; names this
+        spawner has not, such as ``image``, are left to KubeSpawner) and ``profile_options``
+        (``display_name``, ``choices`` of ``display_name``, ``default``,
+        ``kubespawner_override``; ``unlisted_choice``). The pick arrives as
+        ``user_options = {"profile": slug, <option>: <choice>}``. Default: the deprecated
+        ``profiles``, read in this shape.
+
+        c.WmlaLocalSpawner.profile_list = [
+            {"display_name": "CPU only", "slug": "cpu", "default": True},
+            {"display_name": "1 GPU", "slug": "gpu", "kubespawner_override": {"gpus": 1}},
+        ]
+        """,
+    ).tag(config=True)
+
+    @default("profile_list")
+    def _wmla_profile_list_default(self) -> list[dict]:
+        return profile_shapes.from_legacy(self.profiles)
+
     autoload_magics = Bool(
         True,
         help="""Load the %wmla_* magics in every kernel (a startup file in the user's
@@ -177,6 +205,7 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
     _wmla_pythonpath = ""
     _wmla_jupyter_env: dict[str, str] = {}
     _wmla_python = ""  # the interpreter the server runs with (for `wmla` in its terminals)
+    _wmla_saved: dict[str, Any] = {}  # traits a profile overrode: their configured values
 
     # -- the spawn page --------------------------------------------------------------------
     @default("options_form")
@@ -269,9 +298,48 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         self._wmla_pythonpath = os.pathsep.join(paths)
         self._wmla_jupyter_env = hub_jupyter_paths()
 
+    # -- the picked profile ---------------------------------------------------------------------
+    async def wmla_load_profile(self) -> dict | None:
+        """Apply the picked profile (user_options) as KubeSpawner's load_user_options does:
+        its ``kubespawner_override``, then its options' choices, to this spawner's traits.
+        What an earlier spawn's profile overrode is put back first, so a CPU server after a
+        GPU one asks for no GPU."""
+        profile, overrides = self.wmla_pick_profile(await self.wmla_profile_list())
+        self.wmla_apply_overrides(overrides)
+        return profile
+
+    def wmla_apply_overrides(self, overrides: list[dict]) -> None:
+        for name, value in self._wmla_saved.items():
+            setattr(self, name, value)
+        self._wmla_saved = {}
+        known = self.traits(config=True)
+        left = []
+        for override in overrides:
+            for name, value in override.items():
+                if name not in known:
+                    left.append(name)
+                    continue
+                if callable(value):
+                    value = value(self)
+                current = getattr(self, name)
+                self._wmla_saved.setdefault(name, copy.deepcopy(current))
+                if isinstance(value, Mapping) and isinstance(current, dict):
+                    value = profile_shapes.merge(current, value)
+                try:
+                    setattr(self, name, value)
+                except TraitError as err:
+                    raise AdmissionError(
+                        f"the profile's kubespawner_override {name}={value!r} does not fit "
+                        f"c.{type(self).__name__}.{name}: {err}"
+                    ) from None
+        if left:
+            self.log.info("%s: profile settings left to KubeSpawner (not this spawner's): %s",
+                          self._log_name, ", ".join(dict.fromkeys(left)))  # fmt: skip
+
     # -- start -------------------------------------------------------------------------------
     async def start(self) -> tuple[str, int]:
         try:  # also a start cut short by start_timeout: JupyterHub then skips stop()
+            await self.wmla_load_profile()
             await self.wmla_admit()
             folder, self._wmla_account = await asyncio.to_thread(self._prepare)
             self._wmla_note(f"your folder: {folder}", 30)

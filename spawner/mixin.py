@@ -26,12 +26,13 @@ from traitlets import Any as AnyTrait
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
+from . import profiles as profile_shapes
+
 NOTEBOOK_KIND = "notebook"
 ENDED_STATES = ("FINISHED", "FAILED", "CANCELLED", "REJECTED")
 DEFAULT_PLAN = "/sample-project/notebooks"
 SPAWNER_SERVICE = "wmla-spawner"
 GPU_GROUP = "wmla-gpu-notebooks"  # hub_config.culler.GPU_GROUP: the GPU culler's scope filter
-PROFILE_KEYS = {"slug", "display_name", "description", "plan", "gpu", "cpu", "memory", "default"}
 
 
 class AdmissionError(RuntimeError):
@@ -132,13 +133,13 @@ class WmlaSpawnerMixin(LoggingConfigurable):
 
     profiles = List(
         Dict(),
-        help="""Choices on the spawn page. Each: ``slug``, ``display_name``, optional
-        ``description``, ``plan`` (default: the user's mapped plan), ``gpu``, ``cpu``, ``memory``
-        (requests of the notebook, e.g. "500m", "2Gi"), ``default``. The user's pick arrives as
-        ``user_options = {"profile": slug}``.
+        help="""Deprecated: use ``profile_list``, KubeSpawner's shape (spawner/profiles.py), which
+        both spawners read. Each entry here (``slug``, ``display_name``, ``description``,
+        ``default``, ``plan``, ``gpu``, ``cpu``, ``memory``) is read as a profile_list entry
+        whose ``kubespawner_override`` sets ``wmla_plan``, ``gpus``, ``notebook_cpu``,
+        ``notebook_memory``; used only while ``profile_list`` is not set.
 
-        c.WmlaLocalSpawner.profiles = [{"slug": "cpu", "display_name": "CPU only"},
-                                       {"slug": "gpu", "display_name": "1 GPU", "gpu": 1}]
+        c.WmlaLocalSpawner.profiles = [{"slug": "gpu", "display_name": "1 GPU", "gpu": 1}]
         """,
     ).tag(config=True)
 
@@ -146,8 +147,9 @@ class WmlaSpawnerMixin(LoggingConfigurable):
         True,
         help="""Offer the plans the user may use on the spawn page (when there is more than
         one): the service says which (plan members and groups, as for the user's own
-        submissions), and a pick outside them is refused at spawn. A profile's own ``plan``
-        wins over the pick. The pick arrives as ``user_options = {"plan": path}``.
+        submissions), and a pick outside them is refused at spawn. A picked profile that sets
+        ``wmla_plan`` (its ``kubespawner_override`` or a choice's) wins over the pick. The
+        pick arrives as ``user_options = {"plan": path}``.
 
         c.WmlaLocalSpawner.plan_choice = False
         """,
@@ -157,7 +159,7 @@ class WmlaSpawnerMixin(LoggingConfigurable):
     gpus = Integer(
         0,
         min=0,
-        help="""GPUs a notebook server requests (a profile's ``gpu`` wins).
+        help="""GPUs a notebook server requests (a profile's ``kubespawner_override`` may set it).
 
         c.WmlaLocalSpawner.gpus = 1
         """,
@@ -225,40 +227,50 @@ class WmlaSpawnerMixin(LoggingConfigurable):
     _wmla_waiting = AnyTrait(False)
     _wmla_stopping = AnyTrait(False)
     _wmla_orphans = List()  # job ids whose server is gone but whose release is still due
+    _wmla_profile_plan = Unicode("")  # the plan the picked profile forces (wmla_plan override)
+
+    # -- profiles (KubeSpawner's profile_list shape, spawner/profiles.py) ------------------------
+    async def wmla_profile_list(self) -> list[dict]:
+        """The initialized profile list: ``profile_list`` (a list, a dict, or a callable of the
+        spawner, maybe async), else the deprecated ``profiles``; checked, with slugs and
+        defaults filled in as KubeSpawner does."""
+        source = getattr(self, "profile_list", None)
+        if callable(source):
+            source = source(self)
+            if inspect.isawaitable(source):
+                source = await source
+        if not source and self.profiles:
+            source = profile_shapes.from_legacy(self.profiles)
+        try:
+            return profile_shapes.initialize(source, f"c.{type(self).__name__}.profile_list")
+        except profile_shapes.ProfileError as err:
+            raise AdmissionError(str(err)) from None
+
+    def wmla_pick_profile(self, profiles: list[dict]) -> tuple[dict | None, list[dict]]:
+        """(the profile in user_options or the default, its overrides in order), for an
+        initialized list; remembers the plan it forces. A pick not in the list is refused."""
+        self._wmla_profile_plan = ""
+        if not profiles:
+            return None, []
+        try:
+            profile, overrides = profile_shapes.select(profiles, self.user_options)
+        except profile_shapes.ProfileError as err:
+            raise AdmissionError(str(err)) from None
+        self._wmla_profile_plan = profile_shapes.plan_of(overrides)
+        return profile, overrides
 
     # -- plan mapping ----------------------------------------------------------------------------
-    def wmla_profile(self) -> dict | None:
-        """The profile picked in user_options (or the default one), validated."""
-        if not self.profiles:
-            return None
-        for p in self.profiles:
-            unknown = sorted(set(p) - PROFILE_KEYS)
-            if unknown or not p.get("slug"):
-                raise AdmissionError(
-                    f"profile {p!r} is misconfigured: it needs a slug and may have only "
-                    f"{', '.join(sorted(PROFILE_KEYS))} (c.{type(self).__name__}.profiles)"
-                )
-        slug = (self.user_options or {}).get("profile")
-        if slug:
-            for p in self.profiles:
-                if p["slug"] == slug:
-                    return p
-            raise AdmissionError(
-                f"there is no profile {slug!r}; pick one of "
-                f"{', '.join(p['slug'] for p in self.profiles)}"
-            )
-        return next((p for p in self.profiles if p.get("default")), self.profiles[0])
-
     def wmla_plan_path(self) -> str:
-        """The plan: picked profile's plan > the plan picked on the spawn page > wmla_plan >
-        user_plans > group_plans > default (a picked plan is checked by wmla_admit)."""
-        profile = self.wmla_profile()
+        """The plan: the picked profile's ``wmla_plan`` > the plan picked on the spawn page >
+        wmla_plan > user_plans > group_plans > default (a picked plan is checked by
+        wmla_admit)."""
         picked = (self.user_options or {}).get("plan") if self.plan_choice else None
-        plan = (profile or {}).get("plan") or picked or self.wmla_mapped_plan()
+        plan = self._wmla_profile_plan or picked or self.wmla_mapped_plan()
         if not isinstance(plan, str) or not plan.startswith("/") or plan.endswith("/"):
             raise AdmissionError(
                 f"the plan {plan!r} for {self.user.name} is not a plan path such as "
-                f"/project1/dev-team; fix c.{type(self).__name__}.user_plans / group_plans"
+                f"/project1/dev-team; fix c.{type(self).__name__}.user_plans / group_plans / "
+                "the profile's wmla_plan"
             )
         return plan
 
@@ -283,7 +295,7 @@ class WmlaSpawnerMixin(LoggingConfigurable):
         """A plan picked on the spawn page (or sent as user_options) must be one the user may
         use: the spawner submits as a plan admin, so this is where membership is enforced."""
         picked = (self.user_options or {}).get("plan")
-        if not self.plan_choice or picked is None or (self.wmla_profile() or {}).get("plan"):
+        if not self.plan_choice or picked is None or self._wmla_profile_plan:
             return
         usable = await self.wmla_usable_plans()
         if picked not in usable:
@@ -294,11 +306,10 @@ class WmlaSpawnerMixin(LoggingConfigurable):
 
     def wmla_request(self) -> tuple[int, dict, dict]:
         """(gpus, per-worker request, limits) for the notebook job, in the service's units."""
-        profile = self.wmla_profile() or {}
-        gpus = int(profile.get("gpu", self.gpus) or 0)
+        gpus = int(self.gpus or 0)  # profile overrides are applied to the traits already
         request: dict[str, Any] = {"gpu": gpus}
-        cpu = profile.get("cpu") or self.notebook_cpu or _cpu(getattr(self, "cpu_guarantee", None))
-        mem = profile.get("memory") or self.notebook_memory or getattr(self, "mem_guarantee", None)
+        cpu = self.notebook_cpu or _cpu(getattr(self, "cpu_guarantee", None))
+        mem = self.notebook_memory or getattr(self, "mem_guarantee", None)
         if cpu:
             request["cpu"] = cpu
         if mem:
@@ -625,12 +636,15 @@ class WmlaSpawnerMixin(LoggingConfigurable):
                 plans = await self.wmla_usable_plans()
             except (WmlaError, AdmissionError) as err:
                 self.log.warning("%s: no plan choice on the spawn page: %s", self._log_name, err)
-        return self.wmla_options_form(plans)
+        return self.wmla_options_form(plans, await self.wmla_profile_list())
 
-    def wmla_options_form(self, plans: list[str] | None = None) -> str:
-        """The form's HTML: a radio group of profiles, and one of ``plans`` when there are two
-        or more (the mapped plan checked)."""
-        form = self._wmla_profiles_form()
+    def wmla_options_form(
+        self, plans: list[str] | None = None, profiles: list[dict] | None = None
+    ) -> str:
+        """The form's HTML: the profiles as KubeSpawner's form names them (a radio group
+        ``profile``, a select ``profile-option-<slug>--<option>`` per option), and a radio
+        group of ``plans`` when there are two or more (the mapped plan checked)."""
+        form = profile_shapes.form_html(profiles or [], self.user_options)
         if plans and len(plans) > 1:
             mapped = self.wmla_mapped_plan()
             chosen = mapped if mapped in plans else plans[0]
@@ -643,31 +657,10 @@ class WmlaSpawnerMixin(LoggingConfigurable):
             form += "<fieldset><legend>Plan</legend>" + "\n".join(rows) + "</fieldset>"
         return form
 
-    def _wmla_profiles_form(self) -> str:
-        if not self.profiles:
-            return ""
-        chosen = (self.wmla_profile() or {}).get("slug")
-        rows = []
-        for p in self.profiles:
-            checked = " checked" if p["slug"] == chosen else ""
-            slug = html.escape(p["slug"], quote=True)
-            text = html.escape(str(p.get("display_name") or p["slug"]))
-            desc = html.escape(str(p.get("description") or ""))
-            rows.append(
-                f'<label class="form-check"><input class="form-check-input" type="radio" '
-                f'name="profile" value="{slug}"{checked}> {text}'
-                + (f' <span class="text-muted">{desc}</span>' if desc else "")
-                + "</label>"
-            )
-        return "<fieldset><legend>Profile</legend>" + "\n".join(rows) + "</fieldset>"
-
     def wmla_options_from_form(self, formdata: Mapping[str, list]) -> dict:
-        options = {}
-        for key in ("profile", "plan"):
-            picked = formdata.get(key) or []
-            if picked:
-                options[key] = picked[0]
-        return options
+        """KubeSpawner's user_options from the form (``profile`` and its options) and the
+        picked ``plan``."""
+        return profile_shapes.options_from_form(formdata, extra=("plan",))
 
 
 def _cpu(cores: float | None) -> str | None:

@@ -117,9 +117,9 @@ c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}
 c.WmlaLocalSpawner.notebook_cpu = "100m"
 c.WmlaLocalSpawner.notebook_memory = "64Mi"
 c.WmlaLocalSpawner.admission_poll_interval = 0.3
-c.WmlaLocalSpawner.profiles = [
+c.WmlaLocalSpawner.profile_list = [
     {{"slug": "cpu", "display_name": "CPU only", "default": True}},
-    {{"slug": "one-gpu", "display_name": "1 GPU", "gpu": 1}},
+    {{"slug": "one-gpu", "display_name": "1 GPU", "kubespawner_override": {{"gpus": 1}}}},
 ]
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 90

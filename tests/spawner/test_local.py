@@ -48,11 +48,12 @@ c.WmlaLocalSpawner.user_plans = {{"user1": "/project1/dev-team"}}
 c.WmlaLocalSpawner.notebook_cpu = "100m"
 c.WmlaLocalSpawner.notebook_memory = "64Mi"
 c.WmlaLocalSpawner.admission_poll_interval = 0.3
-c.WmlaLocalSpawner.profiles = [
+c.WmlaLocalSpawner.profile_list = [
     {{"slug": "cpu", "display_name": "CPU only", "default": True}},
-    {{"slug": "one-gpu", "display_name": "1 GPU", "gpu": 1}},
-    {{"slug": "huge", "display_name": "8 GPUs", "gpu": 8}},
-    {{"slug": "impatient", "display_name": "1 GPU, gives up soon", "gpu": 1}},
+    {{"slug": "one-gpu", "display_name": "1 GPU", "kubespawner_override": {{"gpus": 1}}}},
+    {{"slug": "huge", "display_name": "8 GPUs", "kubespawner_override": {{"gpus": 8}}}},
+    {{"slug": "impatient", "display_name": "1 GPU, gives up soon",
+      "kubespawner_override": {{"gpus": 1}}}},
 ]
 
 

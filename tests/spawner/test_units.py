@@ -7,6 +7,7 @@ real IPython kernel with the IPYTHONDIR the spawner prepares.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import subprocess
@@ -19,21 +20,38 @@ import pytest
 from spawner.kernel import STARTUP_NAME, install_startup, startup_script
 from spawner.local import WmlaLocalSpawner
 from spawner.mixin import AdmissionError
+from spawner.profiles import initialize
 from spawner.storage import StorageError, ensure_folder, user_folder, validate_username
 
-PROFILES = [
+PROFILES = [  # KubeSpawner's profile_list shape (spawner/profiles.py)
     {"slug": "cpu", "display_name": "CPU only", "default": True},
-    {"slug": "gpu", "display_name": "1 GPU", "gpu": 1, "cpu": "2", "memory": "4Gi"},
-    {"slug": "qa", "display_name": "QA box", "plan": "/project1/qa-team"},
+    {
+        "slug": "gpu",
+        "display_name": "1 GPU",
+        "kubespawner_override": {"gpus": 1, "notebook_cpu": "2", "notebook_memory": "4Gi"},
+    },
+    {
+        "slug": "qa",
+        "display_name": "QA box",
+        "kubespawner_override": {"wmla_plan": "/project1/qa-team"},
+    },
 ]
 
 
 def make(user: str = "alice", groups=(), options=None, **config) -> WmlaLocalSpawner:
+    """A spawner with the picked profile applied, as start() applies it."""
+    if "profiles" in config and "profile_list" not in config:
+        config["profile_list"] = config.pop("profiles")
     spawner = WmlaLocalSpawner(**config)
     spawner.user = types.SimpleNamespace(
         name=user, groups=[types.SimpleNamespace(name=g) for g in groups], settings={}
     )
     spawner.user_options = options or {}
+    return spawner
+
+
+def picked(spawner: WmlaLocalSpawner) -> WmlaLocalSpawner:
+    asyncio.run(spawner.wmla_load_profile())
     return spawner
 
 
@@ -69,12 +87,12 @@ MAPPING = {
     ],
 )
 def test_plan_mapping(user, groups, options, extra, plan) -> None:
-    spawner = make(user, groups, options, **MAPPING, **extra)
+    spawner = picked(make(user, groups, options, **MAPPING, **extra))
     assert spawner.wmla_plan_path() == plan
 
 
 def test_job_body_is_a_one_worker_non_preemptible_notebook_for_the_user() -> None:
-    spawner = make("alice", ("dev",), {"profile": "gpu"}, profiles=PROFILES, **MAPPING)
+    spawner = picked(make("alice", ("dev",), {"profile": "gpu"}, profiles=PROFILES, **MAPPING))
     spawner.cpu_limit = 4
     spawner.mem_limit = 8 * 2**30
     assert spawner.wmla_job_body("/project1/dev-team") == {
@@ -95,20 +113,33 @@ def test_job_body_is_a_one_worker_non_preemptible_notebook_for_the_user() -> Non
     ("config", "options", "message"),
     [
         ({"profiles": PROFILES}, {"profile": "nope"}, "there is no profile 'nope'"),
-        ({"profiles": [{"display_name": "x"}]}, None, "needs a slug"),
-        ({"profiles": [{"slug": "x", "gpus": 1}]}, None, "misconfigured"),
+        ({"profiles": [{"slug": "x"}]}, None, "needs a display_name"),
+        ({"profiles": [{"display_name": "x", "gpus": 1}]}, None, "misconfigured: unknown gpus"),
+        ({"profiles": [{"display_name": "x", "gpu": 1}]}, None, "go in kubespawner_override"),
         ({"user_plans": {"alice": "project1"}}, None, "is not a plan path"),
+        (
+            {"profiles": [{"display_name": "x", "kubespawner_override": {"gpus": "many"}}]},
+            None,
+            "kubespawner_override gpus='many' does not fit",
+        ),
     ],
-    ids=["unknown-profile", "profile-without-slug", "unknown-profile-key", "relative-plan"],
+    ids=[
+        "unknown-profile",
+        "profile-without-display-name",
+        "unknown-profile-key",
+        "old-shape-key",
+        "relative-plan",
+        "bad-override-value",
+    ],
 )
 def test_bad_choices_are_refused_with_a_message(config, options, message) -> None:
     with pytest.raises(AdmissionError, match=message):
-        make("alice", (), options, **config).wmla_plan_path()
+        picked(make("alice", (), options, **config)).wmla_plan_path()
 
 
 def test_options_form_lists_profiles_and_reads_the_pick() -> None:
     spawner = make(profiles=PROFILES)
-    form = spawner.wmla_options_form()
+    form = spawner.wmla_options_form([], initialize(PROFILES))
     assert form.count('type="radio"') == 3 and 'value="cpu" checked' in form
     assert spawner.run_options_from_form({"profile": ["gpu"]}) == {"profile": "gpu"}
     assert make().wmla_options_form() == ""
@@ -123,10 +154,11 @@ def test_the_spawn_page_offers_the_users_plans_and_reads_the_pick() -> None:
         "plan": "/project1/dev-team"
     }
     assert make().wmla_options_form(["/only/one"]) == ""  # one plan: nothing to choose
-    picked = make("carol", (), {"plan": "/project1/dev-team"}, **MAPPING)
-    assert picked.wmla_plan_path() == "/project1/dev-team"
-    fixed = make("carol", (), {"plan": "/project1/dev-team", "profile": "qa"}, profiles=PROFILES)
-    assert fixed.wmla_plan_path() == next(p["plan"] for p in PROFILES if p["slug"] == "qa")
+    pick = picked(make("carol", (), {"plan": "/project1/dev-team"}, **MAPPING))
+    assert pick.wmla_plan_path() == "/project1/dev-team"
+    options = {"plan": "/project1/dev-team", "profile": "qa"}
+    fixed = picked(make("carol", (), options, profiles=PROFILES))
+    assert fixed.wmla_plan_path() == "/project1/qa-team"  # the profile's wmla_plan wins
     off = make("carol", (), {"plan": "/project1/dev-team"}, plan_choice=False, **MAPPING)
     assert off.wmla_plan_path() == "/project2/research"
 
