@@ -42,6 +42,7 @@ bench: install
 	$(BIN)/python benchmarks/bench_usage.py
 	$(BIN)/python benchmarks/bench_overhead.py
 	$(BIN)/python benchmarks/bench_trace.py
+	$(BIN)/python benchmarks/bench_service.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info node_modules

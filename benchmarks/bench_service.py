@@ -66,25 +66,31 @@ GOAL_LOOP_P99_MS = 50  # one scheduling cycle
 SCRIPT = "print('instant')\n"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-# parts of a submission's cost in the service, as frames of the sampled stacks (py-spy)
+# parts of a submission's cost in the service: a sample counts for a part when a frame on its
+# stack is one of these functions (qualified names as py-spy writes them, any file)
 PARTS = [
-    ("hub auth (HubAuth.get_user / token check)", ("get_current_user", "user_for_token")),
-    ("  waiting for HubAuth's thread (_synchronize)", ("_synchronize",)),
-    ("JSON body (APIHandler.body)", ("body (extension/service/handlers.py",)),
+    ("hub auth (token check, HubAuth)", ("HubAuthenticated.get_current_user", "HubAuth._get_user")),
+    ("  waiting for HubAuth's own thread", ("HubAuth._synchronize",)),
+    ("tornado: reading and parsing the request", ("HTTP1Connection._read_message",)),
+    ("JSON body (APIHandler.body)", ("APIHandler.body",)),
     ("validation (parse_submission)", ("parse_submission",)),
-    ("Scheduler.submit before the kick", ("submit (extension/service/scheduling.py",)),
-    ("  store.add_job", ("add_job",)),
+    ("  user_root (Path.resolve)", ("user_root",)),
+    ("  files_for (account, ensure_folder)", ("Scheduler.files_for",)),
+    ("idempotency lookup (Store.job_by_key)", ("Store.job_by_key",)),
+    ("Scheduler.submit", ("Scheduler.submit",)),
     ("  check_submission (core)", ("check_submission",)),
-    ("scheduling cycle (Scheduler.cycle)", ("cycle (extension/service/scheduling.py",)),
-    ("  core schedule()", ("schedule (extension/scheduler/",)),
-    ("  events folded (_fold_events)", ("_fold_events",)),
-    ("  decisions stored (_apply)", ("_apply (extension/service/scheduling.py",)),
-    ("  cycle hooks (metering)", ("on_cycle",)),
-    ("store: SQLAlchemy session commit", ("commit (",)),
-    ("store: sqlite3 execute/commit (C calls)", ("execute (sqlalchemy/engine/default.py",)),
-    ("answer JSON (job_json + reply)", ("reply (extension/service/handlers.py",)),
-    ("request log lines (_log_request)", ("_log_request",)),
-    ("tornado HTTP parsing/writing", ("tornado/http1connection.py",)),
+    ("store: add_job", ("Store.add_job",)),
+    ("store: job / jobs_by_id reads", ("Store.job", "Store.jobs_by_id")),
+    ("scheduling cycle (Scheduler.cycle)", ("Scheduler.cycle", "Scheduler._cycle")),
+    ("  core schedule()", ("schedule",)),
+    ("  events folded (_fold_events)", ("Scheduler._fold_events",)),
+    ("  decisions applied (_apply)", ("Scheduler._apply",)),
+    ("store: commit_cycle", ("Store.commit_cycle",)),
+    ("store: update_jobs", ("Store.update_jobs",)),
+    ("store: SQLAlchemy commit", ("SessionTransaction.commit", "Transaction.commit")),
+    ("metering (cycle hook, refresh)", ("Metering.on_cycle", "Metering.refresh")),
+    ("answer (job_json + reply)", ("APIHandler.reply", "job_json")),
+    ("request log line (RequestHandler._log)", ("RequestHandler._log",)),
 ]
 
 
@@ -330,9 +336,9 @@ def summarize_pyspy(
         selfs[frames[-1]] += n
         for f in set(frames):
             totals[f] += n
-        joined = ";".join(frames)
-        for part, needles in PARTS:
-            if any(needle in joined for needle in needles):
+        names = {f.split(" (", 1)[0] for f in frames}
+        for part, functions in PARTS:
+            if names.intersection(functions):
                 parts[part] += n
     if not total:
         return {"samples": 0, "idle_samples": idle}
