@@ -407,6 +407,7 @@ def normalise_usage(answer: Mapping[str, Any]) -> dict:
                 column = list(values.get(r) or [])
                 column += [0.0] * (len(times) - len(column))
                 out[kind][r] = [_number(v) for v in column[: len(times)]]
+    out["changes"] = _change_points(answer.get("changes"))
     out["end"] = _range_end(answer)
     out["children"] = _children(answer.get("children"))
     totals = answer.get("totals") or {}
@@ -414,6 +415,23 @@ def normalise_usage(answer: Mapping[str, Any]) -> dict:
         "gpu_hours": _number(totals.get("gpu_hours")),
         "cpu_hours": _number(totals.get("cpu_hours")),
     }
+    return out
+
+
+def _change_points(changes: Any) -> dict | None:
+    """The API's ``changes`` (the metering's step function: the amount from each time on) as
+    ``{"t", "requested": {"gpu", "cpu"}, "used": {...}}``, or None when it sent none."""
+    if not isinstance(changes, Mapping) or not isinstance(changes.get("t"), list):
+        return None
+    times = list(changes["t"])
+    out: dict[str, Any] = {"t": times}
+    for kind in ("requested", "used"):
+        values = changes.get(kind) or {}
+        out[kind] = {}
+        for r in RESOURCES:
+            column = list(values.get(r) or [])
+            column += [0.0] * (len(times) - len(column))
+            out[kind][r] = [_number(v) for v in column[: len(times)]]
     return out
 
 
@@ -465,12 +483,17 @@ def _when(t: Any) -> str:
 
 
 def usage_figure(usage: Mapping[str, Any], title: str = "") -> dict:
-    """Requested vs used GPU (top) and CPU cores (bottom) over time, as step lines."""
+    """Requested vs used GPU (top) and CPU cores (bottom) over time, as step lines: the
+    metering's own step function (its change points, ``changes``) when the answer has it, so a
+    2-GPU job draws at 2 GPUs for exactly its run whatever the range; else the per-step
+    averages."""
     norm = usage if "requested" in usage and "t" in usage else normalise_usage(usage)
+    steps = norm.get("changes") or norm
     data = []
     for axis, r in zip(("y", "y2"), RESOURCES):
         for kind, dash in (("requested", "dash"), ("used", "solid")):
-            xs, ys = step_points(norm["t"], [v / UNIT[r] for v in norm[kind][r]], norm.get("end"))
+            values = [v / UNIT[r] for v in steps[kind][r]]
+            xs, ys = step_points(steps["t"], values, norm.get("end"))
             data.append(
                 {
                     "type": "scatter",

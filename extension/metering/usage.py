@@ -2,7 +2,8 @@
 
 ``usage(ledger, plan, start, end, step, now, user=None)``: for each child of ``plan`` (or, with
 ``user``, for each of that user's leaves under ``plan``) the average requested and used amount
-in every step, and the totals over the range in resource-hours. Figures stop at ``now``: a step
+in every step, and the totals over the range in resource-hours; for the plan (or the user) also
+``changes``, the step function itself as its change points. Figures stop at ``now``: a step
 that reaches past it counts only up to ``now`` (nothing is extrapolated).
 """
 
@@ -11,10 +12,11 @@ from __future__ import annotations
 import csv
 import io
 import math
+from bisect import bisect_left, bisect_right
 from datetime import datetime, timezone
 
 from .accounting import KINDS, RESOURCES, ROOT, Ledger, hours, ms
-from .series import ZERO, add, sub
+from .series import ZERO, StepSeries, add, sub
 
 API_UNIT = (1000, 1, 1)  # internal -> gpu devices, cpu millicores, memory bytes
 
@@ -60,6 +62,67 @@ def _series(integrals: dict, bounds: list[int]) -> dict:
             ]
         out[kind] = per
     return out
+
+
+MAX_CHANGES = 5000  # more change points than a chart's pixels: "changes" is null
+
+
+def _values_at(series: StepSeries, order: list[int]) -> list[tuple]:
+    """The amount from each of ascending ``order`` on (before the horizon: the average of the
+    time's bucket)."""
+    out: list[tuple] = []
+    times, values, otimes, orates = series.times, series.values, series.otimes, series.orates
+    old_end, bucket = series.old_end, series.bucket
+    k = j = 0
+    for t in order:
+        if old_end is not None and t < old_end:
+            j = bisect_right(otimes, t, j)
+            out.append(tuple(v / bucket for v in orates[j - 1]) if j else ZERO)
+        else:
+            k = bisect_right(times, t, k)
+            out.append(values[k - 1] if k else ZERO)
+    return out
+
+
+def _changes(ledger: Ledger, paths: list[str], t0: int, t1: int) -> dict | None:
+    """The step function itself over ``[t0, t1)``, summed over ``paths``: the amount from
+    each time on, at ``t0`` and at every change before ``t1`` (exact from ``exact_from``;
+    before it, one average per downsampled bucket), in the API's units. None when there are
+    more than MAX_CHANGES (counted first, by bisection: a busy plan costs nothing)."""
+    nodes = [ledger.nodes[p] for p in paths if p in ledger.nodes]
+    spans = []
+    for series in (n.series(kind) for n in nodes for kind in KINDS):
+        lo, hi = bisect_right(series.times, t0), bisect_left(series.times, t1)
+        olo, ohi = bisect_right(series.otimes, t0), bisect_left(series.otimes, t1)
+        spans.append((series, lo, hi, olo, ohi))
+    if sum(hi - lo + ohi - olo for _, lo, hi, olo, ohi in spans) > MAX_CHANGES:
+        return None
+    moments = {t0}
+    for series, lo, hi, olo, ohi in spans:
+        moments.update(series.times[lo:hi])
+        moments.update(series.otimes[olo:ohi])
+    order = sorted(moments)
+    columns = {}
+    for kind in KINDS:
+        parts = [_values_at(node.series(kind), order) for node in nodes] or [[ZERO] * len(order)]
+        columns[kind] = parts[0] if len(parts) == 1 else [_sum(v) for v in zip(*parts)]
+    req, used = columns["requested"], columns["used"]
+    keep = [0, *(i for i in range(1, len(order)) if req[i] != req[i - 1] or used[i] != used[i - 1])]
+    out: dict = {"t": [order[i] / 1000 for i in keep]}
+    for kind in KINDS:
+        col = [columns[kind][i] for i in keep]
+        out[kind] = {
+            name: [v[r] / unit for v in col]
+            for r, (name, unit) in enumerate(zip(RESOURCES, API_UNIT))
+        }
+    return out
+
+
+def _sum(values: tuple) -> tuple:
+    total: tuple = ZERO
+    for v in values:
+        total = add(total, v)
+    return total
 
 
 def _totals(integrals: dict) -> dict:
@@ -134,6 +197,8 @@ def usage(
         },
         # the plan itself (with user: the sum of that user's leaves shown below)
         "series": {"t": [b / 1000 for b in bounds[:-1]], **total_series},
+        # the same as its change points, held until min(end, now): what a chart draws
+        "changes": _changes(ledger, total_paths, t0, min(t1, t_now)) if t0 < t_now else None,
         "totals": _totals(total_integrals),
         "children": children,
     }

@@ -330,17 +330,24 @@ def test_usage_defaults_to_the_plan_holding_all_recent_jobs_else_the_last_day() 
     assert widget.range.value == "last 24 hours" and RECENT not in widget.range.options
 
 
-@pytest.mark.parametrize("time_range", [None, "last hour", "last 24 hours"])
-def test_a_2_gpu_job_of_90_s_draws_as_a_step_at_2_gpus(time_range) -> None:
+@pytest.mark.parametrize(
+    "time_range", [None, "last hour", "last 24 hours", "last 7 days", "last 30 days"]
+)
+def test_a_2_gpu_job_of_90_s_draws_as_a_flat_2_for_its_run(time_range) -> None:
+    """The chart draws the metering's step function (the API's ``changes``), not per-step
+    averages: over 30 days the steps are 720 s and a 90 s run of 2 GPUs averages 0.25 in its
+    step, yet the line is 2.0 for exactly the 90 s of the run, in every range."""
     widget = UsageWidget(MeteredClient([TRAINING]), now=lambda: NOW, time_range=time_range)
     widget.refresh()
     used = next(t for t in widget.chart.to_dict()["data"] if t["name"] == "GPU used")
     assert used["line"]["shape"] == "hv"
-    ys = list(used["y"])
-    assert max(ys) == 2.0  # not an average of the run with the idle rest of a step
-    at_two = [i for i, y in enumerate(ys) if y == 2.0]
-    start, end = (datetime.strptime(used["x"][i], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
-                  for i in (at_two[0], at_two[-1] + 1))  # fmt: skip
-    assert (end - start).total_seconds() >= 90 - 2 * widget.window()[2]  # for the whole run
-    if time_range != "last 24 hours":  # steps of 1 s: the exact step function
-        assert ys == [0.0, 2.0, 0.0, 0.0] and (end - start).total_seconds() == 90
+    when = [datetime.strptime(x, "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+            for x in used["x"]]  # fmt: skip
+    assert list(used["y"]) == [0.0, 2.0, 0.0, 0.0]  # idle, the run at 2 GPUs, idle to now
+    assert when[1:] == [TRAINING["started"], TRAINING["ended"], NOW]  # exactly the run
+    averages = widget.usage["used"]["gpu"]  # what the chart drew before: per-step averages
+    if widget.window()[2] > 90:
+        assert max(averages) < 2.0  # a spike below the job's 2 GPUs
+    requested = next(t for t in widget.chart.to_dict()["data"] if t["name"] == "GPU requested")
+    assert list(requested["y"]) == [0.0, 2.0, 0.0, 0.0]  # asked for from its submission
+    assert widget.usage["totals"]["gpu_hours"] == 2 * 90 / 3600
