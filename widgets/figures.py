@@ -66,13 +66,16 @@ def metric_series(
 
 
 def metrics_figure(metrics: Sequence[Mapping[str, Any]], title: str = "") -> dict:
-    """Loss-like metrics on the left axis, accuracy-like (0..1, named ``*acc*``) on the right."""
+    """Loss-like metrics on the left axis; accuracy-like ones (named ``*acc*``: a fraction or
+    a percentage) on their own axis on the right, whose range fits their values
+    (``accuracy_range``); the loss axis ranges on its own."""
     data = []
-    right = False
+    accuracy: list[float] = []
     for name in metric_names(metrics):
         xs, ys = metric_series(metrics, name)
         on_right = "acc" in name.lower()
-        right = right or on_right
+        if on_right:
+            accuracy += ys
         data.append(
             {
                 "type": "scatter",
@@ -88,17 +91,38 @@ def metrics_figure(metrics: Sequence[Mapping[str, Any]], title: str = "") -> dic
         "height": 280,
         "margin": {"l": 50, "r": 50, "t": 40, "b": 40},
         "xaxis": {"title": {"text": "step"}},
-        "yaxis": {"title": {"text": "loss"}},
+        "yaxis": {"title": {"text": "loss"}, "side": "left"},
         "legend": {"orientation": "h"},
     }
-    if right:
+    if any("acc" in t["name"].lower() for t in data):
+        percent = any(v > 1 for v in accuracy)
         layout["yaxis2"] = {
-            "title": {"text": "accuracy"},
+            "title": {"text": "accuracy (%)" if percent else "accuracy"},
             "overlaying": "y",
             "side": "right",
-            "range": [0, 1],
+            "tickmode": "auto",  # its own ticks, not the loss axis' positions
+            "showgrid": False,
+            "range": accuracy_range(accuracy),
         }
     return {"data": data, "layout": layout}
+
+
+def accuracy_range(values: Sequence[float]) -> list[float]:
+    """The accuracy axis' range: the values' own span, padded by a tenth of it (at least 2% of
+    the scale), kept inside the scale they are on (a fraction, 0..1, when none is above 1; a
+    percentage, 0..100, when none is above 100) unless a value sits on its edge. No values:
+    the whole fraction scale."""
+    finite = [float(v) for v in values if math.isfinite(v)]
+    if not finite:
+        return [0.0, 1.0]
+    lo, hi = min(finite), max(finite)
+    scale = 1.0 if lo >= 0 and hi <= 1 else 100.0 if lo >= 0 and hi <= 100 else None
+    pad = max((hi - lo) / 10, 0.02 * (scale or max(abs(lo), abs(hi), 1.0)))
+    bottom, top = lo - pad, hi + pad
+    if scale is not None:
+        bottom = max(bottom, 0.0) if lo > 0 else bottom
+        top = min(top, scale) if hi < scale else top
+    return [round(bottom, 6), round(top, 6)]
 
 
 def epochs_from_args(args: Sequence[str]) -> int | None:

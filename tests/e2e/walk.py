@@ -88,7 +88,9 @@ def log_in_and_spawn(visit: Visit) -> None:
 
 
 CHART_STATE = """() => [...document.querySelectorAll('.js-plotly-plot')].map(gd => ({
-    traces: (gd.data || []).map(t => ({name: t.name, points: (t.y || []).length})),
+    traces: (gd.data || []).map(t => ({
+        name: t.name, points: (t.y || []).length, y: Array.from(t.y || []), yaxis: t.yaxis,
+    })),
     drawn: [...gd.querySelectorAll('.scatterlayer .trace')].map(t => {
         const line = t.querySelector('path.js-line');
         return line ? (line.getAttribute('d') || '').length : 0;
@@ -142,7 +144,24 @@ def train_and_check_chart(visit: Visit) -> dict:
         key = (axis["side"], tuple(axis["domain"]))
         assert key not in sides, chart  # two y-axes on one side of one panel
         sides[key] = axis["name"]
+    check_accuracy_axis(chart)
     return chart
+
+
+def check_accuracy_axis(chart: dict) -> None:
+    """The accuracy axis (right) fits the accuracy values as drawn, whether a fraction or a
+    percentage; the loss axis is the left one."""
+    axes = {a["name"]: a for a in chart["yaxes"]}
+    accuracy = [v for t in chart["traces"] if "acc" in (t["name"] or "") for v in t["y"]]
+    assert accuracy and "yaxis2" in axes, chart
+    right, left = axes["yaxis2"], axes["yaxis"]
+    assert (right["side"], left["side"]) == ("right", "left"), chart
+    lo, hi = min(accuracy), max(accuracy)
+    scale = 1.0 if hi <= 1 else 100.0
+    bottom, top = right["range"]
+    assert bottom <= lo and hi <= top, chart  # every point on the chart
+    slack = (hi - lo) / 2 + 0.05 * scale  # fitted: not the whole 0..1 (or 0..100) scale
+    assert bottom >= lo - slack and top <= hi + slack, chart
 
 
 def terminal_runs_wmla(visit: Visit) -> str:

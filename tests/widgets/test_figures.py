@@ -22,9 +22,35 @@ def test_metrics_figure_plots_losses_left_and_accuracy_right() -> None:
         ("test_accuracy", [3], [0.8], "y2"),
     ]
     assert fig["layout"]["title"]["text"] == "mnist"
+    assert fig["layout"]["yaxis"] == {"title": {"text": "loss"}, "side": "left"}  # its own range
     assert fig["layout"]["yaxis2"] == {
-        "title": {"text": "accuracy"}, "overlaying": "y", "side": "right", "range": [0, 1]
+        "title": {"text": "accuracy"}, "overlaying": "y", "side": "right", "tickmode": "auto",
+        "showgrid": False, "range": [0.78, 0.82],  # one value: 2% of the 0..1 scale around it
     }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("accuracy", "title", "expected"),
+    [
+        ([0.62, 0.71, 0.82], "accuracy", [0.6, 0.84]),  # a fraction: its span, not 0..1
+        ([62.0, 81.0, 91.5], "accuracy (%)", [59.05, 94.45]),  # a percentage, not cut at 1
+        ([90.0, 100.0], "accuracy (%)", [88.0, 102.0]),  # a value on the edge stays inside
+        ([0.0, 1.0], "accuracy", [-0.1, 1.1]),
+        ([0.97, 0.99], "accuracy", [0.95, 1.0]),  # padded, but not past the fraction's 1
+    ],
+    ids=["fraction", "percentage", "percentage-at-100", "whole-fraction", "near-1"],
+)
+def test_the_accuracy_axis_fits_its_values_and_loss_keeps_its_own(
+    accuracy, title, expected
+) -> None:
+    lines = [{"step": i + 1, "loss": 3.0 - i, "val_accuracy": a} for i, a in enumerate(accuracy)]
+    layout = figures.metrics_figure(lines)["layout"]
+    right, left = layout["yaxis2"], layout["yaxis"]
+    assert right["title"]["text"] == title
+    assert right["range"] == pytest.approx(expected)
+    assert right["range"][0] <= min(accuracy) and max(accuracy) <= right["range"][1]
+    assert (right["side"], right["overlaying"]) == ("right", "y")
+    assert left["side"] == "left" and "range" not in left  # loss: plotly fits it on the left
 
 
 def test_an_empty_figure_has_no_traces_and_no_second_axis() -> None:

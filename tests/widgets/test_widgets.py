@@ -182,6 +182,30 @@ def test_the_live_chart_after_every_batch_is_the_fresh_figure() -> None:
     assert names == ["loss", "train_loss", "val_loss", "test_accuracy"]
 
 
+def test_the_live_chart_fits_a_percentage_accuracy_as_it_grows() -> None:
+    """A script that reports accuracy in percent: the open view's right axis follows the
+    values epoch after epoch (it was 0..1 before, with the points drawn off the chart)."""
+    lines = mnist_lines(epochs=3, steps_per_epoch=5)
+    for line in lines:
+        if "test_accuracy" in line:
+            line["test_accuracy"] = round(100 * line["test_accuracy"], 2)  # 80, 81, 82
+    client = CannedClient()
+    client.lines = []
+    client.jobs_seen.append({**JOB, "state": "RUNNING"})
+    mon = JobMonitor(client, "j1")
+    view = LiveView(mon.chart)
+    for end in (6, 12, 18):
+        client.lines = lines[:end]
+        mon.refresh()
+        accuracy = [x["test_accuracy"] for x in client.lines if "test_accuracy" in x]
+        axis = view.figure()["layout"]["yaxis2"]
+        assert view.errors == []
+        assert axis["title"]["text"] == "accuracy (%)" and axis["side"] == "right"
+        assert axis["range"][0] <= min(accuracy) and max(accuracy) <= axis["range"][1]
+        assert axis["range"][1] - axis["range"][0] <= 10  # fits the values, not 0..100
+        assert view.figure()["layout"]["yaxis"]["side"] == "left"
+
+
 # -- the cancel button ---------------------------------------------------------------------------
 @pytest.mark.parametrize("state", ["FINISHED", "FAILED", "CANCELLED", "REJECTED"])
 def test_a_monitor_opened_on_an_ended_job_offers_no_cancel(state: str) -> None:
