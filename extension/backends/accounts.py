@@ -3,7 +3,7 @@ account can reach (from the permission bits): whether it can run a program or re
 and which Python it can run the hub's packages with.
 
 Both places that run code as a hub user's own account use it: the spawner (notebook servers,
-spawner/local.py) and the local backend (job workers, backends/local.py), so a user's notebook
+spawner/local.py) and the local backend (job workers, backends/local/), so a user's notebook
 and jobs run as one account, created the same way by either. The usual trap it answers: the
 hub's Python installed under /root (mode 0700), which no other account can start; then the
 system Python of the same version runs over the hub's packages.

@@ -1,0 +1,361 @@
+"""Starting a gang: every worker is started by ``local_launch.py`` as the leader of its own
+session, with the torch.distributed variables and exactly the devices it was given, in the
+job's directory, its output in ``<workdir>/logs/worker-<rank>.log``.
+
+When the service runs as root, nothing of the job (its directory, log, environment) is touched
+by a root process: the job directory is made and checked by a helper running as the user's
+account (``userfs.UserFiles``), the job's env travels to the launcher in a 0600 file of the
+backend's state directory, and the launcher's child drops to the account before it opens the
+log and executes the command (docs/security.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import json
+import logging
+import os
+import shlex
+import signal
+import site
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import psutil
+
+from extension.backends.accounts import Account, AccountError, account_python, unreachable
+from extension.backends.base import JobSpec
+from extension.backends.userfs import UserFileError, UserFiles
+
+from .records import _Gang, _private_dirs, _rmtree, _Worker
+from .supervision import _kill_group
+
+log = logging.getLogger("wmla.backends.local")
+
+_BACKENDS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # extension/backends
+LAUNCHER = os.path.join(_BACKENDS, "local_launch.py")
+# The directory that holds the ``extension`` package: put on the workers' PYTHONPATH so that
+# ``from extension import runtime`` works in a training script however the project is installed.
+PROJECT_ROOT = os.path.dirname(os.path.dirname(_BACKENDS))
+# All the launcher (root, when the service is) starts with: nothing of the service's or the job's
+# environment reaches a process that has not yet dropped to the user (local_launch.py).
+LAUNCHER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+DEFAULT_ENV_KEEP = (
+    "PATH",
+    "LANG",
+    "LANGUAGE",
+    "LC_*",
+    "TZ",
+    "TMPDIR",
+    "HOME",
+    "PYTHONPATH",
+    "LD_LIBRARY_PATH",
+    "CUDA_HOME",
+    "NCCL_*",
+    "GLOO_*",
+)
+_PYTHON_NAMES = ("python", "python3")
+
+
+class StartError(Exception):
+    """The gang could not be started; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """What ``_prepare`` found out for one start: who runs it, and what exactly."""
+
+    account: Account | None
+    command: list[str]
+    hub_paths: list[str]
+
+
+class _Launching:
+    """Preparing a start (as the user), and starting the workers.
+
+    A part of ``LocalBackend``: ``backend.py`` sets the attributes declared here.
+    ``_allocate``/``_free``/``_free_port`` are allocation.py's, ``_job_dir``/
+    ``_write_record`` records.py's, ``account_for`` users.py's.
+    """
+
+    python: str
+    account_python: str
+    real_gpus: bool
+    master_addr: str
+    kill_wait: float
+    env_keep: tuple[str, ...]
+    extra_env: dict[str, str]
+    pythonpath: str | None
+    _used: dict[str, set[int]]
+    _gangs: dict[str, _Gang]
+
+    def _prepare(self, spec: JobSpec) -> _Ready:
+        """Everything about a start that blocks or touches the user's folder, none of it as
+        root: the account (created when missing), an interpreter it can run, the job directory
+        made and the program checked by a helper that runs as the account. Runs in a thread."""
+        command = list(spec.command)
+        if not command or not all(isinstance(a, str) and a for a in command):
+            raise StartError(
+                f"job {spec.id}: the command must be a non-empty list of non-empty strings, "
+                f"got {spec.command!r}"
+            )
+        if command[0] in _PYTHON_NAMES:
+            command[0] = self.python
+        if not spec.workdir or not os.path.isabs(spec.workdir):
+            raise StartError(
+                f"job {spec.id}: workdir must be an absolute path, got {spec.workdir!r}"
+            )
+        home = os.path.dirname(os.path.dirname(spec.workdir))  # <root>/<user>/jobs/<id>
+        try:
+            account = self.account_for(spec.user, home=home)
+        except AccountError as err:
+            raise StartError(f"job {spec.id}: {err}") from None
+        hub_paths: list[str] = []
+        if account is not None:
+            command, hub_paths = self._python_for(account, command)
+        files = UserFiles.of(account)
+        script = command[1] if len(command) > 1 and os.path.isabs(command[1]) else ""
+        try:
+            files.prepare_job(spec.workdir)
+            if account is not None:
+                problem = files.check_runnable(command[0], script, os.environ.get("PATH", ""))
+                if problem:
+                    raise StartError(
+                        f"job {spec.id}: user {account.name!r} {problem}; put it where the "
+                        "account can reach it, point LocalBackend(python=...) at such an "
+                        "interpreter, or set run_as_user=False"
+                    )
+        except UserFileError as err:
+            raise StartError(f"job {spec.id}: {err}") from None
+        return _Ready(account, command, hub_paths)
+
+    def _launch(self, spec: JobSpec, placement: tuple[str, ...], ready: _Ready) -> _Gang:
+        """Take the devices and a port, start every worker, record the gang. Whatever fails
+        half-way, nothing of the start is left behind (StartError says why)."""
+        self._check_placement(spec, placement)
+        devices = self._allocate(spec, placement)
+        launch = uuid.uuid4().hex[:12]
+        workers: list[_Worker] = []
+        try:
+            exit_dir = os.path.join(self._job_dir(spec.id), launch)
+            _private_dirs(exit_dir)
+            port = self._free_port()
+            self._spawn_workers(spec, placement, ready, devices, port, exit_dir, workers)
+        except BaseException as err:
+            self._undo_launch(spec, placement, devices, workers)
+            if isinstance(err, StartError):
+                raise
+            if isinstance(err, OSError):
+                raise StartError(f"job {spec.id}: cannot start its workers: {err}") from err
+            raise
+        gang = _Gang(
+            job_id=spec.id,
+            user=spec.user,
+            workdir=spec.workdir,
+            placement=placement,
+            port=port,
+            launch=launch,
+            started_at=time.time(),
+            workers=workers,
+        )
+        self._gangs[spec.id] = gang
+        self._write_record(gang)
+        log.info("job %s: started %d worker(s) on %s", spec.id, len(workers), ",".join(placement))
+        return gang
+
+    def _check_placement(self, spec: JobSpec, placement: tuple[str, ...]) -> None:
+        """Refuse a placement this backend cannot run before anything is taken."""
+        if not placement:
+            raise StartError(f"job {spec.id}: the placement is empty; a gang needs 1+ workers")
+        unknown = sorted({n for n in placement if n not in self._used})
+        if unknown:
+            raise StartError(
+                f"job {spec.id}: unknown node(s) {', '.join(unknown)}; this backend has "
+                f"{', '.join(self._used)}"
+            )
+
+    def _spawn_workers(
+        self,
+        spec: JobSpec,
+        placement: tuple[str, ...],
+        ready: _Ready,
+        devices: list[tuple[int, ...]],
+        port: int,
+        exit_dir: str,
+        workers: list[_Worker],
+    ) -> None:
+        """Start one launcher per rank, each appended to ``workers`` as soon as it exists, so
+        that a failure half-way lets ``_launch`` kill exactly the ones already started."""
+        account, command, hub_paths = ready.account, ready.command, ready.hub_paths
+        logs_dir = os.path.join(spec.workdir, "logs")
+        per_node: dict[str, int] = {}
+        for node in placement:
+            per_node[node] = per_node.get(node, 0) + 1
+        seen: dict[str, int] = {}
+        gpus = int(spec.per_worker.gpu)
+        for rank, node in enumerate(placement):
+            local_rank = seen.get(node, 0)
+            seen[node] = local_rank + 1
+            env = self._worker_env(
+                spec,
+                account,
+                rank=rank,
+                world=len(placement),
+                local_rank=local_rank,
+                local_world=per_node[node],
+                port=port,
+                devices=devices[rank],
+                node=node,
+                nccl=self.real_gpus and gpus > 0,
+                hub_paths=hub_paths,
+            )
+            workers.append(
+                self._spawn(
+                    spec,
+                    command,
+                    env,
+                    rank,
+                    node,
+                    devices[rank],
+                    exit_dir,
+                    logs_dir,
+                    account,
+                    len(placement),
+                )
+            )
+
+    def _undo_launch(
+        self,
+        spec: JobSpec,
+        placement: tuple[str, ...],
+        devices: list[tuple[int, ...]],
+        workers: list[_Worker],
+    ) -> None:
+        """A start that failed half-way leaves nothing behind: the workers already started are
+        killed (and waited for), the devices given back, the job's state directory removed."""
+        for worker in workers:
+            _kill_group(worker.pid, signal.SIGKILL)
+            if worker.proc is not None:
+                with contextlib.suppress(Exception):
+                    worker.proc.wait(timeout=self.kill_wait)
+        self._free(placement, devices)
+        with contextlib.suppress(OSError):
+            _rmtree(self._job_dir(spec.id))
+
+    def _spawn(
+        self,
+        spec: JobSpec,
+        command: list[str],
+        env: dict[str, str],
+        rank: int,
+        node: str,
+        devices: tuple[int, ...],
+        exit_dir: str,
+        logs_dir: str,
+        account: Account | None,
+        world: int,
+    ) -> _Worker:
+        exit_file = os.path.join(exit_dir, f"worker-{rank}.exit")
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        launch = {
+            "argv": command,
+            "env": env,
+            "cwd": spec.workdir,
+            "log": os.path.join(logs_dir, f"worker-{rank}.log"),
+            "header": f"==== wmla: job {spec.id} worker {rank} of {world} on {node}, devices "
+            f"[{','.join(map(str, devices))}], {stamp}: {shlex.join(command)[:300]}\n",
+            "exit_file": exit_file,
+        }
+        if account is not None:
+            groups = os.getgrouplist(account.name, account.gid)
+            launch.update(uid=account.uid, gid=account.gid, groups=groups)
+        # The job's env travels in a file of the backend's private state directory, not in the
+        # launcher's environment: nothing of it may reach a process still running as root.
+        spec_file = os.path.join(exit_dir, f"worker-{rank}.json")
+        fd = os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(launch, out)
+        proc = subprocess.Popen(
+            [sys.executable, "-I", LAUNCHER, spec_file],
+            cwd="/",
+            env=LAUNCHER_ENV,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # own session: survives the service, one group to signal
+            close_fds=True,
+        )
+        try:
+            create_time = psutil.Process(proc.pid).create_time()
+        except psutil.Error:  # already gone: poll() will tell how
+            create_time = 0.0
+        return _Worker(rank, node, tuple(devices), proc.pid, create_time, exit_file, proc=proc)
+
+    def _python_for(self, account: Account, command: list[str]) -> tuple[list[str], list[str]]:
+        """The command with an interpreter the account can run, and the hub's package folders
+        it then needs on PYTHONPATH. When the service's Python is out of the account's reach
+        (a pyenv under /root, mode 0700), ``account_python`` ("auto": the system Python of the
+        same major.minor, so compiled packages load unchanged) runs over the service's
+        packages, as the spawner does for notebooks. Otherwise the command is unchanged and the
+        helper's check_runnable (in ``_prepare``) says why it cannot run."""
+        if command[0] != self.python or not self.account_python:
+            return command, []
+        if unreachable(self.python, account) is None:
+            return command, []
+        paths = [p for p in site.getsitepackages() if os.path.isdir(p)]
+        python = account_python(account, self.account_python, paths)
+        return ([python, *command[1:]], paths) if python else (command, [])
+
+    def _worker_env(
+        self,
+        spec: JobSpec,
+        account: Account | None,
+        *,
+        rank: int,
+        world: int,
+        local_rank: int,
+        local_world: int,
+        port: int,
+        devices: tuple[int, ...],
+        node: str,
+        nccl: bool,
+        hub_paths: Sequence[str] = (),
+    ) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if any(fnmatch.fnmatchcase(k, pattern) for pattern in self.env_keep)
+        }
+        if account is not None:
+            env.update(HOME=account.home, USER=account.name, LOGNAME=account.name)
+        env.update(self.extra_env)
+        threads = max(1, int(spec.per_worker.cpu) // 1000)
+        env.setdefault("OMP_NUM_THREADS", str(threads))  # torchrun's guard against oversubscription
+        env["PYTHONUNBUFFERED"] = "1"  # logs readable while the job runs
+        env.update({str(k): str(v) for k, v in spec.env.items()})
+        if self.pythonpath or hub_paths:
+            given = [p for p in env.get("PYTHONPATH", "").split(":") if p]
+            parts = [p for p in (self.pythonpath, *hub_paths) if p] + given
+            env["PYTHONPATH"] = ":".join(dict.fromkeys(parts))
+        # Ours last: a job's env cannot move a worker to another rank or device.
+        env.update(
+            MASTER_ADDR=self.master_addr,
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(local_rank),
+            LOCAL_WORLD_SIZE=str(local_world),
+            CUDA_VISIBLE_DEVICES=",".join(map(str, devices)),
+            WMLA_JOB_ID=spec.id,
+            WMLA_JOB_DIR=spec.workdir,
+            WMLA_USER=spec.user,
+            WMLA_BACKEND="nccl" if nccl else "gloo",
+            WMLA_NODE=node,
+        )
+        return env

@@ -1,0 +1,211 @@
+"""What outlives the service: for every gang, ``<state_dir>/jobs/<job>/record.json`` with each
+worker's pid and start time, and the exit file the launcher writes when its worker ends (its
+exit code and when). A new backend over the same ``state_dir`` re-adopts the workers from the
+records (the start time tells a recycled pid from the worker) and learns from the exit files
+how those that ended meanwhile ended.
+
+The state directory holds the job specs with their env: it is the backend's own, 0700."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import psutil
+
+log = logging.getLogger("wmla.backends.local")
+
+
+@dataclass
+class _Worker:
+    rank: int
+    node: str
+    devices: tuple[int, ...]
+    pid: int
+    create_time: float
+    exit_file: str
+    proc: subprocess.Popen | None = None  # None: adopted from an earlier service
+    exit_code: int | None = None
+    exited_at: float | None = None
+    done: bool = False
+    vanished: bool = False  # gone without an exit status (SIGKILL, reboot)
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "node": self.node,
+            "devices": list(self.devices),
+            "pid": self.pid,
+            "create_time": self.create_time,
+            "exit_file": self.exit_file,
+        }
+
+
+@dataclass
+class _Gang:
+    job_id: str
+    user: str
+    workdir: str
+    placement: tuple[str, ...]
+    port: int
+    launch: str
+    started_at: float
+    workers: list[_Worker]
+    state: str = "running"  # running -> stopping -> done
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    outcome: str = ""  # the event kind that ended it
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "user": self.user,
+            "workdir": self.workdir,
+            "placement": list(self.placement),
+            "port": self.port,
+            "launch": self.launch,
+            "started_at": self.started_at,
+            "workers": [w.record() for w in self.workers],
+        }
+
+
+class _Records:
+    """Writing and reading the gangs' records.
+
+    A part of ``LocalBackend``: ``backend.py`` sets the attributes declared here.
+    """
+
+    state_dir: str
+
+    def _jobs_dir(self) -> str:
+        return os.path.join(self.state_dir, "jobs")
+
+    def _job_dir(self, job_id: str) -> str:
+        return os.path.join(self._jobs_dir(), quote(job_id, safe=""))
+
+    def _write_record(self, gang: _Gang) -> None:
+        path = os.path.join(self._job_dir(gang.job_id), "record.json")
+        _private_dirs(os.path.dirname(path))
+        tmp = f"{path}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(gang.record(), out, indent=1)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+
+    def _read_records(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        try:
+            entries = sorted(os.listdir(self._jobs_dir()))
+        except FileNotFoundError:
+            return out
+        for entry in entries:
+            path = os.path.join(self._jobs_dir(), entry, "record.json")
+            try:
+                with open(path, encoding="utf-8") as src:
+                    rec = json.load(src)
+                out[str(rec["job_id"])] = rec
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                log.error("unreadable worker record %s (%s): left alone", path, err)
+        return out
+
+
+def _check_worker(worker: _Worker) -> None:
+    """Bring ``worker.done`` / ``exit_code`` up to date without blocking."""
+    if worker.proc is not None:
+        code = worker.proc.poll()
+        if code is None:
+            return
+        recorded = _read_exit(worker.exit_file)
+        worker.exit_code = recorded if recorded is not None else code
+        worker.vanished = False
+        worker.done = True
+        worker.exited_at = time.time()
+        return
+    if _alive(worker.pid, worker.create_time):
+        return
+    recorded = _read_exit(worker.exit_file)
+    worker.done = True
+    worker.exited_at = time.time()
+    if recorded is None:
+        worker.vanished = True
+        worker.exit_code = None
+    else:
+        worker.exit_code = recorded
+
+
+def _alive(pid: int, create_time: float) -> bool:
+    """The process ``pid`` exists, is the one started at ``create_time``, and is not a zombie."""
+    try:
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - create_time) > 0.05:
+            return False  # the pid was recycled: not our worker
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)  # reap it if it is ours (same process, old backend)
+            return False
+        return True
+    except psutil.Error:
+        return False
+
+
+def _exit_record(path: str) -> dict[str, Any]:
+    """What the launcher wrote when its worker ended (in our state directory), or {}."""
+    try:
+        with open(path, encoding="utf-8") as src:
+            record = json.load(src)
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _read_exit(path: str) -> int | None:
+    try:
+        return int(_exit_record(path)["code"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _exit_time(worker: _Worker) -> float:
+    try:
+        return float(_exit_record(worker.exit_file)["at"])
+    except (KeyError, TypeError, ValueError):
+        return worker.exited_at or float("inf")
+
+
+def _ended_at(gang: _Gang) -> float:
+    """When the gang's last worker ended: the launchers' exit files say so, also for a gang
+    that ended while no service watched it (re-adopted: metering charges until then, not until
+    the restart noticed). A worker without a file ended when it was seen gone."""
+    now = time.time()
+    ends = [_exit_time(w) for w in gang.workers]
+    last = max(ends, default=now)
+    return now if last == float("inf") else min(last, now)
+
+
+def _private_dirs(path: str) -> None:
+    """``path`` and any missing parent created 0700 whatever the umask: the state directory
+    holds the job specs with their env (os.makedirs gives the parents the umask's mode)."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+        os.chmod(folder, 0o700)
+
+
+def _rmtree(path: str) -> None:
+    shutil.rmtree(path)
