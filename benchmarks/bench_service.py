@@ -167,6 +167,22 @@ def latency(values: list[float]) -> dict:
     }
 
 
+def tenths(ok: list[tuple]) -> list[dict]:
+    ordered = sorted(ok, key=lambda a: a[2])
+    out = []
+    size = max(1, len(ordered) // 10)
+    for i in range(0, len(ordered) - size + 1, size):
+        part = ordered[i : i + size]
+        span = part[-1][2] - part[0][2]
+        out.append(
+            {
+                "per_second": round((len(part) - 1) / span, 1) if span > 0 else None,
+                "p99_ms": ms(pct([a[2] - a[1] for a in part], 99)),
+            }
+        )
+    return out[:10]
+
+
 def read_log(path: Path, start: float, end: float) -> list[list[float]]:
     rows = []
     try:
@@ -515,6 +531,9 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
                 "sustained_per_second": round(sustained, 1),
                 "submit_seconds": round(elapsed, 2),
                 "submit_latency": latency(lat),
+                # answers per second and p99 in each tenth of the run: does it slow down as the
+                # store grows?
+                "by_tenth": tenths(ok),
                 "statuses": {str(k): v for k, v in Counter(a[3] for a in answers).items()},
                 "get_during_load": latency(load["probe"]),
                 "all_admitted_after_s": round(max(started) - load["wall0"], 2) if started else None,
@@ -631,6 +650,8 @@ def print_report(r: dict) -> None:
         f"  POST vs baseline GET : p50 x{s['p50_ms'] / max(b['p50_ms'], 0.1):.1f}, "
         f"p99 x{s['p99_ms'] / max(b['p99_ms'], 0.1):.1f}"
     )
+    tenth = ", ".join(f"{t['per_second']}/s" for t in r["by_tenth"])
+    print(f"  by tenth of the run  : {tenth}")
     print(f"  GET during the load  : p50 {g['p50_ms']} ms, p99 {g['p99_ms']} ms ({g['n']} probes)")
     print(
         f"  admitted             : all {r['all_admitted_after_s']} s after the first submission"
