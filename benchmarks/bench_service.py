@@ -67,29 +67,30 @@ SCRIPT = "print('instant')\n"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # parts of a submission's cost in the service: a sample counts for a part when a frame on its
-# stack is one of these functions (qualified names as py-spy writes them, any file)
+# stack is one of these functions (qualified names as py-spy writes them; "*.name": a method
+# ``name`` of any class in this project, wherever it moves)
 PARTS = [
     ("hub auth (token check, HubAuth)", ("HubAuthenticated.get_current_user", "HubAuth._get_user")),
     ("  waiting for HubAuth's own thread", ("HubAuth._synchronize",)),
     ("tornado: reading and parsing the request", ("HTTP1Connection._read_message",)),
-    ("JSON body (APIHandler.body)", ("APIHandler.body",)),
+    ("JSON body (APIHandler.body)", ("*.body",)),
     ("validation (parse_submission)", ("parse_submission",)),
     ("  user_root (Path.resolve)", ("user_root",)),
-    ("  files_for (account, ensure_folder)", ("Scheduler.files_for",)),
-    ("idempotency lookup (Store.job_by_key)", ("Store.job_by_key",)),
-    ("Scheduler.submit", ("Scheduler.submit",)),
+    ("  files_for (account, ensure_folder)", ("*.files_for",)),
+    ("idempotency lookup (Store.job_by_key)", ("*.job_by_key",)),
+    ("Scheduler.submit", ("*.submit",)),
     ("  check_submission (core)", ("check_submission",)),
-    ("store: add_job", ("Store.add_job",)),
-    ("store: job / jobs_by_id reads", ("Store.job", "Store.jobs_by_id")),
-    ("scheduling cycle (Scheduler.cycle)", ("Scheduler.cycle", "Scheduler._cycle")),
+    ("store: add_job", ("*.add_job",)),
+    ("store: job / jobs_by_id reads", ("*.job", "*.jobs_by_id")),
+    ("scheduling cycle (Scheduler.cycle)", ("*.cycle", "*._cycle")),
     ("  core schedule()", ("schedule",)),
-    ("  events folded (_fold_events)", ("Scheduler._fold_events",)),
-    ("  decisions applied (_apply)", ("Scheduler._apply",)),
-    ("store: commit_cycle", ("Store.commit_cycle",)),
-    ("store: update_jobs", ("Store.update_jobs",)),
+    ("  events folded (_fold_events)", ("*._fold_events",)),
+    ("  decisions applied (_apply)", ("*._apply",)),
+    ("store: commit_cycle", ("*.commit_cycle",)),
+    ("store: update_jobs", ("*.update_jobs",)),
     ("store: SQLAlchemy commit", ("SessionTransaction.commit", "Transaction.commit")),
     ("metering (cycle hook, refresh)", ("Metering.on_cycle", "Metering.refresh")),
-    ("answer (job_json + reply)", ("APIHandler.reply", "job_json")),
+    ("answer (job_json + reply)", ("*.reply", "job_json")),
     ("request log line (RequestHandler._log)", ("RequestHandler._log",)),
 ]
 
@@ -353,8 +354,13 @@ def summarize_pyspy(
         for f in set(frames):
             totals[f] += n
         names = {f.split(" (", 1)[0] for f in frames}
+        ours = {
+            "*." + name.rsplit(".", 1)[-1]
+            for name, f in zip((f.split(" (", 1)[0] for f in frames), frames)
+            if "(extension/" in f
+        }
         for part, functions in PARTS:
-            if names.intersection(functions):
+            if names.intersection(functions) or ours.intersection(functions):
                 parts[part] += n
     if not total:
         return {"samples": 0, "idle_samples": idle}
