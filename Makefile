@@ -23,9 +23,24 @@ $(NODE_STAMP): package.json
 install: $(STAMP) $(NODE_STAMP)
 
 # JupyterHub on http://127.0.0.1:8000 with the wmla service (jupyterhub_config.py); runtime
-# state in var/. Ctrl-C stops the hub, which stops the proxy and the service.
+# state in var/ ($$WMLA_VAR). Ctrl-C stops the hub, which stops the proxy and the service.
+# An account that cannot execute the venv's interpreter (a .venv made by another account over a
+# Python under its 0700 home, e.g. root's pyenv) runs the system Python of the venv's version
+# over the venv's packages instead (docs/spawner.md, "Local, hub not root").
+VENV_PY = $(shell sed -n 's/^version *= *\([0-9]*\.[0-9]*\).*/\1/p' $(VENV)/pyvenv.cfg 2>/dev/null)
 run: install
-	PATH="$(abspath $(BIN)):$$PATH" exec $(BIN)/jupyterhub -f jupyterhub_config.py
+	@if $(BIN)/python -c '' 2>/dev/null; then \
+	  PATH="$(abspath $(BIN)):$$PATH" exec $(BIN)/jupyterhub -f jupyterhub_config.py; \
+	fi; \
+	py=$$(command -v python$(VENV_PY)) || { echo "make run: $$(id -un) cannot execute \
+	$(BIN)/python and there is no python$(VENV_PY) on PATH" >&2; exit 1; }; \
+	var="$${WMLA_VAR:-$(CURDIR)/var}"; \
+	if [ -e "$$var" ] && [ ! -w "$$var" ]; then echo "make run: $$var is not writable by \
+	$$(id -un); set WMLA_VAR to a folder of its own" >&2; exit 1; fi; \
+	echo "make run: $$(id -un) cannot execute $(BIN)/python; running $$py over the venv's \
+	packages" >&2; \
+	PYTHONPATH="$(abspath $(VENV))/lib/python$(VENV_PY)/site-packages:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" \
+	  exec "$$py" -m jupyterhub -f jupyterhub_config.py
 
 test: install
 	$(BIN)/ruff check .
