@@ -50,6 +50,8 @@ from urllib.parse import quote, urlparse
 import requests
 import urllib3.exceptions
 
+from extension.scheduler import FINAL_STATES  # noqa: F401 - the final states, one definition
+
 API_PATH = "api/v1"
 DEFAULT_SERVICE = "wmla"
 TIMEOUT = 30.0
@@ -591,9 +593,6 @@ class WmlaClient:
                     f"it keeps running: check it with `wmla exec-get {job_id}`"
                 )
             time.sleep(poll)
-
-
-FINAL_STATES = frozenset({"FINISHED", "FAILED", "CANCELLED", "REJECTED"})
 
 
 def _json(r: requests.Response) -> Any:

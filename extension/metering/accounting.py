@@ -7,7 +7,7 @@ Pure (no I/O, no clock): the service feeds it the scheduler's own transition row
   resources, as the core counts them: a shrinking or preempting job holds its workers until
   ``resized`` / ``released``);
 - **requested** by a job = ``max_workers x per_worker`` while it is PENDING or RUNNING (its
-  demand, as in SCHEDULING.md "Demand", before any plan limit caps it), else nothing.
+  demand, as in docs/scheduling.md "Words": demand, before any plan limit caps it), else nothing.
 
 Every change of a job is a delta applied to its user leaf *and to every ancestor up to the root*
 at the same time, in integer units (see ``series.py``), so a parent's series is exactly the sum

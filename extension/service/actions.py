@@ -117,7 +117,7 @@ class Actions:
         now = self.clock()
         job_id = new_job_id()
         self._check_fits(caller, sub, job_id, now)
-        # the user leaf is created on first use (docs/scheduling.md "User leaf")
+        # the user leaf is created on first use (docs/scheduling.md "Words": user leaf)
         leaf = self.plans.copy().ensure_user_leaf(sub.plan, caller.name)
         row = self._job_row(caller, sub, job_id, leaf.path, now, key, digest)
         if leaf.path not in self.plans:
@@ -159,7 +159,8 @@ class Actions:
             preemptible=sub.preemptible,
         )
         try:
-            problem = check_submission(Snapshot(self.plans, self.instance, [], self.config), job)
+            snapshot = Snapshot(self.plans, self.instance, [], self.config)
+            problem = check_submission(snapshot, job, self.index_cache)
         except PlanError as err:
             raise SubmissionError(str(err)) from None
         if problem is None and isinstance(self.backend, ChecksAdmission):

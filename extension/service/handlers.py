@@ -18,7 +18,7 @@ from tornado import web
 
 from extension.backends.accounts import AccountError
 from extension.backends.userfs import UserFileError, off_loop
-from extension.scheduler import UNLIMITED, PlanError, QuantityError, Resources
+from extension.scheduler import UNLIMITED, JobState, PlanError, QuantityError, Resources
 from extension.scheduler.plans import ROOT
 from extension.webapi import (  # noqa: F401 - re-exported: the admin pages import them here
     ADMIN_SCOPE,
@@ -329,7 +329,7 @@ class JobsHandler(APIHandler):
             user = caller.name
         states = self.get_argument("state", None)
         wanted = [s.strip().upper() for s in states.split(",")] if states else None
-        known = {"PENDING", "RUNNING", "FINISHED", "FAILED", "REJECTED", "CANCELLED"}
+        known = {state.value for state in JobState}
         if wanted and not set(wanted) <= known:
             bad = sorted(set(wanted) - known)[0]
             raise APIError(400, f"state {bad!r} is not one of {', '.join(sorted(known))}")

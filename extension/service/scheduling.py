@@ -35,6 +35,7 @@ from extension.backends.base import (
 )
 from extension.scheduler import (
     CycleResult,
+    IndexCache,
     Instance,
     Job,
     JobState,
@@ -94,6 +95,8 @@ class Scheduler(Actions):
         self.plans = PlanTree()
         self.members: dict[str, tuple[list[str], list[str]]] = {}
         self.jobs: dict[str, Job] = {}  # live (pending and running) jobs, in the core's terms
+        # the plan index kept from one cycle to the next (docs/scheduling.md "Cost"), ours
+        self.index_cache = IndexCache()
         self.result: CycleResult | None = None  # the last cycle's
         self.reserved: str | None = None  # CycleResult.reserved, passed to the next cycle
         self.cycles = 0
@@ -292,7 +295,7 @@ class Scheduler(Actions):
                 self.config,
                 reserved=self.reserved,
             )
-            result = schedule(snapshot, now)
+            result = schedule(snapshot, now, self.index_cache)
             self.cycles += 1
             changes, log = self._apply(result.decisions, result.waiting, now)
             if folded or changes or log:
@@ -310,7 +313,7 @@ class Scheduler(Actions):
                 self._stale = False
             raise
         self.result = result
-        # the reservation holder is tried first next cycle (docs/scheduling.md, Reservation):
+        # the reservation holder is tried first next cycle (docs/scheduling.md "Admission 4"):
         # what a reclaim freed goes to the reclaimer, not back to its victim
         self.reserved = result.reserved
         calls, self._calls = self._calls, []

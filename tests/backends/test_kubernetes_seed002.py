@@ -11,7 +11,7 @@ test (it stands in for Volcano and the kubelet, which cannot run here):
   PyTorchJobs and reports back. Every job finishes, and at no moment does a job hold part of
   its gang or do bound pods hold more than 4 GPUs.
 
-The history is checked at every step, not only at the end (SCHEDULING.md, scenario S5).
+The history is checked at every step, not only at the end (docs/scheduling.md, scenario S5).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The real scheduler core driving the local backend's real processes: S5 and S4 (SCHEDULING.md).
+"""The real scheduler core driving the local backend's real processes: S5 and S4
+(docs/scheduling.md "Scenarios every implementation must pass").
 
 A small driver stands in for the service's loop (which has its own tests): it runs a cycle,
 carries out the decisions on the backend, and feeds the backend's events back into the jobs.

@@ -129,7 +129,7 @@ async def test_a_failing_cycle_shows_in_health_until_one_succeeds(tmp_path, monk
     await rig.start()
     try:
 
-        def broken(snapshot, now):  # noqa: ANN001 - the core's signature
+        def broken(snapshot, now, cache=None):  # noqa: ANN001 - the core's signature
             raise ZeroDivisionError("float division by zero")
 
         real = scheduling.schedule

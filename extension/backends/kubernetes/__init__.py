@@ -19,7 +19,7 @@ Only this package talks to the Kubernetes API; every object it sends is built by
 Before anything is created, ``admission_problem`` checks the whole gang against the namespace's
 ResourceQuotas and LimitRanges, as the API server's admission would, so a gang is never half
 created because its third pod was refused. ``capacity()`` is the nodes' allocatable resources;
-``quota()`` the namespace quota that cuts the instance down (SCHEDULING.md "Instance").
+``quota()`` the namespace quota that cuts the instance down (docs/scheduling.md "Words": instance).
 
 After a service restart, ``recover`` finds the jobs again by their labels and annotations and
 reports ``lost`` for those that are gone.

@@ -1,5 +1,5 @@
 """Capacity and admission: what the cluster can hold (its Ready nodes, cut by the namespace's
-ResourceQuota: SCHEDULING.md "Instance"), and whether the namespace's ResourceQuotas and
+ResourceQuota: docs/scheduling.md "Words": instance), and whether the namespace's ResourceQuotas and
 LimitRanges would refuse a pod of a gang, checked for the whole gang before anything is created
 (the API server's own admission would refuse the third pod after two were made)."""
 
