@@ -16,8 +16,10 @@ world-readable already; the test skips, saying which folder, where they are not.
 
 Every server, kernel, terminal and job worker then runs as the hub's account: the terminal's
 ``id -un`` and the owner of the user's folder and files say so, the hub log carries the loud
-warning that the OS does not keep users apart, and no process under the hub runs as root.
-Screenshots land in test-artifacts/new-user-not-root/.
+warning that the OS does not keep users apart, and no process under the hub runs as root. Last,
+the README's ``make run`` by the same account brings the embedded hub and its service up (the
+recipe's own fallback to the system Python). Screenshots land in
+test-artifacts/new-user-not-root/.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -52,7 +55,7 @@ from tests.e2e.walk import (
     terminal_runs_wmla,
     train_and_check_chart,
 )
-from tests.service.hub import PROXY, REPO, Hub
+from tests.service.hub import PROXY, REPO, Hub, free_port
 
 ARTIFACTS = REPO / "test-artifacts" / "new-user-not-root"
 AS_ROOT = os.geteuid() == 0 and shutil.which("useradd") is not None
@@ -223,3 +226,65 @@ def test_nothing_under_the_hub_runs_as_root(hub: UnprivilegedHub) -> None:
     assert any("jupyterhub.singleuser" in cmd for _, _, cmd in seen.values()), seen
     assert {uid for uid, _, _ in seen.values()} == {hub.account.uid}, seen
     assert {euid for _, euid, _ in seen.values()} == {hub.account.uid}, seen
+
+
+def test_make_run_starts_the_embedded_hub_as_the_account(hub: UnprivilegedHub) -> None:
+    """The README's ``make run``, by the same account on this checkout: the venv's interpreter
+    is out of its reach, so the recipe runs the system Python over the venv's packages (the
+    stamps are taken as made: only their owner could rebuild the venv)."""
+    var = hub.tmp / "make-var"
+    var.mkdir()
+    os.chown(var, hub.account.uid, hub.account.gid)
+    port = free_port()
+    health_url = f"http://127.0.0.1:{port}/services/wmla/api/v1/health"
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(hub.tmp), "LANG": "C.UTF-8",
+        "USER": hub.account.name, "WMLA_VAR": str(var), "WMLA_HUB_PORT": str(port),
+        "WMLA_HUB_API_PORT": str(free_port()), "WMLA_PROXY_API_PORT": str(free_port()),
+        "WMLA_SERVICE_PORT": str(free_port()),
+    }  # fmt: skip
+    log_path = hub.tmp / "make-run.log"
+    with open(log_path, "wb") as log:
+        make = subprocess.Popen(
+            ["make", "-o", ".venv/.installed", "-o", "node_modules/.installed", "run"],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            user=hub.account.uid, group=hub.account.gid, extra_groups=[],
+        )  # fmt: skip
+    seen: set[int] = {make.pid}
+    try:
+        deadline = time.monotonic() + 90
+        up = False
+        while time.monotonic() < deadline and make.poll() is None and not up:
+            try:
+                up = requests.get(health_url, timeout=2).status_code == 200
+            except requests.RequestException:
+                time.sleep(0.5)
+        text = log_path.read_text(errors="replace")
+        assert up, text[-4000:]
+        if unreachable(str(REPO / ".venv" / "bin" / "python"), hub.account):
+            assert f"running {PYTHON} over the venv's packages" in text, text[-4000:]
+        under = psutil.Process(make.pid).children(recursive=True)
+        seen.update(p.pid for p in under)
+        assert {p.uids().real for p in under} == {hub.account.uid}
+    finally:
+        try:
+            seen.update(p.pid for p in psutil.Process(make.pid).children(recursive=True))
+        except psutil.Error:
+            pass
+        for pid in sorted(seen - {make.pid}):  # the hub first: it stops the proxy and service
+            try:
+                proc = psutil.Process(pid)
+                if "jupyterhub" in proc.cmdline():
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(30)
+            except psutil.Error:
+                pass
+        for pid in sorted(seen):
+            try:
+                proc = psutil.Process(pid)
+                proc.terminate()
+                proc.wait(5)
+            except psutil.TimeoutExpired:
+                proc.kill()
+            except psutil.Error:
+                pass
