@@ -47,6 +47,24 @@ class APIError(web.HTTPError):
 
 
 class BaseHandler(HubOAuthenticated, web.RequestHandler):
+    async def prepare(self) -> None:
+        """Who is asking, found on the event loop: HubAuth's synchronous path (tornado's
+        ``get_current_user``) hands the lookup to a thread of its own and holds the loop until
+        it answers, on every request (benchmarks/bench_service.py). What is found here is
+        cached where ``get_current_user`` looks first; anything unusual (a user the hub
+        refuses) is left to that path and its own handling."""
+        try:
+            model = await self.hub_auth.get_user(self, sync=False)
+        except Exception:  # e.g. the hub unreachable: get_current_user says so as usual
+            return
+        if not model:
+            self._hub_auth_user_cache = None
+            return
+        try:
+            self._hub_auth_user_cache = self.check_hub_user(model)
+        except Exception:
+            return
+
     @property
     def sched(self) -> Any:  # the service's Scheduler
         return self.settings["wmla_scheduler"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from extension.backends.accounts import ensure_folder
 from extension.backends.base import ChecksAdmission, LocalAccounts
@@ -74,36 +74,33 @@ class Actions:
     def usable_plans(self, caller: Caller) -> list[str]:
         return [p.path for p in self.plans if not p.user_leaf and self.may_submit(caller, p.path)]
 
-    async def job_for_key(self, caller: Caller, key: str, digest: str) -> JobRow | None:
-        """The job ``caller`` already submitted with Idempotency-Key ``key`` (waiting for a
-        submission with that key that is under way), or None. KeyReused when that job was
-        submitted with a different body."""
-        under_way = self._keys.get((caller.name, key))
-        if under_way is not None:
-            await asyncio.shield(under_way)
-        row = await self.db.read(self.store.job_by_key, caller.name, key)
-        if row is not None and (row.request or {}).get("digest") != digest:
-            raise KeyReused(
-                f"Idempotency-Key {key!r} was used for job {row.id} with a different body; "
-                "send a new key for a new submission"
-            )
-        return row
-
     async def submit_once(
-        self, caller: Caller, sub: Submission, key: str, digest: str
+        self,
+        caller: Caller,
+        sub: Submission | Callable[[], Awaitable[Submission]],
+        key: str,
+        digest: str,
     ) -> tuple[JobRow, bool]:
         """``submit`` keyed by the client: (the job, whether it is new). A retry of a request
         whose answer was lost (a 503 while the service restarted, a dropped connection) gets
-        the job the first one made instead of a second job."""
-        while True:
-            row = await self.job_for_key(caller, key, digest)
-            if row is not None:
-                return row, False
-            if (caller.name, key) not in self._keys:  # none began while we looked
-                break
+        the job the first one made instead of a second job; the same key with another body
+        (``digest``) is KeyReused. ``sub`` may be a coroutine function that parses the body:
+        it runs only when the key is new (parsing may create the user's account)."""
+        while (under_way := self._keys.get((caller.name, key))) is not None:
+            await asyncio.shield(under_way)  # one submission per key at a time
         done = asyncio.get_running_loop().create_future()
         self._keys[(caller.name, key)] = done
         try:
+            row = await self.db.read(self.store.job_by_key, caller.name, key)
+            if row is not None:
+                if (row.request or {}).get("digest") != digest:
+                    raise KeyReused(
+                        f"Idempotency-Key {key!r} was used for job {row.id} with a different "
+                        "body; send a new key for a new submission"
+                    )
+                return row, False
+            if callable(sub):
+                sub = await sub()
             return await self.submit(caller, sub, key=key, digest=digest), True
         finally:
             del self._keys[(caller.name, key)]
@@ -122,12 +119,20 @@ class Actions:
         row = self._job_row(caller, sub, job_id, leaf.path, now, key, digest)
         if leaf.path not in self.plans:
             await self._add_user_leaf(sub.plan, caller.name, now)
+        if self._task is not None and not self._task.done():
+            # the next cycle stores it with everything else it writes, in one commit, and
+            # decides on it; the answer comes once it is stored (row: as that cycle left it)
+            stored = asyncio.get_running_loop().create_future()
+            self._submitted.append((row, stored))
+            self._wake.set()
+            await stored
+            return row
+        # no loop running (tests drive the cycles): store it on its own
         await self.db.write(self.store.add_job, row, now)
         async with self._lock:  # not while a cycle reloads the jobs from the store
             if job_id not in self.jobs:
                 self._take_in(row)
-        await self.kick()
-        return await self.db.read(self.store.job, job_id) or row
+        return row
 
     def _check_plan(self, caller: Caller, plan: str) -> None:
         """The plan exists, is not a user leaf, and the caller may submit to it."""

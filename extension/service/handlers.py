@@ -31,7 +31,7 @@ from extension.webapi import (  # noqa: F401 - re-exported: the admin pages impo
 from .openapi import openapi_document
 from .scheduling import Conflict, Forbidden, KeyReused, NotFound, Scheduler
 from .store import JobRow, PlanRecord
-from .submission import Rejected, SubmissionError, parse_submission
+from .submission import Rejected, Submission, SubmissionError, parse_submission
 
 PLAN_KEYS = {"path", "share", "limit", "members"}
 MEMBER = re.compile(r"[A-Za-z0-9._@-]{1,255}\Z")
@@ -356,15 +356,18 @@ class JobsHandler(APIHandler):
             if not isinstance(on_behalf, str) or not MEMBER.match(on_behalf):
                 raise APIError(400, f"user {on_behalf!r} is not a hub user name")
             caller = Caller(on_behalf, frozenset(), admin=True)
-        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-        if key is not None:  # a retry: the job the first try made, before anything else runs
-            row = await self.sched.job_for_key(caller, key, digest)
-            if row is not None:
-                self._created(row, 200)
-                return
+        if key is None:
+            row, new = await self.sched.submit(caller, await self._parse(body, caller)), True
+        else:  # the body is parsed only when the key is new (a retry gets the job it made)
+            digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+            parse = functools.partial(self._parse, body, caller)
+            row, new = await self.sched.submit_once(caller, parse, key, digest)
+        self._created(row, 201 if new else 200)
+
+    async def _parse(self, body: Any, caller: Caller) -> Submission:
         # In a thread: resolving the command's paths runs a helper as the user's account (and
         # may create that account), which must not hold up the event loop.
-        sub = await off_loop(
+        return await off_loop(
             parse_submission,
             body,
             user=caller.name,
@@ -373,11 +376,6 @@ class JobsHandler(APIHandler):
             max_workers=self.service.max_workers_per_job,
             files=functools.partial(self.sched.files_for, caller.name, True),
         )
-        if key is None:
-            row, new = await self.sched.submit(caller, sub), True
-        else:
-            row, new = await self.sched.submit_once(caller, sub, key, digest)
-        self._created(row, 201 if new else 200)
 
     def _created(self, row: JobRow, status: int) -> None:
         self.set_header("Location", f"{self.settings['wmla_prefix']}api/v1/jobs/{row.id}")

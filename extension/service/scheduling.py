@@ -116,6 +116,8 @@ class Scheduler(Actions):
         self._stale = False  # the last cycle's write failed: reload the jobs from the store
         self.specs: dict[str, JobSpec] = {}  # what the backend runs, per live job
         self._keys: dict[tuple[str, str], asyncio.Future] = {}  # submissions under way
+        # jobs submitted since the last cycle: stored by its transaction (group commit)
+        self._submitted: list[tuple[JobRow, asyncio.Future]] = []
         # called as hook(result, now, seconds) after every cycle (metering); must not raise
         self.cycle_hooks: list[Callable[[Any, float, float], None]] = []
 
@@ -284,8 +286,14 @@ class Scheduler(Actions):
             self._reload_jobs(await self.db.read(self.store.jobs, states=LIVE))
             self._stale = False
         events, self._events = self._events, []
+        submitted, self._submitted = self._submitted, []
+        for row, _ in submitted:  # decided on in this very cycle
+            if row.id not in self.jobs:
+                self._take_in(row)
         try:
-            rows = await self.db.read(self.store.jobs_by_id, {e.job_id for e in events})
+            rows = {}
+            if events:
+                rows = await self.db.read(self.store.jobs_by_id, {e.job_id for e in events})
             folded = self._fold_events(events, rows, now)
             self._refresh_instance()
             snapshot = Snapshot(
@@ -298,21 +306,31 @@ class Scheduler(Actions):
             result = schedule(snapshot, now, self.index_cache)
             self.cycles += 1
             changes, log = self._apply(result.decisions, result.waiting, now)
-            if folded or changes or log:
-                await self.db.write(self.store.commit_cycle, folded, changes, now, log, probe=True)
+            new_rows = [row for row, _ in submitted]
+            if folded or changes or log or new_rows:
+                await self.db.write(
+                    self.store.commit_cycle, folded, changes, now, log, new_rows, probe=True
+                )
             elif not self.db.up:  # nothing to store: find out whether the store is back
                 await self.db.write(self.store.set_meta, "probe", repr(now), probe=True)
-        except BaseException:
+        except BaseException as err:
             # nothing of this cycle is stored: carry none of it out, keep its events (they are
-            # folded again next cycle), and take the jobs back as the store has them
+            # folded again next cycle), tell its submitters, and take the jobs back as the
+            # store has them
             self._calls.clear()
             self._events[:0] = events
+            for _, done in submitted:
+                if not done.done():
+                    done.set_exception(_failed_submission(err))
             self._stale = True
             with contextlib.suppress(Exception):  # else the next cycle reloads first
                 self._reload_jobs(await self.db.read(self.store.jobs, states=LIVE))
                 self._stale = False
             raise
         self.result = result
+        for _, done in submitted:
+            if not done.done():
+                done.set_result(None)
         # the reservation holder is tried first next cycle (docs/scheduling.md "Admission 4"):
         # what a reclaim freed goes to the reclaimer, not back to its victim
         self.reserved = result.reserved
@@ -464,6 +482,13 @@ def _spec(row: JobRow) -> JobSpec:
         env=dict(row.env or {}),
         kind=row.kind,
     )
+
+
+def _failed_submission(err: BaseException) -> Exception:
+    """What a submitter of a cycle that stored nothing is told (each its own exception)."""
+    if isinstance(err, StoreUnavailable):
+        return StoreUnavailable(str(err), err.retry_after)
+    return RuntimeError(f"the scheduling cycle failed, the job was not stored: {err}")
 
 
 def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:

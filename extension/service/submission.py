@@ -22,6 +22,7 @@ Body (docs/service.md and the OpenAPI document describe it too)::
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -236,7 +237,13 @@ def user_root(storage_root: str | Path, user: str) -> Path:
     problem = user_name_problem(user)
     if problem:
         raise SubmissionError(f"{problem}: it names the user's storage folder and plan leaf")
-    return Path(storage_root).resolve() / user
+    return _resolved(str(storage_root)) / user
+
+
+@functools.lru_cache(maxsize=16)
+def _resolved(storage_root: str) -> Path:
+    """The storage root as an absolute path (resolved once: it is called per request)."""
+    return Path(storage_root).resolve()
 
 
 def _path_arg(value: Any, what: str, example: str) -> str:

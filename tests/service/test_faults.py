@@ -205,3 +205,33 @@ async def test_concurrent_retries_with_one_key_make_one_job(rig: Rig) -> None:
     assert len({row.id for row, _ in results}) == 1
     assert sum(new for _, new in results) == 1
     assert len(rig.store.jobs(user="alice")) == 1
+
+
+async def test_concurrent_submissions_are_stored_in_a_few_cycle_commits(tmp_path: Path) -> None:
+    """Group commit: with the loop running, submissions wait for the next cycle, which stores
+    them with its own writes in one transaction and decides on them before answering."""
+    rig = Rig(tmp_path, gpus=64)
+    commits = []
+    real = rig.store.commit_cycle
+
+    def counted(*args, **kwargs):
+        commits.append(len(args[4]) if len(args) > 4 else len(kwargs.get("new_rows", ())))
+        return real(*args, **kwargs)
+
+    rig.store.commit_cycle = counted
+    await rig.sched.start(rig.backend, run_loop=True)
+    try:
+        subs = [submission(rig, f"user{i % 5}") for i in range(30)]
+        rows = await asyncio.gather(
+            *(rig.sched.submit(Caller(f"user{i % 5}"), s) for i, s in enumerate(subs))
+        )
+        assert len({r.id for r in rows}) == 30
+        assert all(r.state == "RUNNING" for r in rows)  # the answer is the cycle's decision
+        stored = rig.store.jobs()
+        assert len(stored) == 30 and all(j.state == "RUNNING" for j in stored)
+        assert sum(commits) == 30 and len([n for n in commits if n]) < 10, commits
+        kinds = {t.event for t in rig.store.transitions()}
+        assert {"submitted", "started"} <= kinds
+    finally:
+        await rig.sched.stop()
+        rig.store.close()
