@@ -14,27 +14,27 @@ from typing import Any
 from extension.backends.base import BackendEvent, EventKind
 from extension.scheduler import Grow, Job, JobState, Preempt, Reject, Shrink, Start
 
-from .store import JobRow
+from .store import FoldFacts
 
 # a job's change for the store: ({column: value}, transition event or None, reason)
 Change = tuple[dict[str, Any], str | None, str]
 
 
 # -- events --------------------------------------------------------------------------------
-def on_running(sched: Any, job: Job, row: JobRow, ev: BackendEvent) -> Change:
+def on_running(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change:
     if ev.placement:
         job.placement = tuple(ev.placement)
     return {"placement": list(job.placement)}, "running", ""
 
 
-def on_resized(sched: Any, job: Job, row: JobRow, ev: BackendEvent) -> Change:
+def on_resized(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change:
     target = sched._resize_to.pop(job.id, None)
     job.placement = tuple(ev.placement) if ev.placement else (target or job.placement)
     job.terminating = False
     return {"placement": list(job.placement), "terminating": False}, "resized", ""
 
 
-def on_ended(sched: Any, job: Job, row: JobRow, ev: BackendEvent) -> Change:
+def on_ended(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change:
     """finished, failed, lost: the workers are gone; a cancel under way ends CANCELLED."""
     state = JobState.FINISHED if ev.kind is EventKind.FINISHED else JobState.FAILED
     reason = ev.message
@@ -56,7 +56,7 @@ def on_ended(sched: Any, job: Job, row: JobRow, ev: BackendEvent) -> Change:
     return values, ev.kind.value, reason
 
 
-def on_released(sched: Any, job: Job, row: JobRow, ev: BackendEvent) -> Change:
+def on_released(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change:
     """A stop finished: cancelled, or preempted and back to the queue (it resumes from its
     checkpoint when started again)."""
     if row.cancel_requested:
@@ -81,7 +81,7 @@ def on_released(sched: Any, job: Job, row: JobRow, ev: BackendEvent) -> Change:
     return values, "released", row.reason
 
 
-def on_refused(sched: Any, job: Job, row: JobRow, ev: BackendEvent) -> Change:
+def on_refused(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change:
     """The service's own: a start the platform refused for now; back to the queue."""
     job.state, job.placement, job.started = JobState.PENDING, (), None
     job.terminating = False
@@ -91,7 +91,7 @@ def on_refused(sched: Any, job: Job, row: JobRow, ev: BackendEvent) -> Change:
 
 
 # one fold per event kind (base.EventKind); a kind without one fails the test that lists them
-FOLDS: dict[EventKind, Callable[[Any, Job, JobRow, BackendEvent], Change]] = {
+FOLDS: dict[EventKind, Callable[[Any, Job, FoldFacts, BackendEvent], Change]] = {
     EventKind.RUNNING: on_running,
     EventKind.RESIZED: on_resized,
     EventKind.FINISHED: on_ended,

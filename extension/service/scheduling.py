@@ -59,7 +59,7 @@ from .actions import (  # noqa: F401 - re-exported: the handlers import them her
     plans_after,
 )
 from .changes import FOLDS, CarryOut, Change
-from .store import JobRow, PlanRecord, Store
+from .store import FoldFacts, JobRow, PlanRecord, Store
 from .storecalls import StoreCalls, StoreUnavailable
 
 LIVE = (JobState.PENDING.value, JobState.RUNNING.value)
@@ -293,7 +293,7 @@ class Scheduler(Actions):
         try:
             rows = {}
             if events:
-                rows = await self.db.read(self.store.jobs_by_id, {e.job_id for e in events})
+                rows = await self.db.read(self.store.fold_facts, {e.job_id for e in events})
             folded = self._fold_events(events, rows, now)
             self._refresh_instance()
             snapshot = Snapshot(
@@ -381,7 +381,7 @@ class Scheduler(Actions):
             await asyncio.gather(*list(self._job_tasks.values()), return_exceptions=True)
 
     def _fold_events(
-        self, events: list[BackendEvent], rows: dict[str, JobRow], now: float
+        self, events: list[BackendEvent], rows: dict[str, FoldFacts], now: float
     ) -> list[tuple[float, tuple]]:
         """Each event's change to its job, stamped with when it happened, not when it is read."""
         folded = []
@@ -395,7 +395,7 @@ class Scheduler(Actions):
                 folded.append((ev.at or now, (job.id, *change)))
         return folded
 
-    def _event_change(self, job: Job, row: JobRow, ev: BackendEvent) -> Change | None:
+    def _event_change(self, job: Job, row: FoldFacts, ev: BackendEvent) -> Change | None:
         """What the event changes: (column values, transition event, reason); one fold per
         kind (docs/service.md "The scheduling loop")."""
         return FOLDS[ev.kind](self, job, row, ev)
