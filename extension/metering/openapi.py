@@ -75,6 +75,20 @@ def metering_paths() -> dict[str, Any]:
                                                 "used": AMOUNTS,
                                             },
                                         },
+                                        "changes": {
+                                            "type": "object",
+                                            "nullable": True,
+                                            "description": "the step function itself: the "
+                                            "amount from each time t on (at start and at every "
+                                            "change; exact from exact_from, one average per "
+                                            "downsampled bucket before it); null above 5,000 "
+                                            "change points (draw the series instead)",
+                                            "properties": {
+                                                "t": {"type": "array", "items": {"type": "number"}},
+                                                "requested": AMOUNTS,
+                                                "used": AMOUNTS,
+                                            },
+                                        },
                                         "totals": HOURS,
                                         "children": {"type": "array", "items": {"type": "object"}},
                                     },
