@@ -22,15 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
-    JSON,
-    Boolean,
-    Float,
-    ForeignKey,
-    Index,
-    Integer,
-    String,
-    Text,
-    bindparam,
     create_engine,
     event,
     func,
@@ -39,107 +30,23 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from extension.scheduler import UNLIMITED, Resources
 
+from .cycle_writes import ROW_COLUMNS, job_values, transition_values, update_jobs
 from .privacy import PRIVATE_DIR, make_dir, private_sqlite_file
+from .rows import (  # noqa: F401 - re-exported: tests, metering's old callers, migrations
+    Base,
+    DecisionRow,
+    JobRow,
+    MetaRow,
+    PlanRow,
+    TransitionRow,
+)
 
 log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).with_name("migrations")
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-class PlanRow(Base):
-    __tablename__ = "plans"
-
-    path: Mapped[str] = mapped_column(String(512), primary_key=True)
-    share: Mapped[float] = mapped_column(Float, default=1.0)
-    # NULL means no limit on that resource
-    limit_gpu: Mapped[float | None] = mapped_column(Float, nullable=True)
-    limit_cpu: Mapped[float | None] = mapped_column(Float, nullable=True)
-    limit_memory: Mapped[float | None] = mapped_column(Float, nullable=True)
-    user_leaf: Mapped[bool] = mapped_column(Boolean, default=False)
-    member_users: Mapped[list] = mapped_column(JSON, default=list)
-    member_groups: Mapped[list] = mapped_column(JSON, default=list)
-    created: Mapped[float] = mapped_column(Float)
-    updated: Mapped[float] = mapped_column(Float)
-
-
-class JobRow(Base):
-    __tablename__ = "jobs"
-    __table_args__ = (
-        Index("ix_jobs_user_idempotency_key", "user", "idempotency_key", unique=True),
-    )
-
-    id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    user: Mapped[str] = mapped_column(String(255), index=True)
-    plan: Mapped[str] = mapped_column(String(512))
-    leaf: Mapped[str] = mapped_column(String(512), index=True)
-    kind: Mapped[str] = mapped_column(String(32), default="train")
-    state: Mapped[str] = mapped_column(String(32), index=True)
-    gpu: Mapped[float] = mapped_column(Float)
-    cpu: Mapped[float] = mapped_column(Float)
-    memory: Mapped[float] = mapped_column(Float)
-    limits: Mapped[dict] = mapped_column(JSON, default=dict)
-    min_workers: Mapped[int] = mapped_column(Integer)
-    max_workers: Mapped[int] = mapped_column(Integer)
-    priority: Mapped[int] = mapped_column(Integer, default=0)
-    preemptible: Mapped[bool] = mapped_column(Boolean, default=True)
-    command: Mapped[list] = mapped_column(JSON, default=list)
-    request: Mapped[dict] = mapped_column(JSON, default=dict)  # the body as submitted
-    workdir: Mapped[str] = mapped_column(Text)
-    env: Mapped[dict] = mapped_column(JSON, default=dict)
-    name: Mapped[str] = mapped_column(String(255), default="")
-    submitted: Mapped[float] = mapped_column(Float)
-    started: Mapped[float | None] = mapped_column(Float, nullable=True)
-    ended: Mapped[float | None] = mapped_column(Float, nullable=True)
-    placement: Mapped[list] = mapped_column(JSON, default=list)
-    terminating: Mapped[bool] = mapped_column(Boolean, default=False)
-    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    reason: Mapped[str] = mapped_column(Text, default="")
-    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    preemptions: Mapped[int] = mapped_column(Integer, default=0)
-    # the client's Idempotency-Key: the same key from the same user is the same job
-    idempotency_key: Mapped[str | None] = mapped_column(String(128), nullable=True)
-
-
-class TransitionRow(Base):
-    __tablename__ = "transitions"
-    __table_args__ = (Index("ix_transitions_leaf_at", "leaf", "at"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    at: Mapped[float] = mapped_column(Float, index=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
-    leaf: Mapped[str] = mapped_column(String(512))
-    event: Mapped[str] = mapped_column(String(32))
-    state: Mapped[str] = mapped_column(String(32))
-    workers: Mapped[int] = mapped_column(Integer)  # workers holding resources from ``at`` on
-    gpu: Mapped[float] = mapped_column(Float)  # per-worker request
-    cpu: Mapped[float] = mapped_column(Float)
-    memory: Mapped[float] = mapped_column(Float)
-    placement: Mapped[list] = mapped_column(JSON, default=list)
-    reason: Mapped[str] = mapped_column(Text, default="")
-
-
-class DecisionRow(Base):
-    __tablename__ = "decisions"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    at: Mapped[float] = mapped_column(Float, index=True)
-    job_id: Mapped[str] = mapped_column(String(64), index=True)
-    kind: Mapped[str] = mapped_column(String(16))
-    detail: Mapped[dict] = mapped_column(JSON, default=dict)
-
-
-class MetaRow(Base):
-    __tablename__ = "meta"
-
-    key: Mapped[str] = mapped_column(String(64), primary_key=True)
-    value: Mapped[str] = mapped_column(Text)
 
 
 # -- plain values handed out of the store ---------------------------------------------------------
@@ -393,15 +300,15 @@ class Store:
         with the cycle's changes applied (the submitter's answer)."""
         new_rows = list(new_rows)
         jobs, trans = JobRow.__table__, TransitionRow.__table__
-        state = {r.id: {c: getattr(r, c) for c in _ROW_COLUMNS} for r in new_rows}
-        history = [_transition_values(state[r.id], r.submitted, "submitted", "") for r in new_rows]
+        state = {r.id: {c: getattr(r, c) for c in ROW_COLUMNS} for r in new_rows}
+        history = [transition_values(state[r.id], r.submitted, "submitted", "") for r in new_rows]
         todo = [*events, *((at, change) for change in changes)]
         with self.engine.begin() as conn:
             if new_rows:
-                conn.execute(insert(jobs), [_job_values(r) for r in new_rows])
+                conn.execute(insert(jobs), [job_values(r) for r in new_rows])
             wanted = list({change[0] for _, change in todo} - set(state))
             for start in range(0, len(wanted), 500):  # bound the IN list
-                query = select(*(jobs.c[c] for c in _ROW_COLUMNS)).where(
+                query = select(*(jobs.c[c] for c in ROW_COLUMNS)).where(
                     jobs.c.id.in_(wanted[start : start + 500])
                 )
                 state.update((row.id, dict(row._mapping)) for row in conn.execute(query))
@@ -413,8 +320,8 @@ class Store:
                 row.update(values)
                 updates.setdefault(job_id, {}).update(values)
                 if kind is not None:
-                    history.append(_transition_values(row, when, kind, reason))
-            _update_jobs(conn, updates)
+                    history.append(transition_values(row, when, kind, reason))
+            update_jobs(conn, updates)
             if history:
                 conn.execute(insert(trans), history)
             decided = [{"at": at, "job_id": j, "kind": k, "detail": d} for j, k, d in decisions]
@@ -549,46 +456,6 @@ def _change_rows(
             s.add(_transition(row, at, kind, reason))
         out.append(row)
     return out
-
-
-# what a transition copies from its job, and what commit_cycle reads of a job it changes
-_ROW_COLUMNS = ("id", "leaf", "state", "gpu", "cpu", "memory", "placement", "preemptions")
-
-
-def _job_values(row: JobRow) -> dict[str, Any]:
-    return {c.key: getattr(row, c.key) for c in JobRow.__table__.columns}
-
-
-def _transition_values(job: dict[str, Any], at: float, kind: str, reason: str) -> dict[str, Any]:
-    placement = list(job.get("placement") or [])
-    return {
-        "at": at,
-        "job_id": job["id"],
-        "leaf": job["leaf"],
-        "event": kind,
-        "state": job["state"],
-        "workers": len(placement),
-        "gpu": job["gpu"],
-        "cpu": job["cpu"],
-        "memory": job["memory"],
-        "placement": placement,
-        "reason": reason or "",
-    }
-
-
-def _update_jobs(conn: Any, updates: dict[str, dict]) -> None:
-    """One executemany UPDATE per set of changed columns."""
-    jobs = JobRow.__table__
-    groups: dict[tuple[str, ...], list[dict]] = {}
-    for job_id, values in updates.items():
-        groups.setdefault(tuple(sorted(values)), []).append({"_id": job_id, **values})
-    for keys, params in groups.items():
-        statement = (
-            jobs.update()
-            .where(jobs.c.id == bindparam("_id"))
-            .values({k: bindparam(k) for k in keys})
-        )
-        conn.execute(statement, params)
 
 
 def _transition(row: JobRow, at: float, kind: str, reason: str) -> TransitionRow:
