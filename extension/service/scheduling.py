@@ -291,41 +291,9 @@ class Scheduler(Actions):
             if row.id not in self.jobs:
                 self._take_in(row)
         try:
-            rows = {}
-            if events:
-                rows = await self.db.read(self.store.fold_facts, {e.job_id for e in events})
-            folded = self._fold_events(events, rows, now)
-            self._refresh_instance()
-            snapshot = Snapshot(
-                self.plans,
-                self.instance,
-                list(self.jobs.values()),
-                self.config,
-                reserved=self.reserved,
-            )
-            result = schedule(snapshot, now, self.index_cache)
-            self.cycles += 1
-            changes, log = self._apply(result.decisions, result.waiting, now)
-            new_rows = [row for row, _ in submitted]
-            if folded or changes or log or new_rows:
-                await self.db.write(
-                    self.store.commit_cycle, folded, changes, now, log, new_rows, probe=True
-                )
-            elif not self.db.up:  # nothing to store: find out whether the store is back
-                await self.db.write(self.store.set_meta, "probe", repr(now), probe=True)
+            result = await self._decide_and_store(events, [row for row, _ in submitted], now)
         except BaseException as err:
-            # nothing of this cycle is stored: carry none of it out, keep its events (they are
-            # folded again next cycle), tell its submitters, and take the jobs back as the
-            # store has them
-            self._calls.clear()
-            self._events[:0] = events
-            for _, done in submitted:
-                if not done.done():
-                    done.set_exception(_failed_submission(err))
-            self._stale = True
-            with contextlib.suppress(Exception):  # else the next cycle reloads first
-                self._reload_jobs(await self.db.read(self.store.jobs, states=LIVE))
-                self._stale = False
+            await self._undo(events, submitted, err)
             raise
         self.result = result
         for _, done in submitted:
@@ -343,6 +311,47 @@ class Scheduler(Actions):
                 hook(result, now, seconds)
             except Exception:  # a listener's failure is not the cycle's
                 self.log.exception("cycle hook %r failed", hook)
+
+    async def _decide_and_store(
+        self, events: list[BackendEvent], new_rows: list[JobRow], now: float
+    ) -> CycleResult:
+        """Steps 1-3: fold the events, run the core, store it all in one transaction."""
+        facts = {}
+        if events:
+            facts = await self.db.read(self.store.fold_facts, {e.job_id for e in events})
+        folded = self._fold_events(events, facts, now)
+        self._refresh_instance()
+        jobs = list(self.jobs.values())
+        snapshot = Snapshot(self.plans, self.instance, jobs, self.config, reserved=self.reserved)
+        result = schedule(snapshot, now, self.index_cache)
+        self.cycles += 1
+        changes, log = self._apply(result.decisions, result.waiting, now)
+        if folded or changes or log or new_rows:
+            await self.db.write(
+                self.store.commit_cycle, folded, changes, now, log, new_rows, probe=True
+            )
+        elif not self.db.up:  # nothing to store: find out whether the store is back
+            await self.db.write(self.store.set_meta, "probe", repr(now), probe=True)
+        return result
+
+    async def _undo(
+        self,
+        events: list[BackendEvent],
+        submitted: list[tuple[JobRow, asyncio.Future]],
+        err: BaseException,
+    ) -> None:
+        """Nothing of the cycle is stored: carry none of it out, keep its events (they are
+        folded again next cycle), tell its submitters, and take the jobs back as the store
+        has them."""
+        self._calls.clear()
+        self._events[:0] = events
+        for _, done in submitted:
+            if not done.done():
+                done.set_exception(_failed_submission(err))
+        self._stale = True
+        with contextlib.suppress(Exception):  # else the next cycle reloads first
+            self._reload_jobs(await self.db.read(self.store.jobs, states=LIVE))
+            self._stale = False
 
     def _dispatch(self, job_id: str, call: Callable[[], Awaitable[None]]) -> None:
         """Run a backend call as its own task, after the job's earlier calls (a stop waits for
