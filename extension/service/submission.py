@@ -158,61 +158,68 @@ class LimitRange:
         """
         req = _amounts(request, "resources")
         lim = _amounts(limits, "limits")
-        values = []
-        lim_values = []
+        values, lim_values = [], []
         for name in RESOURCES:
-            if name in req:
-                r = req[name]
-            elif name in self.default_request:
-                r = self.default_request[name]
-            elif name in lim:  # Kubernetes: a limit without a request is also the request
-                r = lim[name]
-            elif name in self.default:
-                r = self.default[name]
-            else:
-                r = 0
-            ratio = self.max_limit_request_ratio.get(name)
-            if name in lim:
-                li = lim[name]
-            elif name in self.default:
-                li = max(self.default[name], r)
-                if ratio is not None and r > 0:  # a defaulted limit never breaks the ratio
-                    li = min(li, int(r * ratio))
-            else:
-                li = r
+            r, li = self._filled(name, req, lim)
+            self._check(name, r, li)
             values.append(r)
             lim_values.append(li)
-        for name, r, li in zip(RESOURCES, values, lim_values):
-            low = self.min.get(name)
-            high = self.max.get(name)
-            if low is not None and r < low:
-                raise SubmissionError(
-                    f"each worker asks for {format_amount(name, r)}, below the instance's "
-                    f"minimum of {format_amount(name, low)} per worker; ask for at least that"
-                )
-            if high is not None and r > high:
-                raise SubmissionError(
-                    f"each worker asks for {format_amount(name, r)}, above the instance's "
-                    f"maximum of {format_amount(name, high)} per worker; ask for at most that"
-                )
-            if high is not None and li > high:
-                raise SubmissionError(
-                    f"the per-worker {name} limit {format_amount(name, li)} is above the "
-                    f"instance's maximum of {format_amount(name, high)}"
-                )
-            if li < r:
-                raise SubmissionError(
-                    f"the per-worker {name} limit {format_amount(name, li)} is below its "
-                    f"request {format_amount(name, r)}; a limit must be at least the request"
-                )
-            ratio = self.max_limit_request_ratio.get(name)
-            if ratio is not None and r > 0 and li / r > ratio + 1e-9:
-                raise SubmissionError(
-                    f"the per-worker {name} limit {format_amount(name, li)} is more than "
-                    f"{_plain(ratio)} times the request {format_amount(name, r)} "
-                    f"(the instance's max limit/request ratio)"
-                )
         return Resources(*values), Resources(*lim_values)
+
+    def _filled(self, name: str, req: dict, lim: dict) -> tuple[float, float]:
+        """(request, limit) of one resource with the defaults filled in."""
+        if name in req:
+            r = req[name]
+        elif name in self.default_request:
+            r = self.default_request[name]
+        elif name in lim:  # Kubernetes: a limit without a request is also the request
+            r = lim[name]
+        elif name in self.default:
+            r = self.default[name]
+        else:
+            r = 0
+        ratio = self.max_limit_request_ratio.get(name)
+        if name in lim:
+            li = lim[name]
+        elif name in self.default:
+            li = max(self.default[name], r)
+            if ratio is not None and r > 0:  # a defaulted limit never breaks the ratio
+                li = min(li, int(r * ratio))
+        else:
+            li = r
+        return r, li
+
+    def _check(self, name: str, r: float, li: float) -> None:
+        """The instance's bounds on one resource's request and limit, per worker."""
+        low = self.min.get(name)
+        high = self.max.get(name)
+        if low is not None and r < low:
+            raise SubmissionError(
+                f"each worker asks for {format_amount(name, r)}, below the instance's "
+                f"minimum of {format_amount(name, low)} per worker; ask for at least that"
+            )
+        if high is not None and r > high:
+            raise SubmissionError(
+                f"each worker asks for {format_amount(name, r)}, above the instance's "
+                f"maximum of {format_amount(name, high)} per worker; ask for at most that"
+            )
+        if high is not None and li > high:
+            raise SubmissionError(
+                f"the per-worker {name} limit {format_amount(name, li)} is above the "
+                f"instance's maximum of {format_amount(name, high)}"
+            )
+        if li < r:
+            raise SubmissionError(
+                f"the per-worker {name} limit {format_amount(name, li)} is below its "
+                f"request {format_amount(name, r)}; a limit must be at least the request"
+            )
+        ratio = self.max_limit_request_ratio.get(name)
+        if ratio is not None and r > 0 and li / r > ratio + 1e-9:
+            raise SubmissionError(
+                f"the per-worker {name} limit {format_amount(name, li)} is more than "
+                f"{_plain(ratio)} times the request {format_amount(name, r)} "
+                f"(the instance's max limit/request ratio)"
+            )
 
 
 @dataclass(frozen=True)
