@@ -153,32 +153,11 @@ def usage(
         leaves = ledger.leaves_of(plan, user)
         members = [[leaf] for leaf in leaves]
         total_paths = leaves
-    children = []
-    for paths in members:
-        integrals = _row(ledger, paths, bounds, clamped)
-        children.append(
-            {
-                "path": paths[0],
-                "user_leaf": paths[0] in ledger.owners,
-                "series": _series(integrals, bounds),
-                "totals": _totals(integrals),
-                "_integrals": integrals,
-            }
-        )
+    children = [_child(ledger, paths, bounds, clamped) for paths in members]
     if user is None:
         total_integrals = _row(ledger, total_paths, bounds, clamped)
     else:  # exactly the sum of the rows shown
-        total_integrals = {
-            kind: [
-                (
-                    sum((c["_integrals"][kind][i][0] for c in children), 0),
-                    sum((c["_integrals"][kind][i][1] for c in children), 0),
-                    sum((c["_integrals"][kind][i][2] for c in children), 0),
-                )
-                for i in range(len(bounds))
-            ]
-            for kind in KINDS
-        }
+        total_integrals = _summed([c["_integrals"] for c in children], len(bounds))
     for child in children:
         del child["_integrals"]
     total_series = _series(total_integrals, bounds)
@@ -201,6 +180,33 @@ def usage(
         "changes": _changes(ledger, total_paths, t0, min(t1, t_now)) if t0 < t_now else None,
         "totals": _totals(total_integrals),
         "children": children,
+    }
+
+
+def _child(ledger: Ledger, paths: list[str], bounds: list[int], clamped: list) -> dict:
+    """One row of the answer (its integrals kept aside for the user's total)."""
+    integrals = _row(ledger, paths, bounds, clamped)
+    return {
+        "path": paths[0],
+        "user_leaf": paths[0] in ledger.owners,
+        "series": _series(integrals, bounds),
+        "totals": _totals(integrals),
+        "_integrals": integrals,
+    }
+
+
+def _summed(rows: list[dict], steps: int) -> dict:
+    """The integrals of several rows added up, step by step."""
+    return {
+        kind: [
+            (
+                sum((r[kind][i][0] for r in rows), 0),
+                sum((r[kind][i][1] for r in rows), 0),
+                sum((r[kind][i][2] for r in rows), 0),
+            )
+            for i in range(steps)
+        ]
+        for kind in KINDS
     }
 
 
