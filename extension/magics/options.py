@@ -39,7 +39,8 @@ from extension.scheduler.resources import QuantityError, parse_quantity
 
 FRAMEWORKS = {"pytorch": "PyTorch", "distpytorch": "PyTorch", "torch": "PyTorch"}
 ELASTIC = re.compile(r"\s*(\d{1,6})\s*:\s*(\d{1,6})\s*\Z")
-MAX_RETRY_SECONDS = 24 * 3600.0  # extension.client.MAX_RETRY_SECONDS
+# extension.retry.MAX_RETRY_SECONDS, spelled again: this module stays pure (no requests)
+MAX_RETRY_SECONDS = 24 * 3600.0
 ENV = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)\Z", re.S)
 
 
@@ -185,19 +186,37 @@ def parse_train(
     cli: bool = False,
 ) -> TrainOptions:
     """Parse options (a list, or a magic's line split like a shell) up to ``--``."""
+    mine, script_args = _split_script_args(_words(argv))
+    parser = build_parser(prog, framework=framework, cli=cli)
+    ns, extra = parser.parse_known_args(mine)
+    _refuse_extra(extra, prog)
+    opts = _options(ns, script_args)
+    if framework:
+        opts.framework = _framework(ns.framework, prog)
+    _check(opts, prog)
+    return opts
+
+
+def _words(argv: list[str] | str) -> list[str]:
+    """The words of ``argv``: a magic's line is split as a shell would."""
     if isinstance(argv, str):
         try:
             argv = shlex.split(argv)
         except ValueError as err:
             raise OptionsError(f"cannot split the line: {err} (unbalanced quotes?)") from None
-    argv = list(argv)
+    return list(argv)
+
+
+def _split_script_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(our options, the training script's arguments): everything after ``--`` is the script's."""
     if "--" in argv:
         cut = argv.index("--")
-        mine, script_args = argv[:cut], argv[cut + 1 :]
-    else:
-        mine, script_args = argv, []
-    parser = build_parser(prog, framework=framework, cli=cli)
-    ns, extra = parser.parse_known_args(mine)
+        return argv[:cut], argv[cut + 1 :]
+    return argv, []
+
+
+def _refuse_extra(extra: list[str], prog: str) -> None:
+    """A word argparse did not take is an error (most often a script argument before ``--``)."""
     if extra:
         flag = extra[0]
         hint = (
@@ -206,7 +225,11 @@ def parse_train(
             else ""
         )
         raise OptionsError(f"{prog}: unknown option or stray word {flag!r}{hint}")
-    opts = TrainOptions(
+
+
+def _options(ns: argparse.Namespace, script_args: list[str]) -> TrainOptions:
+    """The parsed namespace as :class:`TrainOptions` (``--json``/``--retry-seconds``: CLI only)."""
+    return TrainOptions(
         plan=ns.plan,
         workers=ns.workers,
         elastic=ns.elastic,
@@ -223,13 +246,18 @@ def parse_train(
         retry_seconds=getattr(ns, "retry_seconds", None),
         args=script_args,
     )
-    if framework:
-        key = ns.framework.lower()
-        if key not in FRAMEWORKS:
-            raise OptionsError(
-                f"{prog}: framework {ns.framework!r} is not supported here; use PyTorch"
-            )
-        opts.framework = FRAMEWORKS[key]
+
+
+def _framework(name: str, prog: str) -> str:
+    """The framework's proper name for a spelling such as ``pytorch``; only PyTorch is run."""
+    key = name.lower()
+    if key not in FRAMEWORKS:
+        raise OptionsError(f"{prog}: framework {name!r} is not supported here; use PyTorch")
+    return FRAMEWORKS[key]
+
+
+def _check(opts: TrainOptions, prog: str) -> None:
+    """The checks across options that argparse cannot make one option at a time."""
     if opts.workers is not None and opts.elastic is not None:
         raise OptionsError(
             f"{prog}: give either --workers N (a fixed gang) or --elastic MIN:MAX, not both"
@@ -240,7 +268,6 @@ def parse_train(
         )
     if opts.name is not None and not re.fullmatch(r"[A-Za-z0-9 ._-]{1,100}", opts.name):
         raise OptionsError(f"{prog}: --name: up to 100 letters, digits, spaces, '.', '_' or '-'")
-    return opts
 
 
 def submission_body(opts: TrainOptions, model_dir: str, model_main: str) -> dict[str, Any]:
