@@ -17,7 +17,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:  # the simulator is imported only when it runs, not for every `wmla` command
+    from .scenario import Scenario
 
 TRACE_ONLY = ("gpus_per_node", "nodes", "shares")
 
@@ -139,68 +142,18 @@ def _trace_options_given(args: argparse.Namespace) -> str | None:
 
 
 def _prepare(args: argparse.Namespace) -> dict[str, Any]:
-    """Read and check everything before anything runs."""
-    from .policies import DEFAULT_DEADLOCK_TIMEOUT, expand_policies
-    from .scenario import ScenarioError, load_scenario
-    from .trace import TraceError, TraceOptions, load_trace_scenario
+    """Read and check everything before anything runs.
+
+    The checks run in this order and the first problem found is the one reported, so a
+    command line with several mistakes always gets the same message.
+    """
+    from .policies import expand_policies
 
     policies = expand_policies(args.policy)
-    timeout = args.deadlock_timeout
-    if timeout is None:
-        timeout = DEFAULT_DEADLOCK_TIMEOUT
-    if timeout < 0:
-        raise UsageError(f"--deadlock-timeout must be 0 (never) or more seconds, got {timeout:g}")
-    if args.cycle_interval < 0:
-        raise UsageError(f"--cycle-interval must not be negative, got {args.cycle_interval:g}")
-    for name in ("grace", "checkpoint_every", "min_runtime"):
-        value = getattr(args, name)
-        if value is not None and value < 0:
-            raise UsageError(f"--{name.replace('_', '-')} must not be negative, got {value:g}")
-    report = None
-    if args.report:
-        report = Path(args.report)
-        if report.is_dir():
-            raise UsageError(f"--report {report}: is a folder; give a file name like out.html")
-        parent = report.parent if str(report.parent) else Path(".")
-        if not parent.is_dir():
-            raise UsageError(f"--report {report}: the folder {parent} does not exist")
-        if not os.access(parent, os.W_OK):
-            raise UsageError(f"--report {report}: cannot write in {parent}")
-    if args.trace:
-        if args.nodes is None:
-            raise UsageError(
-                "--trace needs the cluster: --nodes N --gpus-per-node G (or --nodes 231x8,321x2)"
-            )
-        defaults = TraceOptions()
-        options = TraceOptions(
-            grace=defaults.grace if args.grace is None else args.grace,
-            min_runtime=defaults.min_runtime if args.min_runtime is None else args.min_runtime,
-            checkpoint_every=(
-                defaults.checkpoint_every
-                if args.checkpoint_every is None
-                else args.checkpoint_every
-            ),
-        )
-        try:
-            scenario = load_trace_scenario(
-                args.trace, args.nodes, args.gpus_per_node, args.shares, options
-            )
-        except TraceError as problem:
-            raise UsageError(str(problem)) from None
-        source = {"trace": str(args.trace), "nodes": str(args.nodes)}
-        if args.gpus_per_node is not None:
-            source["gpus_per_node"] = args.gpus_per_node
-        if args.shares:
-            source["shares"] = str(args.shares)
-    else:
-        bad = _trace_options_given(args)
-        if bad:
-            raise UsageError(f"{bad} goes with --trace, not --scenario")
-        try:
-            scenario = load_scenario(args.scenario)
-        except ScenarioError as problem:
-            raise UsageError(str(problem)) from None
-        source = {"scenario": str(args.scenario)}
+    timeout = _deadlock_timeout(args)
+    _check_not_negative(args)
+    report = _report_path(args)
+    scenario, source = _read_trace(args) if args.trace else _read_scenario(args)
     return {
         "scenario": scenario,
         "policies": policies,
@@ -209,6 +162,88 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
         "report": report,
         "source": source,
     }
+
+
+def _deadlock_timeout(args: argparse.Namespace) -> float:
+    """``--deadlock-timeout``, pod-fifo's default when not given; 0 means never."""
+    from .policies import DEFAULT_DEADLOCK_TIMEOUT
+
+    timeout = args.deadlock_timeout
+    if timeout is None:
+        timeout = DEFAULT_DEADLOCK_TIMEOUT
+    if timeout < 0:
+        raise UsageError(f"--deadlock-timeout must be 0 (never) or more seconds, got {timeout:g}")
+    return timeout
+
+
+def _check_not_negative(args: argparse.Namespace) -> None:
+    """Durations in seconds: ``--cycle-interval`` and the trace's ``--grace`` and the like."""
+    if args.cycle_interval < 0:
+        raise UsageError(f"--cycle-interval must not be negative, got {args.cycle_interval:g}")
+    for name in ("grace", "checkpoint_every", "min_runtime"):
+        value = getattr(args, name)
+        if value is not None and value < 0:
+            raise UsageError(f"--{name.replace('_', '-')} must not be negative, got {value:g}")
+
+
+def _report_path(args: argparse.Namespace) -> Path | None:
+    """``--report``, checked to be writable now rather than after hours of replay."""
+    if not args.report:
+        return None
+    report = Path(args.report)
+    if report.is_dir():
+        raise UsageError(f"--report {report}: is a folder; give a file name like out.html")
+    parent = report.parent if str(report.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"--report {report}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"--report {report}: cannot write in {parent}")
+    return report
+
+
+def _read_trace(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any]]:
+    """``--trace`` with its cluster and options: the scenario, and the input as the result
+    names it."""
+    from .trace import TraceError, TraceOptions, load_trace_scenario
+
+    if args.nodes is None:
+        raise UsageError(
+            "--trace needs the cluster: --nodes N --gpus-per-node G (or --nodes 231x8,321x2)"
+        )
+    defaults = TraceOptions()
+    options = TraceOptions(
+        grace=defaults.grace if args.grace is None else args.grace,
+        min_runtime=defaults.min_runtime if args.min_runtime is None else args.min_runtime,
+        checkpoint_every=(
+            defaults.checkpoint_every if args.checkpoint_every is None else args.checkpoint_every
+        ),
+    )
+    try:
+        scenario = load_trace_scenario(
+            args.trace, args.nodes, args.gpus_per_node, args.shares, options
+        )
+    except TraceError as problem:
+        raise UsageError(str(problem)) from None
+    source: dict[str, Any] = {"trace": str(args.trace), "nodes": str(args.nodes)}
+    if args.gpus_per_node is not None:
+        source["gpus_per_node"] = args.gpus_per_node
+    if args.shares:
+        source["shares"] = str(args.shares)
+    return scenario, source
+
+
+def _read_scenario(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any]]:
+    """``--scenario`` compared under ``--policy``: the trace's options do not apply to it."""
+    from .scenario import ScenarioError, load_scenario
+
+    bad = _trace_options_given(args)
+    if bad:
+        raise UsageError(f"{bad} goes with --trace, not --scenario")
+    try:
+        scenario = load_scenario(args.scenario)
+    except ScenarioError as problem:
+        raise UsageError(str(problem)) from None
+    return scenario, {"scenario": str(args.scenario)}
 
 
 def _replay_all(job: dict[str, Any], progress: TextIO | None) -> tuple[dict, dict]:

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 
 from extension.scheduler import CycleResult
 
+from .jobs import ReplayJob
 from .policies import Wmla
-from .replay import Replay, ReplayJob
+from .replay import Replay
 from .scenario import Scenario
 
 

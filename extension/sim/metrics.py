@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from extension.scheduler.shares import water_fill
 
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+# simulated times and GPU sums are floats: two within EPS are the same instant or amount
+EPS = 1e-9
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:

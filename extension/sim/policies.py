@@ -1,18 +1,16 @@
-"""The policies a replay compares (docs/simulate.md "Policies").
+"""The policies a replay compares (docs/simulate.md "Policies"), and the first of them.
 
-- ``wmla``: the product's scheduler core, ``extension.scheduler.schedule``, unchanged.
-- ``gang-fifo``: all-or-nothing admission in submission order with no fair share, no
-  reservation and no preemption (Volcano's gang plugin alone): each cycle walks the queue
-  oldest first and starts every gang that fits whole; one that does not fit is passed over.
-- ``pod-fifo``: the default Kubernetes behaviour of seed 002: every worker is a pod placed on
-  its own, first come first served, with no notion of a gang. A bound pod holds its GPUs while
-  it waits for its siblings; the job runs only once every pod is bound. The operator that
-  creates the pods of jobs submitted at the same instant does so concurrently, so their pods
-  interleave in the queue (rank 0 of each job, then rank 1, ...). Deadlock detection and the
-  operator's timeout are described on ``PodFifo``.
+- ``wmla``: the product's scheduler core, ``extension.scheduler.schedule``, unchanged
+  (``Wmla`` below; its aggregated snapshots in ``aggregate.py``).
+- ``gang-fifo``: all-or-nothing admission in submission order (``gang_fifo.py``).
+- ``pod-fifo``: every worker a pod placed on its own, first come first served, the default
+  Kubernetes behaviour (``pod_fifo.py``).
 
 The baselines place workers with the core's own ``place_gang`` so that only the admission
-policy differs, not the bin-packing.
+policy differs, not the bin-packing (``baseline.py``).
+
+``Wmla`` stays in this module because it calls ``schedule`` by this module's name, which is
+where the golden recorder (tests/scheduler/golden_record.py) swaps it for a recording one.
 """
 
 from __future__ import annotations
@@ -23,24 +21,36 @@ from extension.scheduler import (
     CycleResult,
     Grow,
     IndexCache,
-    Job,
-    JobState,
     PlanError,
     Preempt,
     Reject,
-    Resources,
     Shrink,
     Snapshot,
     Start,
     dispatch,
     schedule,
 )
-from extension.scheduler.placement import max_workers_on, place_gang
 
-from .replay import Policy, Replay, ReplayJob
+from .aggregate import RunningGroup
+from .gang_fifo import GangFifo
+from .jobs import ReplayJob
+from .pod_fifo import DEFAULT_DEADLOCK_TIMEOUT, PodFifo
+from .replay import Policy, Replay
+
+# the names callers import from here, wherever they are defined now
+__all__ = [
+    "DEFAULT_DEADLOCK_TIMEOUT",
+    "POLICIES",
+    "GangFifo",
+    "PodFifo",
+    "Policy",
+    "Wmla",
+    "expand_policies",
+    "make_policy",
+    "schedule",
+]
 
 POLICIES = ("wmla", "gang-fifo", "pod-fifo")
-DEFAULT_DEADLOCK_TIMEOUT = 1800.0  # an operator notices a stuck job after half an hour
 
 
 class Wmla(Policy):
@@ -70,7 +80,7 @@ class Wmla(Policy):
 
     def attach(self, replay: Replay) -> None:
         super().attach(replay)
-        self.groups: dict[tuple, _Group] = {}
+        self.groups: dict[tuple, RunningGroup] = {}
         self.grouped: dict[str, tuple] = {}  # job id -> its group
         self.loose: dict[str, ReplayJob] = {}  # live jobs not in a group (pending, ...)
         self.full_cycles = 0
@@ -190,7 +200,7 @@ class Wmla(Policy):
         key = (core.plan, core.user, tuple(core.per_worker))
         group = self.groups.get(key)
         if group is None:
-            group = self.groups[key] = _Group(key)
+            group = self.groups[key] = RunningGroup(key)
         group.add(core.placement)
         self.grouped[job.id] = key
         self.loose.pop(job.id, None)
@@ -238,314 +248,6 @@ class _CarryOut:
         job = p.live[d.job_id]
         p._gone(job)
         p.replay.reject(job, d.reason, now)
-
-
-class _Group:
-    """Running rigid jobs of one leaf and worker size, as one running job for the core."""
-
-    def __init__(self, key: tuple) -> None:
-        self.plan, self.user, self.per_worker = key
-        self.id = f"(running jobs of {self.plan}/{self.user} with {list(self.per_worker)})"
-        self.counts: dict[str, int] = {}
-        self.size = 0
-        self._job: Job | None = None
-
-    def add(self, placement: tuple[str, ...]) -> None:
-        for node in placement:
-            self.counts[node] = self.counts.get(node, 0) + 1
-        self.size += len(placement)
-        self._job = None
-
-    def remove(self, placement: tuple[str, ...]) -> None:
-        for node in placement:
-            left = self.counts[node] - 1
-            if left:
-                self.counts[node] = left
-            else:
-                del self.counts[node]
-        self.size -= len(placement)
-        self._job = None
-
-    def job(self) -> Job:
-        if self._job is None:
-            placement = tuple(n for n in sorted(self.counts) for _ in range(self.counts[n]))
-            self._job = Job(
-                id=self.id,
-                user=self.user,
-                plan=self.plan,
-                per_worker=Resources(*self.per_worker),
-                min_workers=self.size,
-                state=JobState.RUNNING,
-                placement=placement,
-                started=0.0,
-            )
-        return self._job
-
-
-class _Baseline(Policy):
-    """Free GPUs per node, kept by the policy itself (the core is not involved)."""
-
-    def attach(self, replay: Replay) -> None:
-        super().attach(replay)
-        nodes = replay.instance.nodes
-        self.names = [n.name for n in nodes]
-        self.node_at = {name: i for i, name in enumerate(self.names)}
-        self.capacity = [list(n.capacity) for n in nodes]
-        self.free = [list(n.capacity) for n in nodes]
-        self.dirty = False
-        self.cycles = 0
-        self.running: dict[str, ReplayJob] = {}
-        self._most: dict[tuple, float] = {}  # worker shape -> most such workers on the nodes
-        self.free_gpus = sum(row[0] for row in self.free)
-
-    def _start(self, job: ReplayJob, placement: tuple[str, ...], now: float) -> None:
-        self.running[job.id] = job
-        self.replay.start(job, placement, now)
-
-    def _never_fits(self, job: ReplayJob) -> str | None:
-        w, n = job.core.per_worker, job.core.min_workers
-        most = self._most.get(w)
-        if most is None:
-            most = self._most[w] = max_workers_on(self.capacity, w)
-        if most < n:
-            return (
-                f"rejected: the gang of {n} x {w.describe()} cannot be placed even on empty nodes"
-            )
-        return None
-
-    def _take(self, placement: list[int], w: tuple, sign: int = -1) -> None:
-        for i in placement:
-            row = self.free[i]
-            for r in range(3):
-                row[r] += sign * w[r]
-        self.free_gpus += sign * w[0] * len(placement)
-
-    def _give_back(self, job: ReplayJob) -> None:
-        idx = [self.node_at[n] for n in job.core.placement]
-        self._take(idx, job.core.per_worker, +1)
-
-    def finished(self, job: ReplayJob, now: float) -> None:
-        self._give_back(job)
-        self.running.pop(job.id, None)
-        self.dirty = True
-
-    def cancelled(self, job: ReplayJob, now: float) -> None:
-        self._give_back(job)  # running or holding part of its gang
-        self.running.pop(job.id, None)
-        self._forget(job)
-        self.dirty = True
-
-    def _forget(self, job: ReplayJob) -> None:
-        """Drop a cancelled job from the policy's queues."""
-
-
-class GangFifo(_Baseline):
-    name = "gang-fifo"
-
-    def attach(self, replay: Replay) -> None:
-        super().attach(replay)
-        self.queue: list[ReplayJob] = []
-
-    def arrive(self, jobs: list[ReplayJob], now: float) -> None:
-        for job in jobs:
-            reason = self._never_fits(job)
-            if reason:
-                self.replay.reject(job, reason, now)
-            else:
-                self.queue.append(job)
-        self.dirty = True
-
-    def _forget(self, job: ReplayJob) -> None:
-        self.queue = [j for j in self.queue if j is not job]
-
-    def step(self, now: float) -> None:
-        if not self.dirty or not self.queue:
-            self.dirty = False
-            return
-        self.dirty = False
-        self.cycles += 1
-        failed: set = set()
-        left = []
-        for job in self.queue:  # submission order: arrivals are appended in order
-            core = job.core
-            w, n = core.per_worker, core.min_workers
-            shape = (tuple(w), n)
-            if shape in failed or w[0] * n > self.free_gpus:
-                left.append(job)
-                continue
-            placement = place_gang(self.free, self.names, w, n)
-            if placement is None:
-                failed.add(shape)
-                left.append(job)
-                continue
-            self._take(placement, w)
-            self._start(job, tuple(self.names[i] for i in placement), now)
-        self.queue = left
-
-    def figures(self) -> dict:
-        return {"policy_cycles": self.cycles}
-
-
-class PodFifo(_Baseline):
-    """Pods first come, first served, no gangs.
-
-    Deadlock: after each cycle, the jobs holding part of their gang are checked by the
-    banker's rule: assume every running job finishes and gives its GPUs back, then let any
-    partial job whose missing pods would fit complete and give its GPUs back, until no more
-    can. The partial jobs left can never run: they are deadlocked, and the GPUs they hold are
-    counted as deadlocked GPU-hours for as long as that lasts.
-
-    The operator: once the cluster has been deadlocked for ``timeout`` seconds, the operator
-    deletes the deadlocked job that has held GPUs the longest (then the earliest submitted)
-    and submits it again (its pods go to the back of the queue), and watches again for
-    ``timeout`` before the next deletion. ``timeout`` None or 0: nobody intervenes.
-    """
-
-    name = "pod-fifo"
-
-    def __init__(self, timeout: float | None = DEFAULT_DEADLOCK_TIMEOUT) -> None:
-        self.timeout = timeout if timeout else None
-
-    def attach(self, replay: Replay) -> None:
-        super().attach(replay)
-        self.pods: list[ReplayJob] = []  # one entry per pod not bound yet, queue order
-        self.partial: dict[str, ReplayJob] = {}  # hold some pods, not running
-        self.holding_since: dict[str, float] = {}
-        self.deadlocked: list[ReplayJob] = []
-        self.deadlock_since: float | None = None
-        self.deadlocks = 0
-        self.kills = 0
-        self.max_deadlocked = 0
-
-    def arrive(self, jobs: list[ReplayJob], now: float) -> None:
-        ok = []
-        for job in jobs:
-            reason = self._never_fits(job)
-            if reason:
-                self.replay.reject(job, reason, now)
-            else:
-                ok.append(job)
-        self._enqueue(ok)
-        self.dirty = True
-
-    def _enqueue(self, jobs: list[ReplayJob]) -> None:
-        most = max((j.core.min_workers for j in jobs), default=0)
-        for rank in range(most):
-            for job in jobs:
-                if rank < job.core.min_workers:
-                    self.pods.append(job)
-
-    def _forget(self, job: ReplayJob) -> None:
-        self.pods = [j for j in self.pods if j is not job]
-        self.partial.pop(job.id, None)
-        self.holding_since.pop(job.id, None)
-
-    def next_timer(self) -> float | None:
-        if self.deadlock_since is not None and self.timeout:
-            return self.deadlock_since + self.timeout
-        return None
-
-    def step(self, now: float) -> None:
-        if self.deadlock_since is not None and self.timeout and now >= self.next_timer() - 1e-9:
-            self._operator_kill(now)
-        if not self.dirty:
-            return
-        self.dirty = False
-        if self.pods:
-            self._bind(now)
-        self._check_deadlock(now)
-
-    def _bind(self, now: float) -> None:
-        self.cycles += 1
-        failed: set = set()
-        left = []
-        r = self.replay
-        for job in self.pods:
-            core = job.core
-            w = core.per_worker
-            shape = tuple(w)
-            if shape in failed or w[0] > self.free_gpus:
-                left.append(job)
-                continue
-            spot = place_gang(self.free, self.names, w, 1)
-            if spot is None:
-                failed.add(shape)
-                left.append(job)
-                continue
-            self._take(spot, w)
-            placement = core.placement + (self.names[spot[0]],)
-            if len(placement) == core.min_workers:
-                self.partial.pop(job.id, None)
-                self.holding_since.pop(job.id, None)
-                self._start(job, placement, now)
-            else:
-                if job.id not in self.partial:
-                    self.partial[job.id] = job
-                    self.holding_since[job.id] = now
-                r.hold(job, placement)
-        self.pods = left
-
-    def _check_deadlock(self, now: float) -> None:
-        stuck = self._banker() if self.partial else []
-        self.deadlocked = stuck
-        self.replay.recorder.deadlocked = sum(j.held for j in stuck)
-        if stuck and self.deadlock_since is None:
-            self.deadlocks += 1
-            self.deadlock_since = now
-        elif not stuck:
-            self.deadlock_since = None
-        self.max_deadlocked = max(self.max_deadlocked, len(stuck))
-
-    def _banker(self) -> list[ReplayJob]:
-        avail = [row[:] for row in self.free]
-        for job in self.running.values():
-            self._add(avail, job)
-        waiting = sorted(self.partial.values(), key=lambda j: j.seq)
-        progress = True
-        while progress and waiting:
-            progress = False
-            for job in list(waiting):
-                core = job.core
-                missing = core.min_workers - len(core.placement)
-                if place_gang(avail, self.names, core.per_worker, missing) is not None:
-                    self._add(avail, job)
-                    waiting.remove(job)
-                    progress = True
-        return waiting
-
-    def _add(self, avail: list, job: ReplayJob) -> None:
-        w = job.core.per_worker
-        for name in job.core.placement:
-            row = avail[self.node_at[name]]
-            for r in range(3):
-                row[r] += w[r]
-
-    def _operator_kill(self, now: float) -> None:
-        if not self.deadlocked:
-            self.deadlock_since = None
-            return
-        victim = min(self.deadlocked, key=lambda j: (self.holding_since[j.id], j.seq, j.id))
-        self._give_back(victim)
-        self.partial.pop(victim.id, None)
-        self.holding_since.pop(victim.id, None)
-        self.pods = [j for j in self.pods if j is not victim]
-        self.replay.hold(victim, ())
-        self._enqueue([victim])
-        self.kills += 1
-        self.deadlock_since = now  # the operator watches again before the next deletion
-        self.dirty = True
-
-    def figures(self) -> dict:
-        return {
-            "policy_cycles": self.cycles,
-            "deadlocks": {
-                "detected": self.deadlocks,
-                "broken_by_timeout": self.kills,
-                "timeout_s": self.timeout,
-                "most_jobs_deadlocked": self.max_deadlocked,
-                "deadlocked_at_end": len(self.deadlocked),
-            },
-        }
 
 
 def make_policy(name: str, deadlock_timeout: float | None = DEFAULT_DEADLOCK_TIMEOUT) -> Policy:

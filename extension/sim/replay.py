@@ -8,6 +8,10 @@ previous instant (the state did not change within it); then the policy decides
 scheduler); events in between wait for the next one. The policies live in ``policies.py``; what
 is measured and how is in docs/simulate.md.
 
+This module is the loop and the helpers the policies act through; the job records are in
+``jobs.py``, the figures integrated over time in ``recorder.py``, and what a finished replay
+reports in ``summary.py`` (their names stay importable from here).
+
 The scenario runner (``engine.py``) is this loop with a policy that runs a core cycle at every
 instant and records the timeline; ``Wmla`` here skips a cycle that cannot change anything,
 which is what makes a month of Philly replay in seconds.
@@ -18,45 +22,31 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TextIO
 
 from extension.backends.fake import FINISHED, RELEASED, SHRUNK, FakeBackend
-from extension.scheduler import FINAL_STATES, Job, JobState
+from extension.scheduler import Job, JobState
 
-from .metrics import PlanShape, deserved_gpus, num, percentiles
-from .scenario import Scenario, ScenarioJob
+from .jobs import ReplayJob
+from .metrics import EPS
+from .recorder import Recorder
+from .scenario import Scenario
+from .summary import ReplaySummary
+
+# the names callers import from here, wherever they are defined now
+__all__ = [
+    "EPS",
+    "MAX_STEPS_PER_INSTANT",
+    "Policy",
+    "Recorder",
+    "Replay",
+    "ReplayJob",
+    "ReplaySummary",
+    "replay",
+    "stderr_progress",
+]
 
 MAX_STEPS_PER_INSTANT = 50  # zero-grace releases can chain; this bounds one instant
-EPS = 1e-9
-
-
-@dataclass
-class ReplayJob:
-    """One job as the replay tracks it; ``core`` is the core's view (state, placement)."""
-
-    spec: ScenarioJob
-    seq: int  # submission order (time, then trace order)
-    core: Job
-    team: str
-    gpu: float  # GPUs per worker
-    state: str = "PENDING"  # PENDING RUNNING FINISHED REJECTED
-    first_start: float | None = None  # first time the whole gang ran
-    ended: float | None = None
-    preemptions: int = 0
-    broken: bool = False  # ever held some but not all of its gang
-    error: str | None = None
-    held: float = 0.0  # GPUs it holds now (counted in the recorder)
-    busy: float = 0.0  # GPUs it holds and computes on now
-
-    @property
-    def id(self) -> str:
-        return self.spec.id
-
-    @property
-    def leaf(self) -> str:
-        return self.core.leaf
 
 
 class Policy:
@@ -125,7 +115,7 @@ class Replay:
         self._last_percent = 0
         self.interval = interval  # > 0: the policy decides only on multiples of it
         self.tick: float | None = None  # the next such multiple, when something waits for it
-        self.recorder = Recorder(self)
+        self.recorder = Recorder(scenario, self.capacity_gpu)
         self.preemptions = 0
         self._touched: list[ReplayJob] = []  # placement changed during this instant
         self.shrinks = 0
@@ -354,209 +344,8 @@ class Replay:
         )
 
 
-class Recorder:
-    """Integrates the figures over time; ``observe(now)`` closes the span since the last call.
-
-    Contention: the total GPU demand (max request of every pending and running job) is above
-    the capacity. Fairness: |held - deserved| GPUs per plan, time-averaged, per depth of the
-    plan tree (1: teams, 2: user leaves for a trace).
-    """
-
-    def __init__(self, replay: Replay) -> None:
-        self.replay = replay
-        self.capacity = replay.capacity_gpu
-        plans = [(p.path, p.share, p.limit.gpu) for p in replay.scenario.plans]
-        self.shape = PlanShape(plans)
-        self.teams = sorted(p for p in self.shape.paths if p.count("/") == 1)
-        self.team_index = {t[1:]: i for i, t in enumerate(self.teams)}
-        self.leaf_held: dict[str, float] = {}
-        self.held_by_plan: dict[str, float] = {}  # GPUs held per plan, leaves summed up
-        self.leaf_demand: dict[str, float] = {}
-        self.team_held = [0.0] * len(self.teams)
-        self.held = 0.0
-        self.busy = 0.0
-        self.demand = 0.0
-        self.last_t: float = 0.0
-        self.first_t: float | None = None
-        self.deserved: dict[str, float] = {}
-        self.deserved_stale = True
-        self.deadlocked = 0.0  # GPUs held by deadlocked jobs now (set by pod-fifo)
-        # integrals (GPU-seconds or seconds)
-        self.span = 0.0
-        self.contended = 0.0
-        self.held_contended = 0.0
-        self.busy_contended = 0.0
-        self.held_all = 0.0
-        self.busy_all = 0.0
-        self.wanted_all = 0.0
-        self.partial_gs = 0.0
-        self.deadlocked_gs = 0.0
-        self.dev_all: dict[str, float] = {}
-        self.dev_contended: dict[str, float] = {}
-        self.timeline: list[tuple[float, tuple[float, ...], float]] = []
-        self._last_point: tuple | None = None
-
-    def add_demand(self, job: ReplayJob, sign: int) -> None:
-        leaf = job.leaf
-        if leaf not in self.shape.share:
-            self.shape.add(leaf)
-        amount = sign * job.gpu * job.core.max_workers
-        self.leaf_demand[leaf] = self.leaf_demand.get(leaf, 0.0) + amount
-        self.demand += amount
-        self.deserved_stale = True
-
-    def change(self, job: ReplayJob, held: float, busy: float) -> None:
-        if held:
-            leaf = job.leaf
-            self.leaf_held[leaf] = self.leaf_held.get(leaf, 0.0) + held
-            path = leaf
-            while path != "/":  # every plan above the leaf holds it too
-                self.held_by_plan[path] = self.held_by_plan.get(path, 0.0) + held
-                path = path.rsplit("/", 1)[0] or "/"
-            self.held += held
-            i = self.team_index.get(job.team)
-            if i is not None:
-                self.team_held[i] += held
-        self.busy += busy
-
-    def advance(self, now: float) -> None:
-        """Integrate the figures from the last instant to ``now`` with the state as it was."""
-        if self.first_t is None:
-            self.first_t = self.last_t = now
-        dt = now - self.last_t
-        if dt > 0:
-            self._integrate(dt)
-        self.last_t = now
-
-    def observe(self, now: float) -> None:
-        """The state after the decisions at ``now``: deserved shares, a timeline point."""
-        if self.deserved_stale:
-            self.deserved = deserved_gpus(self.shape, self.leaf_demand, self.capacity)
-            self.deserved_stale = False
-        point = (tuple(self.team_held), self.demand)
-        if point != self._last_point:
-            self._last_point = point
-            if self.timeline and self.timeline[-1][0] == now:
-                self.timeline[-1] = (now, *point)
-            else:
-                self.timeline.append((now, *point))
-
-    def _integrate(self, dt: float) -> None:
-        self.span += dt
-        contended = self.demand > self.capacity + EPS
-        self.held_all += self.held * dt
-        self.busy_all += self.busy * dt
-        self.wanted_all += min(self.capacity, self.demand) * dt
-        self.partial_gs += (self.held - self.busy) * dt
-        self.deadlocked_gs += self.deadlocked * dt
-        if contended:
-            self.contended += dt
-            self.held_contended += self.held * dt
-            self.busy_contended += self.busy * dt
-        held = self.held_by_plan
-        for path in self.shape.paths:
-            gap = abs(held.get(path, 0.0) - self.deserved.get(path, 0.0)) * dt
-            if gap:
-                self.dev_all[path] = self.dev_all.get(path, 0.0) + gap
-                if contended:
-                    self.dev_contended[path] = self.dev_contended.get(path, 0.0) + gap
-
-    def fairness(self) -> dict:
-        """Per depth: the mean over plans of the time-averaged |held - deserved| GPUs, the worst
-        plan, and every plan's figure; over contended time and over the whole replay."""
-        out = {}
-        depths = sorted({self.shape.depth(p) for p in self.shape.paths})
-        for depth in depths:
-            paths = [p for p in self.shape.paths if self.shape.depth(p) == depth]
-            level = {}
-            for key, gs, span in (
-                ("contended", self.dev_contended, self.contended),
-                ("whole", self.dev_all, self.span),
-            ):
-                per = {p: (gs.get(p, 0.0) / span if span else 0.0) for p in paths}
-                worst = max(paths, key=lambda p: (per[p], p)) if paths else None
-                level[key] = {
-                    "mean_abs_dev_gpu": num(sum(per.values()) / len(paths)) if paths else 0,
-                    "mean_abs_dev_share": (
-                        num(sum(per.values()) / len(paths) / self.capacity) if paths else 0
-                    ),
-                    "worst_plan": worst,
-                    "plans": {p: num(per[p]) for p in sorted(paths)},
-                }
-            out[str(depth)] = level
-        return out
-
-
-@dataclass
-class ReplaySummary:
-    replay: Replay
-    wall: float
-    extra: dict = field(default_factory=dict)
-
-    def to_json(self) -> dict:
-        r = self.replay
-        rec = r.recorder
-        jobs = list(r.jobs.values())
-        finished = [j for j in jobs if j.state == "FINISHED"]
-        started = [j for j in jobs if j.first_start is not None]
-        teams = sorted({j.team for j in jobs})
-
-        def per_team(values: Callable[[ReplayJob], float], pool: list[ReplayJob]) -> dict:
-            return {
-                "overall": percentiles(values(j) for j in pool),
-                "per_team": {t: percentiles(values(j) for j in pool if j.team == t) for t in teams},
-            }
-
-        hours = 3600.0
-        return {
-            "policy": r.policy.name,
-            "jobs": {
-                "submitted": len(r.order),
-                "finished": len(finished),
-                "rejected": sum(1 for j in jobs if j.state == "REJECTED"),
-                "cancelled": sum(1 for j in jobs if j.state == "CANCELLED"),
-                "unfinished": len(r.order) - sum(1 for j in jobs if j.state in FINAL_STATES),
-            },
-            "capacity_gpu": num(r.capacity_gpu),
-            "span_s": num(rec.span),
-            "end_s": num(rec.last_t),
-            "gpu_allocation": {
-                "contended_s": num(rec.contended),
-                "held_while_contended": _ratio(rec.held_contended, rec.contended * rec.capacity),
-                "busy_while_contended": _ratio(rec.busy_contended, rec.contended * rec.capacity),
-                "held_over_wanted": _ratio(rec.held_all, rec.wanted_all),
-                "busy_over_wanted": _ratio(rec.busy_all, rec.wanted_all),
-                "busy_gpu_hours": num(rec.busy_all / hours),
-                "held_idle_gpu_hours": num(rec.partial_gs / hours),
-            },
-            "jct_s": per_team(lambda j: j.ended - j.spec.at, finished),
-            "queueing_delay_s": per_team(lambda j: j.first_start - j.spec.at, started),
-            "fairness": rec.fairness(),
-            "preemptions": r.preemptions,
-            "shrinks": r.shrinks,
-            "broken_gangs": sum(1 for j in jobs if j.broken),
-            "deadlocked_gpu_hours": num(rec.deadlocked_gs / hours),
-            **r.policy.figures(),
-            "sim_wall_s": round(self.wall, 3),
-        }
-
-    def queueing_delays(self) -> dict[str, list[float]]:
-        """Queueing delay of every job that started, per team and ``*`` for all (report CDFs)."""
-        out: dict[str, list[float]] = {"*": []}
-        for j in self.replay.jobs.values():
-            if j.first_start is not None:
-                d = j.first_start - j.spec.at
-                out["*"].append(d)
-                out.setdefault(j.team, []).append(d)
-        return out
-
-
 def _on_multiple(t: float, interval: float) -> bool:
     return abs(t / interval - round(t / interval)) < 1e-9
-
-
-def _ratio(a: float, b: float) -> float | None:
-    return round(a / b, 4) if b > 0 else None
 
 
 def replay(scenario: Scenario, policy: Policy, progress: TextIO | None = None) -> ReplaySummary:

@@ -16,7 +16,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from .files import atomic_write
-from .replay import ReplaySummary
+from .summary import ReplaySummary
 
 MAX_POINTS = 1500
 CDF_POINTS = 600

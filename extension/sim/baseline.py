@@ -1,0 +1,68 @@
+"""What the baseline policies (``gang_fifo.py``, ``pod_fifo.py``) share: free GPUs per node,
+kept by the policy itself without the core, and the core's own ``place_gang`` and
+``max_workers_on`` so that only the admission policy differs from wmla, not the bin-packing.
+"""
+
+from __future__ import annotations
+
+from extension.scheduler.placement import max_workers_on
+
+from .jobs import ReplayJob
+from .replay import Policy, Replay
+
+
+class Baseline(Policy):
+    """Free GPUs per node, kept by the policy itself (the core is not involved)."""
+
+    def attach(self, replay: Replay) -> None:
+        super().attach(replay)
+        nodes = replay.instance.nodes
+        self.names = [n.name for n in nodes]
+        self.node_at = {name: i for i, name in enumerate(self.names)}
+        self.capacity = [list(n.capacity) for n in nodes]
+        self.free = [list(n.capacity) for n in nodes]
+        self.dirty = False
+        self.cycles = 0
+        self.running: dict[str, ReplayJob] = {}
+        self._most: dict[tuple, float] = {}  # worker shape -> most such workers on the nodes
+        self.free_gpus = sum(row[0] for row in self.free)
+
+    def _start(self, job: ReplayJob, placement: tuple[str, ...], now: float) -> None:
+        self.running[job.id] = job
+        self.replay.start(job, placement, now)
+
+    def _never_fits(self, job: ReplayJob) -> str | None:
+        w, n = job.core.per_worker, job.core.min_workers
+        most = self._most.get(w)
+        if most is None:
+            most = self._most[w] = max_workers_on(self.capacity, w)
+        if most < n:
+            return (
+                f"rejected: the gang of {n} x {w.describe()} cannot be placed even on empty nodes"
+            )
+        return None
+
+    def _take(self, placement: list[int], w: tuple, sign: int = -1) -> None:
+        for i in placement:
+            row = self.free[i]
+            for r in range(3):
+                row[r] += sign * w[r]
+        self.free_gpus += sign * w[0] * len(placement)
+
+    def _give_back(self, job: ReplayJob) -> None:
+        idx = [self.node_at[n] for n in job.core.placement]
+        self._take(idx, job.core.per_worker, +1)
+
+    def finished(self, job: ReplayJob, now: float) -> None:
+        self._give_back(job)
+        self.running.pop(job.id, None)
+        self.dirty = True
+
+    def cancelled(self, job: ReplayJob, now: float) -> None:
+        self._give_back(job)  # running or holding part of its gang
+        self.running.pop(job.id, None)
+        self._forget(job)
+        self.dirty = True
+
+    def _forget(self, job: ReplayJob) -> None:
+        """Drop a cancelled job from the policy's queues."""

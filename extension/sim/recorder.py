@@ -1,0 +1,146 @@
+"""What a replay measures while it runs: GPU figures integrated over simulated time.
+
+The loop (``replay.py``) tells the recorder every change of demand (``add_demand``) and of the
+GPUs a job holds or computes on (``change``); before each instant it integrates the figures
+over the span since the previous one (``advance``: nothing changed within it), and after the
+decisions it takes the deserved shares and a timeline point (``observe``). What the figures
+mean is in docs/simulate.md "Metrics".
+"""
+
+from __future__ import annotations
+
+from .jobs import ReplayJob
+from .metrics import EPS, PlanShape, deserved_gpus, num
+from .scenario import Scenario
+
+
+class Recorder:
+    """Integrates the figures over time; ``observe(now)`` closes the span since the last call.
+
+    Contention: the total GPU demand (max request of every pending and running job) is above
+    the capacity. Fairness: |held - deserved| GPUs per plan, time-averaged, per depth of the
+    plan tree (1: teams, 2: user leaves for a trace).
+    """
+
+    def __init__(self, scenario: Scenario, capacity: float) -> None:
+        self.capacity = capacity
+        plans = [(p.path, p.share, p.limit.gpu) for p in scenario.plans]
+        self.shape = PlanShape(plans)
+        self.teams = sorted(p for p in self.shape.paths if p.count("/") == 1)
+        self.team_index = {t[1:]: i for i, t in enumerate(self.teams)}
+        self.leaf_held: dict[str, float] = {}
+        self.held_by_plan: dict[str, float] = {}  # GPUs held per plan, leaves summed up
+        self.leaf_demand: dict[str, float] = {}
+        self.team_held = [0.0] * len(self.teams)
+        self.held = 0.0
+        self.busy = 0.0
+        self.demand = 0.0
+        self.last_t: float = 0.0
+        self.first_t: float | None = None
+        self.deserved: dict[str, float] = {}
+        self.deserved_stale = True
+        self.deadlocked = 0.0  # GPUs held by deadlocked jobs now (set by pod-fifo)
+        # integrals (GPU-seconds or seconds)
+        self.span = 0.0
+        self.contended = 0.0
+        self.held_contended = 0.0
+        self.busy_contended = 0.0
+        self.held_all = 0.0
+        self.busy_all = 0.0
+        self.wanted_all = 0.0
+        self.partial_gs = 0.0
+        self.deadlocked_gs = 0.0
+        self.dev_all: dict[str, float] = {}
+        self.dev_contended: dict[str, float] = {}
+        self.timeline: list[tuple[float, tuple[float, ...], float]] = []
+        self._last_point: tuple | None = None
+
+    def add_demand(self, job: ReplayJob, sign: int) -> None:
+        leaf = job.leaf
+        if leaf not in self.shape.share:
+            self.shape.add(leaf)
+        amount = sign * job.gpu * job.core.max_workers
+        self.leaf_demand[leaf] = self.leaf_demand.get(leaf, 0.0) + amount
+        self.demand += amount
+        self.deserved_stale = True
+
+    def change(self, job: ReplayJob, held: float, busy: float) -> None:
+        if held:
+            leaf = job.leaf
+            self.leaf_held[leaf] = self.leaf_held.get(leaf, 0.0) + held
+            path = leaf
+            while path != "/":  # every plan above the leaf holds it too
+                self.held_by_plan[path] = self.held_by_plan.get(path, 0.0) + held
+                path = path.rsplit("/", 1)[0] or "/"
+            self.held += held
+            i = self.team_index.get(job.team)
+            if i is not None:
+                self.team_held[i] += held
+        self.busy += busy
+
+    def advance(self, now: float) -> None:
+        """Integrate the figures from the last instant to ``now`` with the state as it was."""
+        if self.first_t is None:
+            self.first_t = self.last_t = now
+        dt = now - self.last_t
+        if dt > 0:
+            self._integrate(dt)
+        self.last_t = now
+
+    def observe(self, now: float) -> None:
+        """The state after the decisions at ``now``: deserved shares, a timeline point."""
+        if self.deserved_stale:
+            self.deserved = deserved_gpus(self.shape, self.leaf_demand, self.capacity)
+            self.deserved_stale = False
+        point = (tuple(self.team_held), self.demand)
+        if point != self._last_point:
+            self._last_point = point
+            if self.timeline and self.timeline[-1][0] == now:
+                self.timeline[-1] = (now, *point)
+            else:
+                self.timeline.append((now, *point))
+
+    def _integrate(self, dt: float) -> None:
+        self.span += dt
+        contended = self.demand > self.capacity + EPS
+        self.held_all += self.held * dt
+        self.busy_all += self.busy * dt
+        self.wanted_all += min(self.capacity, self.demand) * dt
+        self.partial_gs += (self.held - self.busy) * dt
+        self.deadlocked_gs += self.deadlocked * dt
+        if contended:
+            self.contended += dt
+            self.held_contended += self.held * dt
+            self.busy_contended += self.busy * dt
+        held = self.held_by_plan
+        for path in self.shape.paths:
+            gap = abs(held.get(path, 0.0) - self.deserved.get(path, 0.0)) * dt
+            if gap:
+                self.dev_all[path] = self.dev_all.get(path, 0.0) + gap
+                if contended:
+                    self.dev_contended[path] = self.dev_contended.get(path, 0.0) + gap
+
+    def fairness(self) -> dict:
+        """Per depth: the mean over plans of the time-averaged |held - deserved| GPUs, the worst
+        plan, and every plan's figure; over contended time and over the whole replay."""
+        out = {}
+        depths = sorted({self.shape.depth(p) for p in self.shape.paths})
+        for depth in depths:
+            paths = [p for p in self.shape.paths if self.shape.depth(p) == depth]
+            level = {}
+            for key, gs, span in (
+                ("contended", self.dev_contended, self.contended),
+                ("whole", self.dev_all, self.span),
+            ):
+                per = {p: (gs.get(p, 0.0) / span if span else 0.0) for p in paths}
+                worst = max(paths, key=lambda p: (per[p], p)) if paths else None
+                level[key] = {
+                    "mean_abs_dev_gpu": num(sum(per.values()) / len(paths)) if paths else 0,
+                    "mean_abs_dev_share": (
+                        num(sum(per.values()) / len(paths) / self.capacity) if paths else 0
+                    ),
+                    "worst_plan": worst,
+                    "plans": {p: num(per[p]) for p in sorted(paths)},
+                }
+            out[str(depth)] = level
+        return out
