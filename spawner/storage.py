@@ -24,14 +24,19 @@ from extension.backends.accounts import (  # noqa: F401 - part of this module's 
     unreachable,
 )
 from extension.backends.accounts import AccountError as StorageError
+from extension.scheduler.names import user_name_problem
 
-# Folder names, label values and Linux account names all accept this (no '/', no '..').
+# The Linux-account form of a user name (extension.scheduler.names has the one definition of
+# user names; this narrows it): folder names, label values and Linux account names all accept
+# it (no '/', no '..', no '@', no upper case).
 USERNAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 
 
 def validate_username(user: str) -> str:
-    """A hub user name that can be one folder under the storage root, or an error."""
-    if not isinstance(user, str) or not USERNAME.match(user):
+    """A hub user name that can be one folder under the storage root, or an error: a user
+    name at all (``user_name_problem``), then of the narrower Linux-account form. Either
+    refusal says what the folder's name needs, the narrower rule being the one that binds."""
+    if user_name_problem(user) is not None or not USERNAME.match(user):
         raise StorageError(
             f"hub user name {user!r} cannot name a private folder: use 1-63 lower-case letters, "
             "digits, '.', '_' or '-', starting and ending with a letter or digit"

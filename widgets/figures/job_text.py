@@ -1,0 +1,119 @@
+"""The job monitor's texts: the job's state line (with its place in the queue), its workers and
+what they each hold, and the cancel button's state."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .common import FINAL, STATE_COLOURS
+
+
+def queue_position(job: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]]) -> int | None:
+    """1-based place of a PENDING job among the visible pending jobs of its plan, in the order
+    the core considers them (higher priority first, then earlier submission, then id)."""
+    if job.get("state") != "PENDING":
+        return None
+    pending = [j for j in jobs if j.get("state") == "PENDING" and j.get("plan") == job.get("plan")]
+    if not any(j.get("id") == job.get("id") for j in pending):
+        pending.append(dict(job))
+    pending.sort(key=lambda j: (-(j.get("priority") or 0), j.get("submitted") or 0, j.get("id")))
+    for i, j in enumerate(pending):
+        if j.get("id") == job.get("id"):
+            return i + 1
+    return None  # pragma: no cover - the job was added above
+
+
+def state_html(job: Mapping[str, Any], position: int | None = None) -> str:
+    state = str(job.get("state", "?"))
+    colour = STATE_COLOURS.get(state, "#333")
+    parts = [f'<b style="color:{colour}">{html.escape(state)}</b>']
+    if position is not None:
+        parts.append(f"#{position} in the queue of {html.escape(str(job.get('plan', '')))}")
+    reason = job.get("reason")
+    if reason:
+        parts.append(html.escape(str(reason)))
+    if job.get("exit_code") not in (None, 0):
+        parts.append(f"exit code {job['exit_code']}")
+    if job.get("preemptions"):
+        parts.append(f"preempted {job['preemptions']}x (resumes from its checkpoint)")
+    return " &mdash; ".join(parts)
+
+
+def cancel_button_state(job: Mapping[str, Any]) -> dict[str, Any]:
+    """``disabled``, ``description`` and ``tooltip`` of the monitor's cancel button.
+
+    Active only while the job is known to be PENDING or RUNNING without a cancel already asked:
+    before the first read of the job it stays off, so a monitor opened on an ended job never
+    offers a cancel the service would refuse.
+    """
+    state = job.get("state")
+    if state in FINAL:
+        return {
+            "disabled": True,
+            "description": f"Job {state.lower()}",
+            "tooltip": f"the job is {state}: a job that has ended cannot be cancelled",
+        }
+    if job.get("cancel_requested"):
+        return {
+            "disabled": True,
+            "description": "Cancelling",
+            "tooltip": "cancel requested: the workers are being stopped",
+        }
+    if state not in ("PENDING", "RUNNING"):
+        return {
+            "disabled": True,
+            "description": "Cancel job",
+            "tooltip": "reading the job's state",
+        }
+    return {"disabled": False, "description": "Cancel job", "tooltip": f"cancel this {state} job"}
+
+
+def workers_text(job: Mapping[str, Any]) -> str:
+    """``2 of 2 workers running, 1 gpu 500m cpu 1Gi each; ranks on node-0, node-0``."""
+    workers = job.get("workers") or {}
+    lo, hi, running = workers.get("min", 1), workers.get("max", 1), workers.get("running", 0)
+    wanted = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    res = job.get("resources") or {}
+    each = ", ".join(
+        p for p in (_gpu(res.get("gpu")), _cpu(res.get("cpu")), _mem(res.get("memory"))) if p
+    )
+    text = f"{running} of {wanted} workers running"
+    if each:
+        text += f" ({each} each)"
+    placement = job.get("placement") or []
+    if placement:
+        text += "; ranks on " + ", ".join(_node(p) for p in placement)
+    return text
+
+
+def _node(place: Any) -> str:
+    if isinstance(place, Mapping):
+        node = place.get("node", "?")
+        devices = place.get("devices")
+        return f"{node}{devices}" if devices else str(node)
+    return str(place)
+
+
+def _gpu(v: Any) -> str:
+    return f"{_num(v)} gpu" if isinstance(v, (int, float)) else ""
+
+
+def _cpu(v: Any) -> str:
+    if not isinstance(v, (int, float)):
+        return ""
+    return f"{_num(v / 1000)} cpu" if v % 100 == 0 else f"{_num(v)}m cpu"
+
+
+def _mem(v: Any) -> str:
+    if not isinstance(v, (int, float)) or v <= 0:
+        return ""
+    for suffix, unit in (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if v >= unit:
+            return f"{_num(v / unit)}{suffix} memory"
+    return f"{_num(v)} bytes memory"
+
+
+def _num(v: float) -> float:
+    return int(v) if float(v).is_integer() else round(v, 2)
