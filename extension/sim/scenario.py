@@ -61,7 +61,10 @@ class Scenario:
     until: float = 10_000.0
 
 
-TOP_KEYS = {"format", "capacity", "config", "plans", "jobs", "until", "limit_range"}
+TOP_KEYS = {"format", "capacity", "config", "plans", "jobs", "until", "limit_range", "expect"}
+# what a scenario file may say it expects of a run (tests/sim/test_scenarios.py checks it);
+# the simulator itself ignores it
+EXPECT_KEYS = {"jobs", "summary", "running_at"}
 JOB_KEYS = {"id", "at", "user", "plan", "workers", "per_worker", "duration", "priority"}
 JOB_KEYS |= {"preemptible"}
 CONFIG_KEYS = {"grace", "min_runtime", "checkpoint_every"}
@@ -90,6 +93,11 @@ def parse_scenario(data: Any, where: str = "scenario") -> Scenario:
             f"{where}: the file must be a mapping with format, capacity, plans, jobs"
         )
     _no_unknown(data, TOP_KEYS, "", fail)
+    expect = data.get("expect")
+    if expect is not None:
+        if not isinstance(expect, dict):
+            raise fail("expect", "must be a mapping of jobs, summary, running_at")
+        _no_unknown(expect, EXPECT_KEYS, "expect.", fail)
     if data.get("format") != 1:
         raise fail("format", f"must be 1, got {data.get('format')!r}")
     default = _limit_range_default(data.get("limit_range"), fail)

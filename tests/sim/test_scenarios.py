@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from extension.cli import main
 
@@ -23,6 +24,33 @@ def held_at(out: dict, t: float) -> dict[str, int]:
     """Workers per job in the timeline entry in force at time t."""
     entry = [e for e in out["timeline"] if e["t"] <= t][-1]
     return entry["running"]
+
+
+def check_job(job_id: str, job: dict, wanted: dict) -> None:
+    for key, value in wanted.items():
+        if key == "error_contains":
+            assert all(words in job["error"] for words in value), (job_id, job["error"])
+        else:
+            assert job[key] == value, (job_id, key, job[key], value)
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in SCENARIOS.glob("*.yaml")), ids=lambda n: n.removesuffix(".yaml")
+)
+def test_every_scenario_gives_what_its_file_expects(name, capsys):
+    """The scenario files carry their expected results as data (``expect:``): per job (``*``
+    for every job), the summary, and who runs at given times."""
+    expect = yaml.safe_load((SCENARIOS / name).read_text()).get("expect")
+    assert expect, f"{name} has no expect: section"
+    out = simulate(name, capsys)
+    for job_id, wanted in (expect.get("jobs") or {}).items():
+        ids = list(out["jobs"]) if job_id == "*" else [job_id]
+        for one in ids:
+            check_job(one, out["jobs"][one], wanted)
+    for key, value in (expect.get("summary") or {}).items():
+        assert out["summary"][key] == value, (key, out["summary"][key], value)
+    for moment in expect.get("running_at") or []:
+        assert held_at(out, moment["t"]) == moment["running"], moment
 
 
 def test_s1_allocation_settles_at_4_2_2(capsys):
