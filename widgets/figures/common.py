@@ -8,7 +8,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-FINAL = frozenset({"FINISHED", "FAILED", "CANCELLED", "REJECTED"})
+from extension.scheduler import FINAL_STATES
+
+FINAL = FINAL_STATES  # the states a job ends in: one definition (the core's)
 STATE_COLOURS = {
     "PENDING": "#b58900",
     "RUNNING": "#268bd2",
