@@ -275,18 +275,7 @@ class Actions:
             now = self.clock()
             reason = f"cancelled by {caller.name}"
             if job.state is JobState.PENDING or self.kinds.get(job_id) == "notebook":
-                # nothing runs under the backend: the resources are released at once
-                values = {
-                    "state": JobState.CANCELLED.value,
-                    "ended": now,
-                    "reason": reason,
-                    "placement": [],
-                    "terminating": False,
-                }
-                await self.db.write(
-                    self.store.update_jobs, [(job_id, values, "cancelled", reason)], now
-                )
-                self._end(job, JobState.CANCELLED)
+                await self._cancel_at_once(job, reason, now)
             elif not row.cancel_requested:
                 values = {"cancel_requested": True, "terminating": True, "reason": reason}
                 await self.db.write(
@@ -308,19 +297,21 @@ class Actions:
             job = self.jobs.get(job_id)
             if job is None or self.kinds.get(job_id) != "notebook":
                 return
-            now = self.clock()
-            values = {
-                "state": JobState.CANCELLED.value,
-                "ended": now,
-                "reason": reason,
-                "placement": [],
-                "terminating": False,
-            }
-            await self.db.write(
-                self.store.update_jobs, [(job_id, values, "cancelled", reason)], now
-            )
-            self._end(job, JobState.CANCELLED)
+            await self._cancel_at_once(job, reason, self.clock())
         await self.kick()
+
+    async def _cancel_at_once(self, job: Job, reason: str, now: float) -> None:
+        """End a job nothing runs under (pending, or a notebook: the spawner runs its server):
+        its resources are free at once. The store first: a failed write changes nothing."""
+        values = {
+            "state": JobState.CANCELLED.value,
+            "ended": now,
+            "reason": reason,
+            "placement": [],
+            "terminating": False,
+        }
+        await self.db.write(self.store.update_jobs, [(job.id, values, "cancelled", reason)], now)
+        self._end(job, JobState.CANCELLED)
 
     # -- plans -----------------------------------------------------------------------
     async def change_plans(
