@@ -37,6 +37,8 @@ ANSWERS = {
 
 class Handler(BaseHTTPRequestHandler):
     def _answer(self) -> None:
+        # recorded before the answer goes out: the client may look as soon as it has it
+        self.server.seen.append((self.command, self.path, self.headers.get("Authorization")))
         path = self.path.split("?", 1)[0]
         status, body = ANSWERS.get(path, (404, "<html>not here</html>"))
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
@@ -46,7 +48,6 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
-        self.server.seen.append((self.command, self.path, self.headers.get("Authorization")))
 
     do_GET = do_POST = do_DELETE = _answer
 
