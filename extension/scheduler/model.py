@@ -62,6 +62,9 @@ class Job:
     placement: tuple[str, ...] = ()
     started: float | None = None
     terminating: bool = False
+    # the job's last checkpoint since it (re)started, as its runtime reported it; None: none
+    # yet. Reclaim prefers the victim that loses the least work since then (Reclaim 4).
+    checkpointed: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_workers == 0:
