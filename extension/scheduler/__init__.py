@@ -6,6 +6,7 @@ typed decisions; ``check_submission`` answers at submit time whether a job can e
 The contract it keeps is docs/scheduling.md; cycle.py maps its phases to their modules.
 """
 
+from .churn import held_work, lost_work, within_one_gang
 from .cycle import check_submission, schedule
 from .decisions import (
     KINDS,
@@ -61,9 +62,12 @@ __all__ = [
     "Wait",
     "check_submission",
     "dispatch",
+    "held_work",
     "is_user_name",
     "leaf_path",
+    "lost_work",
     "parse_quantity",
     "schedule",
     "user_name_problem",
+    "within_one_gang",
 ]
