@@ -16,6 +16,7 @@ from .jobs import ReplayJob
 from .policies import Wmla
 from .replay import Replay
 from .scenario import Scenario
+from .summary import churn_figures
 
 
 @dataclass
@@ -25,6 +26,7 @@ class SimResult:
     end: float = 0.0
     capacity_gpu: float = 0.0
     cycles: int = 0
+    figures: dict = field(default_factory=dict)  # summary.churn_figures of the replay
 
     def to_json(self) -> dict:
         return {
@@ -48,7 +50,8 @@ class SimResult:
         """gpu_allocation: allocated GPU-seconds over min(capacity, demand) GPU-seconds;
         broken_gangs: jobs ever seen holding fewer workers than their gang (must be 0);
         max_share_deviation_gpu: the largest |allocated - deserved| GPUs of any plan at any
-        timeline entry."""
+        timeline entry; churn, held_gpu_s, gpu_utilization, share_deviation: as the trace
+        replay's (summary.churn_figures, docs/simulate.md "Churn")."""
         used = wanted = 0.0
         broken: set[str] = set()
         deviation = 0.0
@@ -68,6 +71,7 @@ class SimResult:
             "broken_gangs": len(broken),
             "max_share_deviation_gpu": _num(round(deviation, 4)),
             "cycles": self.cycles,
+            **self.figures,
         }
 
 
@@ -82,6 +86,9 @@ class EveryInstant(Wmla):
 
     def step(self, now: float) -> None:
         self.pop_timers(now)
+        if self.service and not self.wants_cycle(now):
+            return  # the service's loop runs no cycle at this instant
+        self.dirty = False
         self._record(now, self.cycle(now))
 
     def _record(self, now: float, result: CycleResult) -> None:
@@ -115,7 +122,8 @@ def simulate(scenario: Scenario) -> SimResult:
     replay.run()
     timeline = policy.timeline
     end = max(replay.stopped_at, timeline[-1]["t"] if timeline else 0)
-    return SimResult(replay.jobs, timeline, end, replay.capacity_gpu, policy.cycles)
+    figures = churn_figures(replay)
+    return SimResult(replay.jobs, timeline, end, replay.capacity_gpu, policy.cycles, figures)
 
 
 def public_json(result: SimResult) -> dict:

@@ -90,8 +90,8 @@ class PlanShape:
         return path.count("/")
 
 
-def deserved_gpus(shape: PlanShape, leaf_demand: dict[str, float], capacity: float) -> dict:
-    """Deserved GPUs of every plan given the GPU demand of the leaves (capped by limits)."""
+def plan_demand(shape: PlanShape, leaf_demand: dict[str, float]) -> dict[str, float]:
+    """GPU demand of every plan: its leaves' summed up, each plan's capped by its limit."""
     demand: dict[str, float] = {}
     for path in shape.bottom_up():
         kids = shape.children.get(path, ())
@@ -99,6 +99,19 @@ def deserved_gpus(shape: PlanShape, leaf_demand: dict[str, float], capacity: flo
         if path != "/":
             total = min(total, shape.limit[path])
         demand[path] = total
+    return demand
+
+
+def deserved_gpus(
+    shape: PlanShape,
+    leaf_demand: dict[str, float],
+    capacity: float,
+    demand: dict[str, float] | None = None,
+) -> dict:
+    """Deserved GPUs of every plan given the GPU demand of the leaves (capped by limits);
+    ``demand``: ``plan_demand``'s answer when the caller has it already."""
+    if demand is None:
+        demand = plan_demand(shape, leaf_demand)
     root = min(demand["/"], capacity)
     out = {"/": root}
     stack = ["/"]

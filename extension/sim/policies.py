@@ -29,11 +29,13 @@ from extension.scheduler import (
     Start,
     dispatch,
     schedule,
+    within_one_gang,
 )
 
 from .aggregate import RunningGroup
 from .gang_fifo import GangFifo
 from .jobs import ReplayJob
+from .metrics import EPS
 from .pod_fifo import DEFAULT_DEADLOCK_TIMEOUT, PodFifo
 from .replay import Policy, Replay
 
@@ -71,6 +73,18 @@ class Wmla(Policy):
     otherwise the cycle is run again on the full snapshot. A test checks both give the same
     replay. It makes a cycle cost O(leaves x sizes) instead of O(running jobs) on an
     uncontended cluster.
+
+    Under the service's timing (``Timing.cycles == "service"``) a cycle runs only when the
+    service would run one: at an instant with a submission, a cancel or a backend event
+    (``running`` included), or ``tick`` seconds after the last cycle; no ``min_runtime`` timer.
+    Cycles that cannot decide anything are still skipped, but they count as the last cycle for
+    the tick, as the service's do.
+
+    Before a full-snapshot cycle every running job shows the core its last checkpoint
+    (``Job.checkpointed``); a preemption is counted as steady-state churn when the previous
+    cycle's plan figures were within one of the reclaimer's gangs (``within_one_gang``). A
+    skipped cycle had nothing pending and no elastic job: every plan then held its demand,
+    which is its deserved share, so it counts as within.
     """
 
     name = "wmla"
@@ -95,6 +109,13 @@ class Wmla(Policy):
         self.reserved: str | None = None
         self.cache = IndexCache()  # this replay's plan index, kept between its cycles
         self.carry = _CarryOut(self)
+        self.working: dict[str, ReplayJob] = {}  # started and not being stopped
+        self.timing = replay.scenario.timing
+        self.service = self.timing.service_cycles
+        self.last_cycle: float | None = None  # service timing: the last cycle, for the tick
+        self.idle = False  # service timing: nothing will ever change; stop ticking
+        self.previous: CycleResult | None = None  # the last cycle's result (steady state)
+        self.previous_settled = False  # the last cycle was skipped: every plan at its demand
 
     def arrive(self, jobs: list[ReplayJob], now: float) -> None:
         for job in jobs:
@@ -112,6 +133,7 @@ class Wmla(Policy):
 
     def _gone(self, job: ReplayJob) -> None:
         self._ungroup(job)
+        self.working.pop(job.id, None)
         self.live.pop(job.id, None)
         self.core_jobs.pop(job.id, None)
         self.loose.pop(job.id, None)
@@ -132,18 +154,43 @@ class Wmla(Policy):
     def shrunk(self, job: ReplayJob, now: float) -> None:
         self.dirty = True
 
+    def running(self, job: ReplayJob, now: float) -> None:
+        self.dirty = True  # the service runs a cycle on every backend event
+
     def next_timer(self) -> float | None:
-        return self.timers[0] if self.timers else None
+        timer = self.timers[0] if self.timers else None
+        tick = self.timing.tick
+        if self.service and tick > 0 and self.last_cycle is not None and not self.idle:
+            if self.replay.n_pending or self.elastic:  # else the tick cannot decide anything
+                due = self.last_cycle + tick
+                timer = due if timer is None else min(timer, due)
+        return timer
 
     def step(self, now: float) -> None:
         self.pop_timers(now)
-        if not self.dirty:
+        if not self.wants_cycle(now):
             return
         self.dirty = False
         if not self.replay.n_pending and not self.elastic:
             self.reserved = None  # what the skipped cycle would have answered: no holder
+            self.previous, self.previous_settled = None, True
             return
         self.cycle(now)
+
+    def wants_cycle(self, now: float) -> bool:
+        """Whether a cycle runs at ``now``: something changed, or (service timing) the tick
+        is due, as the service's loop waits for a wake-up or ``tick`` seconds."""
+        if not self.service:
+            return self.dirty
+        tick = self.timing.tick
+        last = self.last_cycle
+        due = tick > 0 and last is not None and now >= last + tick - EPS
+        if not (self.dirty or due):
+            return False
+        self.last_cycle = now
+        if self.dirty:
+            self.idle = False
+        return True
 
     def pop_timers(self, now: float) -> None:
         """Timers due by now (a ``min_runtime`` running out) make the next cycle worth running."""
@@ -156,6 +203,8 @@ class Wmla(Policy):
         r = self.replay
         result = self._aggregated_cycle(now) if self.aggregate else None
         if result is None:
+            for job in self.working.values():
+                r.show_checkpoint(job, now)
             snapshot = Snapshot(
                 self.plans,
                 r.instance,
@@ -169,7 +218,21 @@ class Wmla(Policy):
         self.cycles += 1
         for d in result.decisions:
             dispatch(d, self.carry, now)
+        self.previous, self.previous_settled = result, False
+        if self.service and not result.decisions and r.quiet():
+            self.idle = True  # a tick would decide the same nothing for ever
         return result
+
+    def steady(self, d: Preempt) -> bool:
+        """The preemption comes while the previous cycle had every plan within one of the
+        reclaimer's gangs of its deserved share (``within_one_gang``)."""
+        if self.previous_settled:
+            return True
+        reclaimer = self.live.get(d.for_job)
+        if self.previous is None or reclaimer is None:
+            return False
+        core = reclaimer.core
+        return within_one_gang(self.previous.plans, core.per_worker.times(core.min_workers))
 
     def _aggregated_cycle(self, now: float):
         """The cycle on the aggregated snapshot, or None when its answer may differ."""
@@ -228,7 +291,8 @@ class _CarryOut:
         job = p.live[d.job_id]
         p.replay.start(job, d.placement, now)
         p._group(job)
-        if p.config.min_runtime > 0:
+        p.working[job.id] = job
+        if p.config.min_runtime > 0 and not p.service:  # the service has no such timer
             heapq.heappush(p.timers, now + p.config.min_runtime)
 
     def grow(self, d: Grow, now: float) -> None:
@@ -240,8 +304,10 @@ class _CarryOut:
     def preempt(self, d: Preempt, now: float) -> None:
         p = self.policy
         job = p.live[d.job_id]
+        steady = p.steady(d)
         p._ungroup(job)
-        p.replay.preempt(job, d.grace, now)
+        p.working.pop(job.id, None)
+        p.replay.preempt(job, d.grace, now, steady)
 
     def reject(self, d: Reject, now: float) -> None:
         p = self.policy

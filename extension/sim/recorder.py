@@ -10,7 +10,7 @@ mean is in docs/simulate.md "Metrics".
 from __future__ import annotations
 
 from .jobs import ReplayJob
-from .metrics import EPS, PlanShape, deserved_gpus, num
+from .metrics import EPS, PlanShape, deserved_gpus, num, plan_demand
 from .scenario import Scenario
 
 
@@ -19,7 +19,9 @@ class Recorder:
 
     Contention: the total GPU demand (max request of every pending and running job) is above
     the capacity. Fairness: |held - deserved| GPUs per plan, time-averaged, per depth of the
-    plan tree (1: teams, 2: user leaves for a trace).
+    plan tree (1: teams, 2: user leaves for a trace). Share deviation: at every moment the mean
+    of |held - deserved| GPUs over the plans with demand then, time-averaged. Held GPU-seconds
+    per plan: what the plan's jobs held (any worker bound, terminating victims included).
     """
 
     def __init__(self, scenario: Scenario, capacity: float) -> None:
@@ -52,6 +54,10 @@ class Recorder:
         self.deadlocked_gs = 0.0
         self.dev_all: dict[str, float] = {}
         self.dev_contended: dict[str, float] = {}
+        self.with_demand: list[str] = []  # plans (not the root) with GPU demand now
+        self.demand_s = 0.0  # seconds in which some plan had demand
+        self.dev_demand_gs = 0.0  # the integral of the mean gap over the plans with demand
+        self.held_gs: dict[str, float] = {}  # GPU-seconds held per plan
         self.timeline: list[tuple[float, tuple[float, ...], float]] = []
         self._last_point: tuple | None = None
 
@@ -90,7 +96,9 @@ class Recorder:
     def observe(self, now: float) -> None:
         """The state after the decisions at ``now``: deserved shares, a timeline point."""
         if self.deserved_stale:
-            self.deserved = deserved_gpus(self.shape, self.leaf_demand, self.capacity)
+            demand = plan_demand(self.shape, self.leaf_demand)
+            self.deserved = deserved_gpus(self.shape, self.leaf_demand, self.capacity, demand)
+            self.with_demand = [p for p in self.shape.paths if demand.get(p, 0.0) > EPS]
             self.deserved_stale = False
         point = (tuple(self.team_held), self.demand)
         if point != self._last_point:
@@ -119,6 +127,15 @@ class Recorder:
                 self.dev_all[path] = self.dev_all.get(path, 0.0) + gap
                 if contended:
                     self.dev_contended[path] = self.dev_contended.get(path, 0.0) + gap
+        for path, gpus in held.items():
+            if gpus:
+                self.held_gs[path] = self.held_gs.get(path, 0.0) + gpus * dt
+        wanting = self.with_demand
+        if wanting:
+            deserved = self.deserved
+            gaps = sum(abs(held.get(p, 0.0) - deserved.get(p, 0.0)) for p in wanting)
+            self.dev_demand_gs += gaps / len(wanting) * dt
+            self.demand_s += dt
 
     def fairness(self) -> dict:
         """Per depth: the mean over plans of the time-averaged |held - deserved| GPUs, the worst
@@ -144,3 +161,21 @@ class Recorder:
                 }
             out[str(depth)] = level
         return out
+
+    def share_deviation(self) -> dict:
+        """The time-weighted mean over the plans with demand (every depth, not the root) of
+        |held - deserved| GPUs, over the time some plan had demand; ``mean_abs_dev_share`` is
+        the same over the capacity."""
+        mean = self.dev_demand_gs / self.demand_s if self.demand_s else 0.0
+        return {
+            "mean_abs_dev_gpu": num(mean),
+            "mean_abs_dev_share": round(mean / self.capacity, 6) if self.capacity else 0,
+            "over_s": num(self.demand_s),
+        }
+
+    def held_gpu_s(self) -> dict:
+        """GPU-seconds held in all and per plan (every plan that held any, not the root)."""
+        return {
+            "total": num(self.held_all),
+            "plans": {p: num(v) for p, v in sorted(self.held_gs.items())},
+        }

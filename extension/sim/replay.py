@@ -24,9 +24,10 @@ import sys
 import time
 from typing import TextIO
 
-from extension.backends.fake import FINISHED, RELEASED, SHRUNK, FakeBackend
+from extension.backends.fake import FINISHED, RELEASED, RUNNING, SHRUNK, FakeBackend
 from extension.scheduler import Job, JobState
 
+from .churnlog import ChurnLog
 from .jobs import ReplayJob
 from .metrics import EPS
 from .recorder import Recorder
@@ -73,6 +74,9 @@ class Policy:
     def shrunk(self, job: ReplayJob, now: float) -> None:
         """A shrink's grace ended (only policies that shrink see this)."""
 
+    def running(self, job: ReplayJob, now: float) -> None:
+        """The backend reports the job's workers up (only under the service's timing)."""
+
     def step(self, now: float) -> None:
         raise NotImplementedError
 
@@ -97,7 +101,7 @@ class Replay:
     ) -> None:
         self.scenario = scenario
         self.policy = policy
-        self.backend = FakeBackend(scenario.checkpoint_every)
+        self.backend = _backend(scenario)
         self.instance = scenario.instance
         self.capacity_gpu = float(self.instance.capacity.gpu)
         self.jobs: dict[str, ReplayJob] = {}
@@ -113,10 +117,16 @@ class Replay:
         self.progress_every = progress_every
         self.progress_after = progress_after  # a replay shorter than this prints no progress
         self._last_percent = 0
+        if interval and scenario.timing.service_cycles:
+            raise ValueError(
+                "a cycle interval is a periodic scheduler; the service's timing has its own "
+                "cycles (its tick): use one or the other"
+            )
         self.interval = interval  # > 0: the policy decides only on multiples of it
         self.tick: float | None = None  # the next such multiple, when something waits for it
         self.recorder = Recorder(scenario, self.capacity_gpu)
         self.preemptions = 0
+        self.churn = ChurnLog()
         self._touched: list[ReplayJob] = []  # placement changed during this instant
         self.shrinks = 0
         policy.attach(self)
@@ -162,6 +172,12 @@ class Replay:
                 flush=True,
             )
         return ReplaySummary(self, wall)
+
+    def quiet(self) -> bool:
+        """Nothing more is coming: no submission, cancel or backend event left."""
+        return (
+            self._arrival_time() is None and not self.cancels and self.backend.next_time() is None
+        )
 
     def _arrival_time(self) -> float | None:
         if self.next_arrival < len(self.order):
@@ -242,14 +258,17 @@ class Replay:
             self.recorder.add_demand(job, -1)
 
     def _backend_events(self, now: float) -> None:
-        for kind, job_id, nodes in self.backend.due(now):
+        for kind, job_id, nodes, at in self.backend.due(now):
             job = self.jobs[job_id]
             core = job.core
-            if kind == FINISHED:
+            if kind == RUNNING:
+                self.policy.running(job, now)
+            elif kind == FINISHED:
                 self.policy.finished(job, now)
                 core.state = JobState.FINISHED
                 core.placement = ()
-                job.state, job.ended = "FINISHED", now
+                # when its workers exited: the service stamps the end so, seen later or not
+                job.state, job.ended = "FINISHED", at
                 self._refresh(job)
                 self.recorder.add_demand(job, -1)
                 self.n_done += 1
@@ -276,6 +295,7 @@ class Replay:
         """The whole gang runs from now on (``placement``: one node per worker)."""
         core = job.core
         core.state, core.placement, core.started = JobState.RUNNING, tuple(placement), now
+        core.checkpointed = None  # none yet in this run
         job.state = "RUNNING"
         if job.first_start is None:
             job.first_start = now
@@ -299,10 +319,23 @@ class Replay:
         self.backend.shrink(job.id, tuple(release), grace, now)
         self._refresh(job)
 
-    def preempt(self, job: ReplayJob, grace: float, now: float) -> None:
-        job.core.terminating = True
-        self.backend.preempt(job.id, grace, now)
+    def preempt(self, job: ReplayJob, grace: float, now: float, steady: bool = False) -> None:
+        """SIGTERM to the whole gang; ``steady``: decided while every plan held its share
+        within one gang (the policy's judgement, for the churn figures)."""
+        core = job.core
+        self.show_checkpoint(job, now)
+        outcome = self.backend.preempt(job.id, grace, now)
+        self.churn.preempted(job, now, outcome != "lost", steady)
+        if outcome == "saved":
+            core.checkpointed = now
+        core.terminating = True
         self._refresh(job)
+
+    def show_checkpoint(self, job: ReplayJob, now: float) -> None:
+        """The job's last checkpoint as the core sees it (``Job.checkpointed``): the runtime's
+        reports reach the service without a cycle of their own, so a cycle sees the latest."""
+        if job.core.state is JobState.RUNNING and not job.core.terminating:
+            job.core.checkpointed = self.backend.checkpoint_time(job.id, now)
 
     def reject(self, job: ReplayJob, reason: str, now: float) -> None:
         self.backend.cancel(job.id, now)
@@ -342,6 +375,20 @@ class Replay:
             file=self.progress,
             flush=True,
         )
+
+
+def _backend(scenario: Scenario) -> FakeBackend:
+    """The fake backend with the scenario's timing (its defaults: the simulator's old model)."""
+    t = scenario.timing
+    return FakeBackend(
+        scenario.checkpoint_every,
+        start_delay=t.start_delay,
+        finish_seen_after=t.finish_seen_after,
+        release_seen_after=t.release_seen_after,
+        exit_after_term=t.exit_after_term,
+        checkpoint_on_sigterm=t.checkpoint_on_sigterm,
+        report_running=t.service_cycles,
+    )
 
 
 def _on_multiple(t: float, interval: float) -> bool:

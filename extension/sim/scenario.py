@@ -24,6 +24,8 @@ from extension.scheduler import (
 )
 from extension.scheduler.resources import UNLIMITED
 
+from .timing import Timing, parse_timing
+
 
 class ScenarioError(ValueError):
     """A scenario file that cannot be run; the message names the file, the key and the problem."""
@@ -59,6 +61,9 @@ class Scenario:
     jobs: list[ScenarioJob] = field(default_factory=list)
     cancels: list[Cancel] = field(default_factory=list)
     until: float = 10_000.0
+    # when cycles run and how long the backend takes (timing.py); the default is the
+    # simulator's own model, ``PRESETS["service"]`` the service's
+    timing: Timing = Timing()
 
 
 TOP_KEYS = {"format", "capacity", "config", "plans", "jobs", "until", "limit_range", "expect"}
@@ -67,7 +72,7 @@ TOP_KEYS = {"format", "capacity", "config", "plans", "jobs", "until", "limit_ran
 EXPECT_KEYS = {"jobs", "summary", "running_at"}
 JOB_KEYS = {"id", "at", "user", "plan", "workers", "per_worker", "duration", "priority"}
 JOB_KEYS |= {"preemptible"}
-CONFIG_KEYS = {"grace", "min_runtime", "checkpoint_every"}
+CONFIG_KEYS = {"grace", "min_runtime", "checkpoint_every", "timing"}
 _WORKERS = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 
 
@@ -102,7 +107,7 @@ def parse_scenario(data: Any, where: str = "scenario") -> Scenario:
         raise fail("format", f"must be 1, got {data.get('format')!r}")
     default = _limit_range_default(data.get("limit_range"), fail)
     instance = _capacity(data.get("capacity"), fail)
-    config, checkpoint_every = _config(data.get("config") or {}, fail)
+    config, checkpoint_every, timing = _config(data.get("config") or {}, fail)
     plans_spec = data.get("plans") or {}
     if not isinstance(plans_spec, dict):
         raise fail("plans", "must be a mapping of plan path to {share, limit}")
@@ -115,7 +120,7 @@ def parse_scenario(data: Any, where: str = "scenario") -> Scenario:
     except (PlanError, QuantityError) as err:
         raise fail("plans", str(err)) from None
     until = _number(data.get("until", 10_000), "until", fail)
-    scenario = Scenario(instance, tree, config, checkpoint_every, until=until)
+    scenario = Scenario(instance, tree, config, checkpoint_every, until=until, timing=timing)
     seen: set[str] = set()
     entries = data.get("jobs") or []
     if not isinstance(entries, list):
@@ -211,15 +216,17 @@ def _capacity(spec: Any, fail) -> Instance:
     return Instance(nodes, quota, max_jobs)
 
 
-def _config(spec: Any, fail) -> tuple[SchedulerConfig, float]:
+def _config(spec: Any, fail) -> tuple[SchedulerConfig, float, Timing]:
     if not isinstance(spec, dict):
-        raise fail("config", "must be a mapping of grace, min_runtime, checkpoint_every")
+        raise fail("config", "must be a mapping of grace, min_runtime, checkpoint_every, timing")
     _no_unknown(spec, CONFIG_KEYS, "config.", fail)
     values = {
         k: _number(spec.get(k, d), f"config.{k}", fail)
         for k, d in (("grace", 0), ("min_runtime", 0), ("checkpoint_every", 60))
     }
-    return SchedulerConfig(values["grace"], values["min_runtime"]), values["checkpoint_every"]
+    timing = parse_timing(spec["timing"], fail, "config.timing") if "timing" in spec else Timing()
+    config = SchedulerConfig(values["grace"], values["min_runtime"])
+    return config, values["checkpoint_every"], timing
 
 
 def _limit_range_default(spec: Any, fail) -> Resources:

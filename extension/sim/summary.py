@@ -12,6 +12,7 @@ from typing import Protocol
 
 from extension.scheduler import FINAL_STATES
 
+from .churnlog import ChurnLog
 from .jobs import ReplayJob
 from .metrics import num, percentiles
 from .recorder import Recorder
@@ -37,6 +38,7 @@ class FinishedReplay(Protocol):
     capacity_gpu: float
     preemptions: int
     shrinks: int
+    churn: ChurnLog
 
 
 @dataclass
@@ -84,6 +86,7 @@ class ReplaySummary:
             "jct_s": per_team(lambda j: j.ended - j.spec.at, finished),
             "queueing_delay_s": per_team(lambda j: j.first_start - j.spec.at, started),
             "fairness": rec.fairness(),
+            **churn_figures(r),
             "preemptions": r.preemptions,
             "shrinks": r.shrinks,
             "broken_gangs": sum(1 for j in jobs if j.broken),
@@ -101,6 +104,18 @@ class ReplaySummary:
                 out["*"].append(d)
                 out.setdefault(j.team, []).append(d)
         return out
+
+
+def churn_figures(r: FinishedReplay) -> dict:
+    """What preemptions cost and how fair and full the cluster was (docs/simulate.md
+    "Churn"): the same four keys in the trace replay's summary and the scenario runner's."""
+    rec = r.recorder
+    return {
+        "churn": r.churn.to_json(),
+        "held_gpu_s": rec.held_gpu_s(),
+        "gpu_utilization": _ratio(rec.held_all, rec.capacity * rec.span),
+        "share_deviation": rec.share_deviation(),
+    }
 
 
 def _ratio(a: float, b: float) -> float | None:

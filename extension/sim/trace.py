@@ -43,6 +43,7 @@ from extension.scheduler.names import is_segment, is_user_name
 from extension.scheduler.resources import UNLIMITED
 
 from .scenario import Scenario, ScenarioJob
+from .timing import Timing
 
 COLUMNS = ("job_id", "submit_s", "duration_s", "gpus", "team", "user", "status")
 NO_TEAM = "unassigned"
@@ -227,6 +228,7 @@ class TraceOptions:
     grace: float = 30.0  # SIGTERM to SIGKILL for a victim, as the service's default
     min_runtime: float = 0.0
     checkpoint_every: float = 600.0  # a training job checkpoints every 10 minutes
+    timing: Timing = Timing()  # when cycles run, how long the backend takes (timing.py)
 
 
 def trace_scenario(
@@ -257,7 +259,9 @@ def trace_scenario(
     node_gpus = max(n.capacity.gpu for n in nodes)
     instance = Instance(nodes)
     config = SchedulerConfig(grace=options.grace, min_runtime=options.min_runtime)
-    scenario = Scenario(instance, tree, config, options.checkpoint_every, until=math.inf)
+    scenario = Scenario(
+        instance, tree, config, options.checkpoint_every, until=math.inf, timing=options.timing
+    )
     order = sorted(range(len(rows)), key=lambda i: (rows[i].submit, i))
     for i in order:
         r = rows[i]

@@ -1,0 +1,79 @@
+"""What the preemptions of a replay cost, per plan and in all (docs/simulate.md "Churn").
+
+Every figure is measured by the core's own definitions (extension/scheduler/churn.py), at the
+moment the victim gets SIGTERM:
+- ``preempted_gpu_s``: ``held_work``, the GPU-seconds the victim had held since it (re)started;
+- ``lost_gpu_s``: ``lost_work``, the GPU-seconds since its last checkpoint (or (re)start), or 0
+  when it writes a checkpoint on SIGTERM within the grace period (it then loses nothing);
+- ``steady_state_preemptions``: preemptions decided while ``within_one_gang`` held for the
+  previous cycle's plan figures and the reclaiming job's minimum gang: churn the contract says
+  should not happen (the policy tells, since only it knows the previous cycle).
+
+A victim without GPUs counts as a preemption with 0 GPU-seconds (the core's functions count
+its workers instead, which are not GPU-seconds). Each plan counts the preemptions of its
+jobs, its user leaves' and its sub-plans' alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from extension.scheduler import held_work, lost_work
+
+from .jobs import ReplayJob
+from .metrics import num
+
+
+@dataclass
+class ChurnFigures:
+    preemptions: int = 0
+    jobs: set[str] = field(default_factory=set)
+    preempted_gpu_s: float = 0.0
+    lost_gpu_s: float = 0.0
+    steady: int = 0
+
+    def add(self, job_id: str, preempted: float, lost: float, steady: bool) -> None:
+        self.preemptions += 1
+        self.jobs.add(job_id)
+        self.preempted_gpu_s += preempted
+        self.lost_gpu_s += lost
+        self.steady += 1 if steady else 0
+
+    def to_json(self) -> dict:
+        return {
+            "preemptions": self.preemptions,
+            "jobs_preempted": len(self.jobs),
+            "preempted_gpu_s": num(self.preempted_gpu_s),
+            "lost_gpu_s": num(self.lost_gpu_s),
+            "steady_state_preemptions": self.steady,
+        }
+
+
+class ChurnLog:
+    """The preemptions of one replay, in all and per plan (every plan above the victim's
+    user leaf, the leaf included, the root not)."""
+
+    def __init__(self) -> None:
+        self.total = ChurnFigures()
+        self.plans: dict[str, ChurnFigures] = {}
+
+    def preempted(self, job: ReplayJob, now: float, saved: bool, steady: bool) -> None:
+        """``job`` gets SIGTERM at ``now``; ``saved``: it checkpoints before it leaves."""
+        core = job.core
+        has_gpus = core.per_worker.gpu > 0
+        held = held_work(core, now) if has_gpus else 0.0
+        lost = lost_work(core, now) if has_gpus and not saved else 0.0
+        self.total.add(job.id, held, lost, steady)
+        path = job.leaf
+        while path != "/":
+            figures = self.plans.get(path)
+            if figures is None:
+                figures = self.plans[path] = ChurnFigures()
+            figures.add(job.id, held, lost, steady)
+            path = path.rsplit("/", 1)[0] or "/"
+
+    def to_json(self) -> dict:
+        """The totals, and ``plans``: the same figures for every plan with a preemption."""
+        out = self.total.to_json()
+        out["plans"] = {p: f.to_json() for p, f in sorted(self.plans.items())}
+        return out
