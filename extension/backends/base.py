@@ -19,6 +19,11 @@ Events (``BackendEvent.kind``), emitted through the ``emit`` callable given to t
 - ``lost``      after a service restart the job's workers could not be found again
 - ``refused``   (the service's own) a start the platform refused for now, before anything was
                 created: back to the queue (``AdmissionRefused`` with ``permanent=False``)
+- ``checkpoint`` the job's runtime reported a checkpoint: ``at`` is when it was written (never
+                later than when the backend learnt of it), ``progress`` the figure the script
+                gave (or None). Only the latest matters: a backend may drop or coalesce them,
+                and the service folds them without a cycle of their own (they change the
+                victims' order only, docs/scheduling.md "Reclaim 4")
 
 Optional hooks: a backend declares what more it can do by having the methods of a capability
 below (``Opens``, ``HasQuota``, ``SyncsQueues``, ``ChecksAdmission``, ``LocalAccounts``,
@@ -45,6 +50,7 @@ class EventKind(str, Enum):
     RELEASED = "released"
     LOST = "lost"
     REFUSED = "refused"
+    CHECKPOINT = "checkpoint"
 
 
 EVENT_KINDS = tuple(k.value for k in EventKind)
@@ -74,6 +80,7 @@ class BackendEvent:
     placement: tuple[str, ...] = ()
     exit_code: int | None = None
     message: str = ""
+    progress: float | None = None  # ``checkpoint`` only: the runtime's progress figure
 
     def __post_init__(self) -> None:
         try:  # an unknown kind is the backend's bug: said where it is made, not folded later

@@ -24,19 +24,42 @@ It ignores SIGTERM, SIGINT and SIGHUP with a no-op handler (not SIG_IGN, which t
 inherit): the worker decides what SIGTERM means, this process only waits for it. SIGKILL ends
 both, and then there is no file, which the backend reads as "killed".
 
+**Checkpoint reports** (``report_file`` in the spec, rank 0's only). Before it forks, the
+launcher makes a socketpair of datagram sockets; the worker inherits one end, named by
+``WMLA_REPORT_FD`` (set last: a job's env cannot point it elsewhere), and ``extension.runtime``
+sends ``{"at": .., "progress": ..}`` there after each checkpoint. The launcher keeps the other
+end and, while it waits for the worker, relays the latest report to ``report_file``
+(``{"at", "progress", "received", "reports"}``, 0600, atomically, in the state directory), at
+most every ``REPORT_INTERVAL`` seconds and once more when the worker ends; the backend reads that
+file, also after a service restart (the launcher outlives the service, and so does the channel).
+So nothing running as root opens a path a user can name: the one thing the user controls is the
+content of a datagram of at most ``REPORT_BYTES``, parsed as JSON and kept only when ``at`` is a
+finite number (clamped to the time it arrived) and ``progress`` a finite number or null. The
+channel carries no job id: it is this worker's, so a report cannot be about another job. A
+flood is bounded by the socket's queue (the sender's ``MSG_DONTWAIT`` send fails when it is
+full) and by the launcher reading at most ``REPORT_BATCH`` datagrams per ``REPORT_PAUSE``.
+
 Standard library only; run with ``-I`` so nothing from any environment is imported here.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import select
 import signal
+import socket
 import stat
 import sys
 import time
 
 START_FAILED = 127  # like a shell whose command cannot be run
+REPORT_BYTES = 512  # the longest checkpoint report read; longer datagrams are cut and refused
+REPORT_BATCH = 64  # datagrams read at one wakeup; a full batch means a flood: pause before more
+REPORT_PAUSE = 0.05  # seconds
+REPORT_INTERVAL = 0.5  # seconds between two writes of report_file (the latest report wins)
+POLL_FALLBACK = 0.5  # seconds between looks at the worker where pidfd_open is missing
 
 
 def _noop(signum, frame):  # noqa: ANN001 - signal handler signature
@@ -79,7 +102,7 @@ def open_log(path: str) -> int:
     return fd
 
 
-def _child(spec: dict, report: int) -> None:
+def _child(spec: dict, report: int, channel: socket.socket | None) -> None:
     """In the forked child: drop, then enter the job's world and exec. Never returns."""
     try:
         if spec.get("uid") is not None:
@@ -93,8 +116,13 @@ def _child(spec: dict, report: int) -> None:
         os.dup2(log, 1)
         os.dup2(log, 2)
         argv = [str(a) for a in spec["argv"]]
+        env = {str(k): str(v) for k, v in spec["env"].items()}
+        env.pop("WMLA_REPORT_FD", None)  # only ever the launcher's own channel
+        if channel is not None:
+            os.set_inheritable(channel.fileno(), True)
+            env["WMLA_REPORT_FD"] = str(channel.fileno())
         try:
-            os.execvpe(argv[0], argv, {str(k): str(v) for k, v in spec["env"].items()})
+            os.execvpe(argv[0], argv, env)
         except OSError as err:
             os.write(2, f"wmla: cannot start {argv[0]!r}: {err.strerror}\n".encode())
             raise
@@ -104,6 +132,112 @@ def _child(spec: dict, report: int) -> None:
             os.write(report, message.encode(errors="replace")[:4000])
         finally:
             os._exit(START_FAILED)
+
+
+class _Relay:
+    """The latest checkpoint report of the worker, relayed to ``report_file``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.latest: dict | None = None  # received, not yet written
+        self.written = -math.inf  # monotonic time of the last write
+        self.reports = 0
+
+    def drain(self, sock: socket.socket) -> bool:
+        """Read what is queued (at most a batch); True when the batch was full (a flood)."""
+        for _ in range(REPORT_BATCH):
+            try:
+                data = sock.recv(REPORT_BYTES, socket.MSG_DONTWAIT)
+            except OSError:  # nothing more queued (or the worker's end is gone)
+                return False
+            report = parse_report(data, time.time())
+            if report is not None:
+                self.reports += 1
+                self.latest = {**report, "reports": self.reports}
+        return True
+
+    def due_in(self) -> float | None:
+        """Seconds until the pending report may be written; None when nothing is pending."""
+        if self.latest is None:
+            return None
+        return max(0.0, self.written + REPORT_INTERVAL - time.monotonic())
+
+    def flush(self, force: bool = False) -> None:
+        if self.latest is None or (not force and self.due_in()):
+            return
+        record, self.latest = self.latest, None
+        self.written = time.monotonic()
+        try:  # a full disk costs the report, never the exit file that follows
+            tmp = f"{self.path}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                json.dump(record, out)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
+
+
+def parse_report(data: bytes, now: float) -> dict | None:
+    """A report as the worker sent it, checked: ``{"at", "progress", "received"}`` or None."""
+    try:
+        message = json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(message, dict):
+        return None
+    at = _finite(message.get("at"))
+    if at is None:
+        return None
+    return {"at": min(at, now), "progress": _finite(message.get("progress")), "received": now}
+
+
+def _finite(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer of 400 digits
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _wait(pid: int, errors: int, channel: socket.socket | None, relay: _Relay | None) -> tuple:
+    """Wait for the worker while reading its start error and relaying its checkpoint reports;
+    returns (the start error, its wait status)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # an older kernel or Python: look every POLL_FALLBACK
+        pidfd = None
+    poller = select.poll()
+    poller.register(errors, select.POLLIN)
+    if channel is not None:
+        poller.register(channel, select.POLLIN)
+    if pidfd is not None:
+        poller.register(pidfd, select.POLLIN)
+    chunks: list[bytes] = []
+    while True:
+        waits = [relay.due_in() if relay else None, None if pidfd is not None else POLL_FALLBACK]
+        timeout = min((w for w in waits if w is not None), default=None)
+        ready = {fd for fd, _ in poller.poll(None if timeout is None else timeout * 1000)}
+        if errors in ready:
+            chunk = os.read(errors, 4096)
+            chunks.append(chunk)
+            if not chunk:  # the exec succeeded (close-on-exec) or the child gave up
+                poller.unregister(errors)
+        if channel is not None and relay is not None and channel.fileno() in ready:
+            if relay.drain(channel):
+                time.sleep(REPORT_PAUSE)
+        if relay is not None:
+            relay.flush()
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+    if channel is not None and relay is not None:  # what it said last, e.g. on SIGTERM
+        relay.drain(channel)
+        relay.flush(force=True)
+    while chunk := os.read(errors, 4096):
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace"), status
 
 
 def main(argv: list[str]) -> int:
@@ -116,17 +250,21 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _noop)
     read_end, write_end = os.pipe()  # both close-on-exec: a successful exec closes it empty
+    ours = theirs = None
+    if spec.get("report_file"):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     pid = os.fork()
     if pid == 0:
         os.close(read_end)
-        _child(spec, write_end)
+        if ours is not None:
+            ours.close()
+        _child(spec, write_end, theirs)
     os.close(write_end)
-    chunks = []
-    while chunk := os.read(read_end, 4096):
-        chunks.append(chunk)
+    if theirs is not None:
+        theirs.close()
+    relay = _Relay(spec["report_file"]) if ours is not None else None
+    error, status = _wait(pid, read_end, ours, relay)
     os.close(read_end)
-    error = b"".join(chunks).decode(errors="replace")
-    _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     _write_exit(spec["exit_file"], code, error)
     # A worker killed by signal N reads as -N in the file; the launcher itself exits like a shell.

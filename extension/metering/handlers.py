@@ -1,4 +1,5 @@
-"""REST handlers: ``<prefix>api/v1/usage`` and ``<prefix>metrics`` (Prometheus exposition).
+"""REST handlers: ``<prefix>api/v1/usage``, ``<prefix>api/v1/churn`` and ``<prefix>metrics``
+(Prometheus exposition).
 
 They reuse the service's ``APIHandler`` (hub token auth, JSON errors). ``usage`` answers with
 series and totals per child of a plan; a user who is not a plan admin sees only their own user
@@ -195,6 +196,21 @@ class MeasuredHandler(APIHandler):
         )
 
 
+class ChurnHandler(APIHandler):
+    """``GET api/v1/churn``: the churn counters per plan (churn.py); plan admins see every plan,
+    a user only their own user leaves."""
+
+    async def get(self) -> None:
+        caller = self.caller()
+        meter: Metering = self.settings["wmla_meter"]
+        paths = None
+        if not caller.admin:
+            await meter.refresh_off_loop()  # the leaves' owners come from the ledger
+            owners = meter.ledger.owners
+            paths = [p for p in meter.churn.plans if owners.get(p) == caller.name]
+        self.reply(meter.churn.answer(paths))
+
+
 class MetricsHandler(APIHandler):
     async def get(self) -> None:
         meter: Metering = self.settings["wmla_meter"]
@@ -214,5 +230,6 @@ def metering_routes(prefix: str) -> list[tuple]:
     return [
         (prefix + r"api/v1/usage/?", UsageHandler),
         (prefix + r"api/v1/usage/jobs/([^/]+)/?", MeasuredHandler),
+        (prefix + r"api/v1/churn/?", ChurnHandler),
         (prefix + r"metrics/?", MetricsHandler),
     ]

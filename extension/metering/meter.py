@@ -5,7 +5,9 @@ for each job's user and max workers) into a ``Ledger``, and after that only the 
 since (``id`` greater than the last one read). ``attach(scheduler)`` registers ``on_cycle`` on
 the scheduling loop: after every cycle it folds in the new transitions, keeps the cycle's plan
 figures (deserved, limit, pending, running) for Prometheus, times the cycle and, every
-``sample_interval`` seconds, samples the measured utilization of running local jobs.
+``sample_interval`` seconds, samples the measured utilization of running local jobs. The churn
+counters (``churn.py``) are read from the stored Preempt decisions at start and fed by the loop's
+``decision_hooks``.
 
 Knobs are traits of ``Metering``: set them as ``c.Metering.x = ...`` in the service's config.
 """
@@ -27,6 +29,7 @@ from traitlets.config import LoggingConfigurable
 from extension.backends.base import WorkerPids
 
 from .accounting import RESOURCES, ROOT, Fact, Ledger
+from .churn import Churn, churn_families
 from .utilization import UtilizationSampler
 
 # Prometheus base units: devices, cores, bytes (the ledger keeps milli-devices and millicores)
@@ -120,6 +123,8 @@ class Metering(LoggingConfigurable):
             registry=self.registry,
         )
         self.registry.register(_Collector(self))
+        self.churn = Churn()
+        self.churn.load(store.preemption_details())  # the history: counters survive restarts
         self.refresh()
 
     @property
@@ -136,6 +141,9 @@ class Metering(LoggingConfigurable):
             self.log.warning("the scheduler has no cycle_hooks; metering refreshes on reads only")
             return
         hooks.append(self.on_cycle)
+        decided = getattr(scheduler, "decision_hooks", None)
+        if decided is not None:
+            decided.append(self.on_decisions)
 
     def on_cycle(self, result: Any, now: float, seconds: float) -> None:
         """Called by the loop after each cycle; never raises (the loop must go on)."""
@@ -149,6 +157,18 @@ class Metering(LoggingConfigurable):
                 self.sample(now)
         except Exception:
             self.log.exception("metering could not take the cycle in")
+
+    def on_decisions(self, decisions: list[tuple[str, str, dict]], now: float) -> None:
+        """Called by the loop with each cycle's stored decisions: the churn counters take its
+        Preempts (the victim is still live: its release comes later, as an event)."""
+        try:
+            jobs = self.scheduler.jobs
+            for job_id, kind, detail in decisions:
+                job = jobs.get(job_id) if kind == "preempt" else None
+                if job is not None:
+                    self.churn.add(job.leaf, detail)
+        except Exception:
+            self.log.exception("metering could not count the cycle's preemptions")
 
     # -- the ledger ------------------------------------------------------------------------------
     def refresh(self) -> int:
@@ -227,11 +247,20 @@ class _Collector:
         except Exception:  # a scrape still answers with what is known
             m.log.exception("metering refresh failed during a scrape")
         yield from self._plan_families()
+        yield from churn_families(m.churn, self._shown(m.churn.plans))
         cycles = CounterMetricFamily("wmla_scheduling_cycles", "Scheduling cycles run.")
         cycles.add_metric([], m.cycles)
         yield cycles
         if m.sampler is not None:
             yield from _measured_families(m.sampler)
+
+    def _shown(self, paths: Any) -> set[str]:
+        """The plans of ``paths`` that /metrics shows (user leaves only when asked)."""
+        m = self.meter
+        paths = set(paths)
+        if not m.metrics_user_leaves:
+            paths -= set(m.ledger.owners) | _leaves(m.scheduler)
+        return paths
 
     def _plan_families(self) -> list:
         """Per plan: requested and used (the ledger), deserved, demand, limit and jobs (the
@@ -266,10 +295,7 @@ class _Collector:
         preemptions = CounterMetricFamily(
             "wmla_preemptions", "Jobs preempted in the plan's subtree.", labels=["plan"]
         )
-        paths = set(ledger.nodes) | set(m.figures)
-        if not m.metrics_user_leaves:
-            paths -= set(ledger.owners) | _leaves(m.scheduler)
-        for path in sorted(paths):
+        for path in sorted(self._shown(set(ledger.nodes) | set(m.figures))):
             node = ledger.nodes.get(path)
             if node is not None:
                 for name, r, u, scale in zip(

@@ -39,6 +39,38 @@ HOURS = {
     },
 }
 
+CHURN = {
+    "type": "object",
+    "properties": {
+        "plans": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string"},
+                    "preemptions": {"type": "integer"},
+                    "preempted_gpu_seconds": {
+                        "type": "number",
+                        "description": "GPU-seconds the victims had held since they (re)started "
+                        "(worker-seconds for victims without GPUs)",
+                    },
+                    "lost_gpu_seconds": {
+                        "type": "number",
+                        "description": "GPU-seconds since the victims' last reported checkpoint, "
+                        "or their (re)start when later or none: the work preemption cost",
+                    },
+                    "steady_state_preemptions": {
+                        "type": "integer",
+                        "description": "preemptions decided while every plan was within one "
+                        "gang (the reclaimer's minimum) of its deserved share",
+                    },
+                },
+            },
+        },
+        "units": {"type": "object"},
+    },
+}
+
 
 def metering_paths() -> dict[str, Any]:
     return {
@@ -100,6 +132,21 @@ def metering_paths() -> dict[str, Any]:
                     "400": _error("a bad parameter; the message says which and how to fix it"),
                     "403": _error("not authenticated, or another user's usage"),
                     "404": _error("no such plan"),
+                },
+            }
+        },
+        "/churn": {
+            "get": {
+                "summary": "what preemptions cost, per plan (the victim's user leaf and every "
+                "plan above it), counted from the stored decisions (they survive restarts); "
+                "plan admins see every plan, users their own leaves",
+                "responses": {
+                    "200": {
+                        "description": "the counters of every plan with a preemption in its "
+                        "subtree (plan / is the total)",
+                        "content": {"application/json": {"schema": CHURN}},
+                    },
+                    "403": _error("not authenticated"),
                 },
             }
         },

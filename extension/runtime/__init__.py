@@ -9,7 +9,7 @@
         runtime.report(step=step, loss=loss.item())   # -> $WMLA_JOB_DIR/metrics.jsonl
         if runtime.should_stop():                # SIGTERM: preempted, cancelled or resized
             runtime.exit_stopped(state)          # save the checkpoint now, exit 143
-    runtime.checkpoint.save(state)
+    runtime.checkpoint.save(state, progress=step)  # and tells the service it has one
     runtime.cleanup()                            # leave the process group
     runtime.leave(0)                             # exit (see leave(): never through teardown)
 
@@ -24,6 +24,7 @@ import faulthandler
 import os
 
 from . import checkpoint
+from .channel import report_checkpoint
 from .distributed import barrier, cleanup, init_distributed, leave
 from .env import WorkerInfo, info, is_main, job_dir, rank, world_size
 from .metrics import report
@@ -57,6 +58,7 @@ __all__ = [
     "leave",
     "rank",
     "report",
+    "report_checkpoint",
     "request_stop",
     "should_stop",
     "stop_requested",

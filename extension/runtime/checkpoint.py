@@ -4,6 +4,10 @@
 fsync and ``os.replace``, so a worker killed mid-write (SIGKILL after the grace period) leaves the
 previous checkpoint intact, never a torn one. With torch loaded the file is a ``torch.save`` file
 (tensors of any device); without it, a pickle. ``load()`` reads either.
+
+Once the file is in place, ``save`` reports the checkpoint to the service
+(``channel.report_checkpoint``: its time and the optional ``progress``), which then counts the
+job's work at risk from it; a report that cannot be delivered is dropped, never an error.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import sys
 import tempfile
 from typing import Any
 
+from .channel import checked_progress, report_checkpoint
 from .env import info, job_dir
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -38,12 +43,16 @@ def exists(name: str = DEFAULT) -> bool:
     return os.path.exists(path(name))
 
 
-def save(state: Any, name: str = DEFAULT, all_ranks: bool = False) -> str | None:
-    """Write ``state`` as checkpoint ``name``; only rank 0 writes unless ``all_ranks``.
+def save(
+    state: Any, name: str = DEFAULT, all_ranks: bool = False, progress: float | None = None
+) -> str | None:
+    """Write ``state`` as checkpoint ``name``; only rank 0 writes unless ``all_ranks``. Then
+    report it to the service with ``progress`` (a number, e.g. the epoch; shown with it).
 
     Returns the file's path on the worker that wrote it, else None.
     """
     target = path(name)
+    progress = checked_progress(progress)  # a bad figure fails before anything is written
     if not all_ranks and info().rank != 0:
         return None
     os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -65,6 +74,7 @@ def save(state: Any, name: str = DEFAULT, all_ranks: bool = False) -> str | None
             pass
         raise
     _fsync_dir(os.path.dirname(target))
+    report_checkpoint(progress)  # rank 0's reaches the service; dropped when it cannot
     return target
 
 

@@ -12,7 +12,18 @@ from collections.abc import Callable
 from typing import Any
 
 from extension.backends.base import BackendEvent, EventKind
-from extension.scheduler import Grow, Job, JobState, Preempt, Reject, Shrink, Start
+from extension.scheduler import (
+    Grow,
+    Job,
+    JobState,
+    Preempt,
+    Reject,
+    Shrink,
+    Start,
+    held_work,
+    lost_work,
+    within_one_gang,
+)
 
 from .store import FoldFacts
 
@@ -90,8 +101,20 @@ def on_refused(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change
     return {**values, "reason": reason}, "refused", reason
 
 
+def on_checkpoint(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change | None:
+    """The runtime reported a checkpoint: kept on the job (``Job.checkpointed``), no transition.
+    Only a newer one counts, and never one later than now. It is kept across a preemption: a
+    job that restarts resumes from it, and ``churn.lost_work`` counts from the later of it and
+    the (re)start."""
+    at = min(ev.at, sched.clock())
+    if job.checkpointed is not None and at <= job.checkpointed:
+        return None  # the same report again (a re-adopted gang's), or an older one
+    job.checkpointed = at
+    return {"checkpointed": at, "checkpoint_progress": ev.progress}, None, ""
+
+
 # one fold per event kind (base.EventKind); a kind without one fails the test that lists them
-FOLDS: dict[EventKind, Callable[[Any, Job, FoldFacts, BackendEvent], Change]] = {
+FOLDS: dict[EventKind, Callable[[Any, Job, FoldFacts, BackendEvent], Change | None]] = {
     EventKind.RUNNING: on_running,
     EventKind.RESIZED: on_resized,
     EventKind.FINISHED: on_ended,
@@ -99,6 +122,7 @@ FOLDS: dict[EventKind, Callable[[Any, Job, FoldFacts, BackendEvent], Change]] = 
     EventKind.LOST: on_ended,
     EventKind.RELEASED: on_released,
     EventKind.REFUSED: on_refused,
+    EventKind.CHECKPOINT: on_checkpoint,
 }
 
 
@@ -142,10 +166,11 @@ class CarryOut:
         self.sched._queue_backend(job.id, "resize", target, d.grace)
 
     def preempt(self, d: Preempt, job: Job) -> None:
+        cost = preemption_cost(self.sched, d, job, self.now)  # before anything changes
         job.terminating = True
         values = {"terminating": True, "reason": d.reason}
         self.changes.append((job.id, values, "preempting", d.reason))
-        self.log.append((job.id, "preempt", {"reason": d.reason, "for": d.for_job}))
+        self.log.append((job.id, "preempt", {"reason": d.reason, "for": d.for_job, **cost}))
         self.sched._queue_stop(job.id, d.grace, d.reason)
 
     def reject(self, d: Reject, job: Job) -> None:
@@ -153,6 +178,26 @@ class CarryOut:
         values = {"state": JobState.REJECTED.value, "ended": self.now, "reason": d.reason}
         self.changes.append((job.id, values, "rejected", d.reason))
         self.log.append((job.id, "reject", {"reason": d.reason}))
+
+
+def preemption_cost(sched: Any, d: Preempt, job: Job, now: float) -> dict[str, Any]:
+    """What a preemption costs, stored with the decision (the churn figures are summed from
+    these, docs/metering.md "Churn"): the victim's held and lost GPU-seconds at the decision
+    (``churn.held_work``/``lost_work``: worker-seconds for a victim without GPUs), and whether
+    it was decided in the steady state: every plan with demand within the reclaimer's minimum
+    gang of its deserved share in the previous cycle's figures (``churn.within_one_gang``). No
+    previous cycle, or a reclaimer no longer known, is not the steady state."""
+    previous = sched.result.plans if sched.result is not None else None
+    reclaimer = sched.jobs.get(d.for_job)
+    steady = False
+    if previous and reclaimer is not None:
+        gang = reclaimer.per_worker.times(reclaimer.min_workers)
+        steady = within_one_gang(previous, gang)
+    return {
+        "held_gpu_seconds": held_work(job, now),
+        "lost_gpu_seconds": lost_work(job, now),
+        "steady_state": steady,
+    }
 
 
 def _without(placement: tuple[str, ...], release: tuple[str, ...]) -> tuple[str, ...]:

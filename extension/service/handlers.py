@@ -316,6 +316,9 @@ def job_json(row: JobRow) -> dict:
         "cancel_requested": row.cancel_requested,
         "exit_code": row.exit_code,
         "preemptions": row.preemptions,
+        "checkpoint": None
+        if row.checkpointed is None
+        else {"at": row.checkpointed, "progress": row.checkpoint_progress},
     }
 
 

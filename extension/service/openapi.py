@@ -247,6 +247,17 @@ def _schemas() -> dict[str, Any]:
                 "placement": {"type": "array", "items": {"type": "string"}},
                 "exit_code": {"type": "integer", "nullable": True},
                 "preemptions": {"type": "integer"},
+                "checkpoint": {
+                    "type": "object",
+                    "nullable": True,
+                    "description": "the last checkpoint its runtime reported (null: none): "
+                    "when it was written, and the progress figure the script gave with it. "
+                    "Reclaim prefers victims that lose the least work since then",
+                    "properties": {
+                        "at": {"type": "number", "description": "seconds since the epoch"},
+                        "progress": {"type": "number", "nullable": True},
+                    },
+                },
             },
         },
     }

@@ -62,6 +62,9 @@ class JobRow(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    # the last checkpoint its runtime reported (time, and the script's progress figure)
+    checkpointed: Mapped[float | None] = mapped_column(Float, nullable=True)
+    checkpoint_progress: Mapped[float | None] = mapped_column(Float, nullable=True)
     # the client's Idempotency-Key: the same key from the same user is the same job
     idempotency_key: Mapped[str | None] = mapped_column(String(128), nullable=True)
 

@@ -41,7 +41,6 @@ from extension.scheduler import (
     JobState,
     PlanFigures,
     PlanTree,
-    Resources,
     SchedulerConfig,
     Snapshot,
     dispatch,
@@ -59,6 +58,8 @@ from .actions import (  # noqa: F401 - re-exported: the handlers import them her
     plans_after,
 )
 from .changes import FOLDS, CarryOut, Change
+from .jobrows import core_job as _core_job
+from .jobrows import job_spec as _spec
 from .store import FoldFacts, JobRow, PlanRecord, Store
 from .storecalls import StoreCalls, StoreUnavailable
 
@@ -120,6 +121,12 @@ class Scheduler(Actions):
         self._submitted: list[tuple[JobRow, asyncio.Future]] = []
         # called as hook(result, now, seconds) after every cycle (metering); must not raise
         self.cycle_hooks: list[Callable[[Any, float, float], None]] = []
+        # called as hook(decisions, now) with what a cycle stored in ``decisions``, (job id,
+        # kind, detail) each, once it is stored (metering's churn counters); must not raise
+        self.decision_hooks: list[Callable[[list[tuple[str, str, dict]], float], None]] = []
+        # the latest checkpoint report per job since the last cycle: coalesced, and no cycle
+        # of their own (they change the victims' order only; the next cycle folds them)
+        self._checkpoints: dict[str, BackendEvent] = {}
 
     # -- start and stop -----------------------------------------------------------------------
     def load(self, default_plans: dict[str, dict] | None = None) -> None:
@@ -219,9 +226,17 @@ class Scheduler(Actions):
 
     # -- events from the backend (any thread) ------------------------------------------------------
     def emit(self, event: BackendEvent) -> None:
-        """The ``emit`` callable given to the backend; safe to call from any thread."""
+        """The ``emit`` callable given to the backend; safe to call from any thread. A
+        ``checkpoint`` replaces the job's last one and waits for the next cycle; every other
+        event asks for a cycle."""
         loop = self._loop
-        if loop is None or _in_loop(loop):
+        here = loop is None or _in_loop(loop)
+        if event.kind is EventKind.CHECKPOINT:
+            if here:
+                self._checkpoints[event.job_id] = event
+            else:
+                loop.call_soon_threadsafe(self._checkpoints.__setitem__, event.job_id, event)
+        elif here:
             self._events.append(event)
             self._wake.set()
         else:
@@ -285,13 +300,15 @@ class Scheduler(Actions):
         if self._stale:  # the last write failed: the store has the truth
             self._reload_jobs(await self.db.read(self.store.jobs, states=LIVE))
             self._stale = False
-        events, self._events = self._events, []
+        # the checkpoints first: they were written before any end reported with them
+        events = [*self._checkpoints.values(), *self._events]
+        self._checkpoints, self._events = {}, []
         submitted, self._submitted = self._submitted, []
         for row, _ in submitted:  # decided on in this very cycle
             if row.id not in self.jobs:
                 self._take_in(row)
         try:
-            result = await self._decide_and_store(events, [row for row, _ in submitted], now)
+            result, log = await self._decide_and_store(events, [row for row, _ in submitted], now)
         except BaseException as err:
             await self._undo(events, submitted, err)
             raise
@@ -306,16 +323,19 @@ class Scheduler(Actions):
         for job_id, call in calls:
             self._dispatch(job_id, call)
         seconds = time.perf_counter() - began
-        for hook in self.cycle_hooks:
+        hooks = [(h, (result, now, seconds)) for h in self.cycle_hooks]
+        hooks += [(h, (log, now)) for h in self.decision_hooks if log]
+        for hook, args in hooks:
             try:
-                hook(result, now, seconds)
+                hook(*args)
             except Exception:  # a listener's failure is not the cycle's
                 self.log.exception("cycle hook %r failed", hook)
 
     async def _decide_and_store(
         self, events: list[BackendEvent], new_rows: list[JobRow], now: float
-    ) -> CycleResult:
-        """Steps 1-3: fold the events, run the core, store it all in one transaction."""
+    ) -> tuple[CycleResult, list[tuple[str, str, dict]]]:
+        """Steps 1-3: fold the events, run the core, store it all in one transaction; returns
+        the result and the decisions stored."""
         facts = {}
         if events:
             facts = await self.db.read(self.store.fold_facts, {e.job_id for e in events})
@@ -332,7 +352,7 @@ class Scheduler(Actions):
             )
         elif not self.db.up:  # nothing to store: find out whether the store is back
             await self.db.write(self.store.set_meta, "probe", repr(now), probe=True)
-        return result
+        return result, log
 
     async def _undo(
         self,
@@ -458,39 +478,6 @@ class Scheduler(Actions):
             self._dispatch(*call)
         else:
             self._calls.append(call)
-
-
-def _core_job(row: JobRow) -> Job:
-    return Job(
-        id=row.id,
-        user=row.user,
-        plan=row.plan,
-        per_worker=Resources(row.gpu, row.cpu, row.memory),
-        min_workers=row.min_workers,
-        max_workers=row.max_workers,
-        priority=row.priority,
-        submitted=row.submitted,
-        preemptible=row.preemptible,
-        state=JobState(row.state),
-        placement=tuple(row.placement or ()),
-        started=row.started,
-        terminating=bool(row.terminating),
-    )
-
-
-def _spec(row: JobRow) -> JobSpec:
-    return JobSpec(
-        id=row.id,
-        user=row.user,
-        leaf=row.leaf,
-        per_worker=Resources(row.gpu, row.cpu, row.memory),
-        command=tuple(row.command or ()),
-        workdir=row.workdir,
-        min_workers=row.min_workers,
-        max_workers=row.max_workers,
-        env=dict(row.env or {}),
-        kind=row.kind,
-    )
 
 
 def _failed_submission(err: BaseException) -> Exception:

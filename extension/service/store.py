@@ -425,6 +425,19 @@ class Store:
         with self.session() as s:
             return [tuple(row) for row in s.execute(query)]
 
+    def preemption_details(self) -> list[tuple[str, dict]]:
+        """(leaf, detail) of every Preempt stored, in order: the churn counters' history
+        (extension/metering/churn.py)."""
+        d = DecisionRow
+        query = (
+            select(JobRow.leaf, d.detail)
+            .join(JobRow, JobRow.id == d.job_id)
+            .where(d.kind == "preempt")
+            .order_by(d.id)
+        )
+        with self.engine.connect() as conn:
+            return [(leaf, detail) for leaf, detail in conn.execute(query)]
+
     def decisions(self, job_id: str) -> list[DecisionRow]:
         with self.session() as s:
             query = select(DecisionRow).where(DecisionRow.job_id == job_id)

@@ -243,9 +243,10 @@ class LocalBackend(_Launching, _Allocation, _Supervision, _Recovery, _Records, _
         exit_code: int | None = None,
         message: str = "",
         at: float | None = None,
+        progress: float | None = None,
     ) -> None:
         when = time.time() if at is None else at
-        event = BackendEvent(job_id, kind, when, tuple(placement), exit_code, message)
+        event = BackendEvent(job_id, kind, when, tuple(placement), exit_code, message, progress)
         try:
             self._emit_fn(event)
         except Exception:  # the receiver's bug must not stop the backend

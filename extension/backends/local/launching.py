@@ -32,7 +32,7 @@ from extension.backends.accounts import Account, AccountError, account_python, u
 from extension.backends.base import JobSpec
 from extension.backends.userfs import UserFileError, UserFiles
 
-from .records import _Gang, _private_dirs, _rmtree, _Worker
+from .records import _Gang, _private_dirs, _report_file, _rmtree, _Worker
 from .supervision import _kill_group
 
 log = logging.getLogger("wmla.backends.local")
@@ -272,6 +272,8 @@ class _Launching:
             f"[{','.join(map(str, devices))}], {stamp}: {shlex.join(command)[:300]}\n",
             "exit_file": exit_file,
         }
+        if rank == 0:  # the launcher relays rank 0's checkpoint reports (local_launch.py)
+            launch["report_file"] = _report_file(exit_file)
         if account is not None:
             groups = os.getgrouplist(account.name, account.gid)
             launch.update(uid=account.uid, gid=account.gid, groups=groups)

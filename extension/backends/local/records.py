@@ -63,6 +63,7 @@ class _Gang:
     state: str = "running"  # running -> stopping -> done
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     outcome: str = ""  # the event kind that ended it
+    report_seen: tuple | None = None  # (inode, mtime) of the last checkpoint report relayed
 
     def record(self) -> dict[str, Any]:
         return {
@@ -175,6 +176,46 @@ def _read_exit(path: str) -> int | None:
         return int(_exit_record(path)["code"])
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def _report_file(exit_file: str) -> str:
+    """Where rank 0's launcher relays the worker's latest checkpoint report, next to its exit
+    file (so a re-adopted gang's is known from its record)."""
+    return exit_file.removesuffix(".exit") + ".checkpoint"
+
+
+def _report_identity(path: str) -> tuple | None:
+    """(inode, mtime) of the report file: the launcher replaces it whole, so a new report is a
+    new identity; None when there is none yet."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return (info.st_ino, info.st_mtime_ns)
+
+
+def _read_report(path: str) -> dict | None:
+    """``{"at", "progress"}`` of the launcher's report file, or None when there is none or it
+    is not what the launcher writes. The file is the launcher's, in our private state
+    directory; still opened O_NOFOLLOW and read capped."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        record = json.loads(data)
+        at = float(record["at"])
+        progress = record.get("progress")
+        progress = None if progress is None else float(progress)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return {"at": at, "progress": progress}
 
 
 def _exit_time(worker: _Worker) -> float:

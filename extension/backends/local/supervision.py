@@ -26,6 +26,9 @@ from .records import (
     _exit_record,
     _exit_time,
     _Gang,
+    _read_report,
+    _report_file,
+    _report_identity,
     _rmtree,
     _Worker,
 )
@@ -68,6 +71,7 @@ class _Supervision:
         for gang in list(self._gangs.values()):
             if gang.state != "running":
                 continue
+            self._relay_checkpoint(gang)
             self._refresh(gang)
             failed = [w for w in gang.workers if w.done and (w.exit_code != 0 or w.vanished)]
             if failed:
@@ -75,6 +79,22 @@ class _Supervision:
                 self._spawn_task(self._fail(gang, _first_failure(failed)))
             elif all(w.done for w in gang.workers):
                 self._finish(gang)
+
+    def _relay_checkpoint(self, gang: _Gang) -> None:
+        """Emit ``checkpoint`` when rank 0's launcher relayed a new report (local_launch.py):
+        one stat per poll, the file read only when it was replaced. Also for a re-adopted gang,
+        whose launcher kept relaying while no service watched (its latest report is emitted
+        once more; the service keeps only a newer one)."""
+        if not gang.workers:
+            return
+        path = _report_file(gang.workers[0].exit_file)
+        seen = _report_identity(path)
+        if seen is None or seen == gang.report_seen:
+            return
+        gang.report_seen = seen
+        report = _read_report(path)
+        if report is not None:
+            self._emit(gang.job_id, "checkpoint", at=report["at"], progress=report["progress"])
 
     def _spawn_task(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -196,6 +216,8 @@ class _Supervision:
                 continue
 
     def _forget(self, gang: _Gang, outcome: str) -> None:
+        # the checkpoint it wrote on SIGTERM is the one a resized or preempted job resumes from
+        self._relay_checkpoint(gang)
         gang.state = "done"
         gang.outcome = outcome
         self._free(gang.placement, [w.devices for w in gang.workers])

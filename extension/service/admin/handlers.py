@@ -140,11 +140,13 @@ class PlansPage(AdminBase):
         ns.setdefault("missing", "")
         ns.setdefault("live", [])
         draining = self.settings.setdefault("wmla_admin_draining", {})
+        churn = getattr(self.settings.get("wmla_meter"), "churn", None)
         self.render_page(
             "plans.html",
             status,
             page="plans",
-            rows=views.plan_rows(sched),
+            rows=views.plan_rows(sched, churn),
+            churn_total=views.churn_cells(churn, ROOT),
             top=views.root_bar(sched),
             parents=[ROOT] + [p.path for p in sched.plans if not p.user_leaf],
             draining=dict(draining),

@@ -64,9 +64,24 @@ def limit_form_value(resource: str, value: float) -> str:
     return text.rsplit(" ", 1)[0]
 
 
-def plan_rows(sched: Scheduler) -> list[dict]:
+def churn_cells(churn: Any, path: str) -> dict:
+    """A plan's churn counters as the page shows them (``churn``: metering's ``Churn``, or None
+    when metering is not loaded: zeros)."""
+    figures = churn.of(path) if churn is not None else None
+    if figures is None:
+        return {"preemptions": 0, "preempted": "0", "lost": "0", "steady": 0}
+    return {
+        "preemptions": figures.preemptions,
+        "preempted": f"{figures.preempted_gpu_seconds:.1f}",
+        "lost": f"{figures.lost_gpu_seconds:.1f}",
+        "steady": figures.steady_state_preemptions,
+    }
+
+
+def plan_rows(sched: Scheduler, churn: Any = None) -> list[dict]:
     """The tree depth first, parents before children, each row with its figures and, for a plan
-    with children, ``bar``: each child's share as a percentage of the siblings' total."""
+    with children, ``bar``: each child's share as a percentage of the siblings' total; with
+    ``churn`` (metering's counters) each row's churn cells."""
     rows: list[dict] = []
 
     def visit(path: str, depth: int) -> None:
@@ -95,6 +110,7 @@ def plan_rows(sched: Scheduler) -> list[dict]:
                     "demand": vector(fig.demand if fig else None),
                     "pending": fig.pending if fig else 0,
                     "running": fig.running if fig else 0,
+                    "churn": churn_cells(churn, child.path),
                     "bar": [
                         {
                             "name": g.name,
