@@ -46,6 +46,8 @@ def admit(state: CycleState) -> None:
     then every leaf's turn in fair order until no plan has a job left to try."""
     _activate(state)
     holder = state.holder
+    if holder is not None and not worth_reserving(state, holder[0], holder[1]):
+        holder = state.holder = None  # it takes its turn in the fair order like the others
     held, held_leaf = (None, None) if holder is None else holder
     if holder is not None:
         try_start(state, held, held_leaf)
@@ -179,6 +181,11 @@ def try_start(state: CycleState, job: Job, leaf: PlanNode) -> bool:
     blocked by capacity holds the reservation)."""
     w, n = job.per_worker, job.min_workers
     req = (w[0] * n, w[1] * n, w[2] * n)
+    if state.hold_back:
+        giving = held_back(state, leaf)
+        if giving:
+            state.waits[job.id] = messages.held_back(giving)
+            return False
     if leaf.limited:
         over = over_limit(state, leaf, req)
         if over:
@@ -207,6 +214,7 @@ def try_start(state: CycleState, job: Job, leaf: PlanNode) -> bool:
     leaf.pending -= 1
     leaf.running += 1
     state.started[job.id] = placement
+    state.started_in.append(leaf)
     _reorder(leaf)
     return True
 
@@ -221,6 +229,67 @@ def over_limit(state: CycleState, leaf: PlanNode, req: tuple) -> str | None:
                 where = "the instance quota" if p is root else p.path
                 return messages.at_limit(where, RESOURCES[r], a[r], lim[r], req[r])
     return None
+
+
+def held_back(state: CycleState, leaf: PlanNode) -> str | None:
+    """The plan on ``leaf``'s path that gives a victim back this cycle, if any (Reclaim 6)."""
+    hold = state.hold_back
+    for p in leaf.chain:
+        if p.path in hold:
+            return p.path
+    return None
+
+
+def worth_reserving(state: CycleState, job: Job, leaf: PlanNode) -> bool:
+    """Admission 4, the carried holder re-validated: it goes before the fair order only when
+    it would stay within its plans' deserved shares (as a reclaimer does), or when it is a
+    gang that smaller work could overtake: its minimum gang asks for more of its main
+    resource than the smallest pending gang or elastic growth step of the cycle. A one-GPU
+    job that would make its plan a borrower gains nothing there the fair order would not give
+    it, and going first would make a borrower that others then reclaim from (the cascade of
+    issue 18: two preemptions where starting the other plan's job was enough)."""
+    if within_share(leaf, job):
+        return True
+    w, n = job.per_worker, job.min_workers
+    main = 0 if w[0] else (1 if w[1] else 2)
+    smallest = state.smallest
+    if smallest is None:
+        smallest = state.smallest = _smallest_gangs(state)
+    return w[main] * n > smallest[main] + EPS
+
+
+def within_share(leaf: PlanNode, job: Job) -> bool:
+    """No plan on ``leaf``'s path (the root aside) would hold more than its deserved share of
+    a resource the job asks for with its minimum gang running."""
+    w, n = job.per_worker, job.min_workers
+    for p in leaf.chain:
+        if p.parent is None:
+            break
+        a, d = p.alloc, p.deserved
+        for r in range(3):
+            if w[r] and a[r] + w[r] * n > d[r] + EPS:
+                return False
+    return True
+
+
+def _smallest_gangs(state: CycleState) -> tuple:
+    """Per resource, the smallest amount a pending gang (its minimum) or one more worker of an
+    elastic job below its max asks for; infinity where none asks for any."""
+    least = [float("inf")] * 3
+    for plan in state.bottom_up:
+        if plan.pending:
+            for (w, n, _), jobs in plan.buckets.items():
+                if jobs:
+                    for r in range(3):
+                        if w[r] and w[r] * n < least[r]:
+                            least[r] = w[r] * n
+    for job, _ in state.elastic:
+        if job.workers < job.max_workers:
+            w = job.per_worker
+            for r in range(3):
+                if w[r] and w[r] < least[r]:
+                    least[r] = w[r]
+    return tuple(least)
 
 
 def capacity_reason(state: CycleState, w: tuple, n: int) -> str:

@@ -7,9 +7,12 @@
   its workers instead, so CPU-only victims still compare among themselves.
 - ``held_work``: the GPU-seconds a job has held since it (re)started (a preemption's
   "preempted GPU-seconds").
-- ``within_one_gang``: every plan with demand holds its deserved share within one gang (the
-  reclaimer's minimum gang) in every resource that gang asks for: the steady state in which
-  the contract says nothing is preempted.
+- ``within_one_gang``: every plan with demand holds its deserved share within less than one
+  gang (the reclaimer's minimum gang) in every resource that gang asks for: the steady state,
+  in which the contract says nothing is preempted. A plan a whole gang short is owed it: that
+  is a reclaim, not churn. The simulator and the service evaluate it on the figures of the
+  cycle before the one that preempts, so a preemption that a cycle's own starts provoked (the
+  cascades of issue 18) counts as one in the steady state.
 """
 
 from __future__ import annotations
@@ -47,13 +50,13 @@ def held_work(job: Job, now: float) -> float:
 
 
 def within_one_gang(plans: Mapping[str, PlanFigures], gang: Resources) -> bool:
-    """Every plan other than the root with demand holds its deserved share within ``gang`` in
-    every resource ``gang`` asks for."""
+    """Every plan other than the root with demand holds its deserved share within less than
+    ``gang`` in every resource ``gang`` asks for."""
     asked = [(r, getattr(gang, r)) for r in ("gpu", "cpu", "memory") if getattr(gang, r)]
     for path, f in plans.items():
         if path == "/" or not any(getattr(f.demand, r) for r, _ in asked):
             continue
         for r, size in asked:
-            if abs(getattr(f.allocated, r) - getattr(f.deserved, r)) > size + EPS:
+            if abs(getattr(f.allocated, r) - getattr(f.deserved, r)) > size - EPS:
                 return False
     return True

@@ -11,6 +11,8 @@ no randomness: the same snapshot and ``now`` give the same decisions.
 4. deserved   hierarchical weighted water-filling per resource (Deserved share)
 5. admit      fair order, all-or-nothing gangs, one reservation (Admission 1, 2, 4)  admit.py
 6. reclaim    borrowers only, elastic shrink first, whole gangs, least loss (Reclaim)  reclaim/
+   (a plan that gives a victim back starts nothing in the same cycle: phases 1-6 run again
+   with its jobs held back)
 7. grow       elastic jobs toward max with what is left free (Admission 5)    grow.py
    result     decisions, reasons, every plan's figures                      result.py
 
@@ -39,17 +41,38 @@ def schedule(snapshot: Snapshot, now: float, cache: IndexCache | None = None) ->
     next cycle (default: the module's shared one). A cycle that raises does not give its
     index back, so a half-updated one is never reused."""
     cache = SHARED_CACHE if cache is None else cache
-    state = open_cycle(snapshot, now, cache)
-    intake(state)  # 1., with 2. reject
-    state.ledger.hold(state.running, state.running_leaves, state.nodes)
-    compute_demand(state)  # 3.
-    compute_deserved(state)  # 4.
-    admit(state)  # 5.
-    reclaim(state)  # 6.
+    hold: frozenset[str] = frozenset()
+    spare: frozenset[str] = frozenset()
+    while True:
+        state = open_cycle(snapshot, now, cache, hold, spare)
+        intake(state)  # 1., with 2. reject
+        state.ledger.hold(state.running, state.running_leaves, state.nodes)
+        compute_demand(state)  # 3.
+        compute_deserved(state)  # 4.
+        admit(state)  # 5.
+        reclaim(state)  # 6.
+        # Reclaim 6: no plan gives a victim back in the cycle that starts one of its jobs.
+        # Run again with its jobs held back; a held-back plan that then gives nothing back
+        # was held for nothing: its jobs start and its running jobs are spared this cycle
+        # instead (each run moves a plan on, so this ends).
+        needless = frozenset(p for p in hold if p not in state.losing)
+        undone = _undone(state)
+        if not undone and not needless:
+            break
+        cache.give_back(state.index)
+        hold, spare = (hold - needless) | undone, spare | needless
     grow(state)  # 7.
     out = result(state)
     cache.give_back(state.index)
     return out
+
+
+def _undone(state) -> frozenset[str]:
+    """The plans that lost a victim this cycle under which a job also started in it."""
+    losing = state.losing
+    if not losing:
+        return frozenset()
+    return frozenset(p.path for leaf in state.started_in for p in leaf.chain if p.path in losing)
 
 
 def check_submission(snapshot: Snapshot, job: Job, cache: IndexCache | None = None) -> str | None:

@@ -52,11 +52,15 @@ def grow(state: CycleState) -> None:
 
 def _growers(state: CycleState) -> list:
     """Elastic jobs running or started this cycle, below their max, not victims or
-    terminating, as a heap in the order they grow."""
+    terminating nor under a plan that gives a victim back this cycle, as a heap in the order
+    they grow."""
     heap = []
+    losing = state.losing
     for job, leaf in state.elastic:
         if not job.elastic or job.id in state.victims or job.terminating:
             continue
+        if losing and any(p.path in losing for p in leaf.chain):
+            continue  # its plan gives a victim back this cycle (Reclaim 6): it does not grow
         if job.id in state.started:
             workers = len(state.started[job.id])
         elif job.state is JobState.RUNNING:

@@ -19,6 +19,8 @@ from .placement import fit_count
 from .plans import ROOT, PlanError, PlanTree, leaf_path
 from .resources import UNLIMITED, Resources
 
+INF = float("inf")
+
 
 class PlanNode:
     """A plan vertex as the cycle sees it; vectors are mutable [gpu, cpu, memory] lists.
@@ -52,6 +54,7 @@ class PlanNode:
         "limited",
         "weight",
         "under",
+        "shield",
     )
 
     def __init__(
@@ -83,6 +86,9 @@ class PlanNode:
         self.pending = 0
         self.running = 0
         self.under: list[tuple[Job, PlanNode]] = []  # reclaim: victims-to-be in this subtree
+        # reclaim: the least work a job under min_runtime here would lose (Reclaim 3: no job
+        # past min_runtime that would lose more is taken instead of it)
+        self.shield = INF
 
 
 class NodeFigures:
@@ -200,6 +206,7 @@ class PlanIndex:
                 p.heap.clear()
             if p.under:
                 p.under.clear()
+            p.shield = INF
             if p.buckets:
                 for jobs in p.buckets.values():
                     jobs.clear()

@@ -94,6 +94,13 @@ def holds_reservation(nodes: str) -> str:
     return f"holds the reservation: capacity freed on {nodes} goes to it first"
 
 
+def held_back(plan: str) -> str:
+    return (
+        f"waiting: {plan} gives resources back to a plan under its share this cycle, "
+        f"so none of its jobs starts in it"
+    )
+
+
 def reclaiming(victims: str, grace: float) -> str:
     return f"waiting: reclaiming from {victims} (grace {grace:g} s)"
 

@@ -36,8 +36,14 @@ class CycleState:
     decisions: list[Decision] = field(default_factory=list)
     # 3. demand: every plan, deepest first, then by path
     bottom_up: list[PlanNode] = field(default_factory=list)
+    # Reclaim 6, no start the same cycle undoes (set by cycle.schedule's later runs): paths of
+    # plans none of whose jobs start this cycle, as they give a victim back in it, and of
+    # plans under which no job is a victim this cycle, as one of theirs starts in it
+    hold_back: frozenset[str] = frozenset()
+    spare: frozenset[str] = frozenset()
     # 5. admit -------------------------------------------------------------------------------
     started: dict[str, list[int]] = field(default_factory=dict)  # job id -> node indexes
+    started_in: list[PlanNode] = field(default_factory=list)  # the leaves they started in
     waits: dict[str, str] = field(default_factory=dict)  # job id -> why (other than capacity)
     # capacity-blocked, first of each bucket (leaf and shape) in fair order: the reclaim
     # candidates, keyed by the bucket's identity (no key to build per bucket); a whole bucket
@@ -48,15 +54,25 @@ class CycleState:
     reservation: str = ""  # and what its status says about it
     # 6. reclaim: jobs chosen as victims this cycle -----------------------------------------
     victims: set[str] = field(default_factory=set)
+    losing: set[str] = field(default_factory=set)  # paths of the plans they were taken under
+    smallest: tuple | None = None  # Admission 4: the smallest gang that could overtake, lazily
     # 7. grow: job id -> (job, node indexes added) ------------------------------------------
     grown: dict[str, tuple[Job, list[int]]] = field(default_factory=dict)
 
 
-def open_cycle(snapshot: Snapshot, now: float, cache: IndexCache) -> CycleState:
+def open_cycle(
+    snapshot: Snapshot,
+    now: float,
+    cache: IndexCache,
+    hold_back: frozenset[str] = frozenset(),
+    spare: frozenset[str] = frozenset(),
+) -> CycleState:
     """A cycle's state over a kept (or new) plan index, its per-cycle figures zeroed."""
     inst = snapshot.instance
     nodes = cache.nodes(inst)
     index = cache.checkout(snapshot.plans, inst)
     index.reset()
     ledger = Ledger(nodes, index.free, index.incoming, index.pool)
-    return CycleState(snapshot, now, snapshot.config, index, nodes, ledger)
+    state = CycleState(snapshot, now, snapshot.config, index, nodes, ledger)
+    state.hold_back, state.spare = hold_back, spare
+    return state

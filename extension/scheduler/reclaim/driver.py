@@ -57,7 +57,7 @@ def _reclaim_for(state: CycleState, job: Job, leaf: PlanNode, k: int, height: in
     could_free = [sum(v.per_worker[r] * v.workers for v, _, _ in candidates) for r in range(3)]
     if not ledger.within_totals(need, could_free):
         return  # even every borrower's job would not make room: preempt nothing
-    steps = victim_steps(ledger, candidates, w, state.nodes.node_at)
+    steps = victim_steps(ledger, candidates, w, state.nodes.node_at, state.now)
     release = take_until_room(ledger, steps, w, k)
     target = most_that_fit(ledger, release, w, k, low)
     if target < low:
@@ -67,7 +67,8 @@ def _reclaim_for(state: CycleState, job: Job, leaf: PlanNode, k: int, height: in
         _claim(state, job, leaf, target)
         state.waits[job.id] = messages.ON_ITS_WAY
         return
-    _commit(state, job, leaf, release)
+    sides = {v.id: side for v, _, side in candidates}
+    _commit(state, job, leaf, release, sides)
     _claim(state, job, leaf, target)
     names = ", ".join(sorted({v.id for v, _, _ in release.steps}))
     state.waits[job.id] = messages.reclaiming(names, state.config.grace)
@@ -84,14 +85,18 @@ def _claim(state: CycleState, job: Job, leaf: PlanNode, k: int) -> None:
         ledger.claim(placement, w, leaf)
 
 
-def _commit(state: CycleState, job: Job, leaf: PlanNode, release: Release) -> None:
+def _commit(
+    state: CycleState, job: Job, leaf: PlanNode, release: Release, sides: dict[str, PlanNode]
+) -> None:
     """Reclaim 6: the victims' decisions, with the reason naming the reclaiming leaf and job;
-    a victim keeps its resources through the grace period (they are incoming)."""
+    a victim keeps its resources through the grace period (they are incoming). The plans
+    they were taken under are noted: none of their jobs may start in this cycle."""
     release.commit()
     grace, names = state.config.grace, state.ledger.names
     reason = messages.reclaimed_by(leaf.path, job.id)
     for victim, _, nodes in release.steps:
         state.victims.add(victim.id)
+        state.losing.add(sides[victim.id].path)
         count = len(nodes)
         if count < victim.workers:
             released = tuple(names[i] for i in nodes)

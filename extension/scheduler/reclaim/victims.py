@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..churn import lost_work
 from ..index import PlanNode
 from ..ledger import EPS, Ledger
 from ..model import Job
@@ -11,7 +12,9 @@ from ..state import CycleState
 def may_be_victim(job: Job, now: float, min_runtime: float) -> bool:
     """Reclaim 3: a running job may be stopped or shrunk when it is preemptible, not already
     terminating (a victim in its grace period is never paid for twice) and has run at least
-    ``min_runtime`` (so a reclaim does not thrash)."""
+    ``min_runtime`` (so a reclaim does not thrash). A job younger than that also shields
+    every job under the same borrowing plan that would lose more work than it
+    (``order.victim_steps``)."""
     return (
         job.preemptible
         and not job.terminating
@@ -31,6 +34,11 @@ def index_victims(state: CycleState) -> int:
             for p in leaf.chain:
                 p.under.append(entry)
             count += 1
+        elif job.preemptible and not job.terminating and job.started is not None:
+            lost = lost_work(job, now)  # young: it shields the jobs that would lose more
+            for p in leaf.chain:
+                if lost < p.shield:
+                    p.shield = lost
     return count
 
 
@@ -73,9 +81,10 @@ def eligible(state: CycleState, leaf: PlanNode, height: int, w: tuple) -> list[t
     """Reclaim 3, borrowers only: (victim, its leaf, the sibling it is under) for every
     victim-to-be under a sibling that borrows, at each level where the reclaimer's side stays
     within its share (the first ``height`` plans of its chain). A user never reclaims from
-    their own leaf: it is the reclaimer's side, never a sibling."""
+    their own leaf: it is the reclaimer's side, never a sibling. Jobs under a plan that starts
+    one of its jobs this cycle are spared in it (Reclaim 6)."""
     out = []
-    ledger, victims = state.ledger, state.victims
+    ledger, victims, spare = state.ledger, state.victims, state.spare
     for mine in leaf.chain[:height]:
         parent = mine.parent
         if parent is None:
@@ -87,5 +96,6 @@ def eligible(state: CycleState, leaf: PlanNode, height: int, w: tuple) -> list[t
                 (victim, vleaf, sibling)
                 for victim, vleaf in sibling.under
                 if victim.id not in victims
+                and not (spare and any(p.path in spare for p in vleaf.chain))
             )
     return out
