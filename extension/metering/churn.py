@@ -90,7 +90,7 @@ def churn_families(churn: Churn, paths: Iterable[str]) -> Iterator[CounterMetric
     held = CounterMetricFamily(
         "wmla_preempted_gpu_seconds",
         "GPU-seconds the preempted jobs of the plan's subtree had held since they (re)started, "
-        "at the decision (worker-seconds for jobs without GPUs).",
+        "at the decision (0 for jobs without GPUs).",
         labels=labels,
     )
     lost = CounterMetricFamily(

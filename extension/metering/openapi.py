@@ -52,7 +52,7 @@ CHURN = {
                     "preempted_gpu_seconds": {
                         "type": "number",
                         "description": "GPU-seconds the victims had held since they (re)started "
-                        "(worker-seconds for victims without GPUs)",
+                        "(0 for victims without GPUs)",
                     },
                     "lost_gpu_seconds": {
                         "type": "number",

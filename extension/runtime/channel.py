@@ -26,7 +26,7 @@ from typing import Any
 
 ENV = "WMLA_REPORT_FD"
 _FLAGS = getattr(socket, "MSG_DONTWAIT", 0) | getattr(socket, "MSG_NOSIGNAL", 0)
-_channel: tuple[str, socket.socket | None] | None = None  # (the variable's value, its socket)
+_channel: tuple[str, socket.socket | None] | None = None  # (the descriptor's identity, ours)
 
 
 def checked_progress(progress: Any) -> float | None:
@@ -69,15 +69,19 @@ def report_checkpoint(progress: float | None = None) -> bool:
 
 def _socket() -> socket.socket | None:
     """The channel's socket (a duplicate of the inherited descriptor, so that closing ours never
-    closes the script's), made once per value of ``WMLA_REPORT_FD``; None when there is none or
-    the descriptor is not a datagram socket."""
+    closes the script's), kept while ``WMLA_REPORT_FD`` names the same open socket; None when
+    there is none or the descriptor is not a datagram socket."""
     global _channel
     raw = os.environ.get(ENV, "")
-    if _channel is not None and _channel[0] == raw:
+    try:
+        key = f"{raw}:{os.fstat(int(raw)).st_ino}" if raw.isdigit() else raw
+    except OSError:  # not open in this process
+        key = raw
+    if _channel is not None and _channel[0] == key:
         return _channel[1]
     if _channel is not None and _channel[1] is not None:
         _channel[1].close()
-    _channel = (raw, _open(raw))
+    _channel = (key, _open(raw))
     return _channel[1]
 
 
