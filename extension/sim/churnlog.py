@@ -3,15 +3,18 @@
 Every figure is measured by the core's own definitions (extension/scheduler/churn.py), at the
 moment the victim gets SIGTERM:
 - ``preempted_gpu_s``: ``held_work``, the GPU-seconds the victim had held since it (re)started;
-- ``lost_gpu_s``: ``lost_work``, the GPU-seconds since its last checkpoint (or (re)start), or 0
-  when it writes a checkpoint on SIGTERM within the grace period (it then loses nothing);
+- ``lost_gpu_s``: what the victim really loses: ``lost_work``, the GPU-seconds since its last
+  checkpoint (or (re)start), or 0 when it writes a checkpoint on SIGTERM within the grace
+  period, or when its work was already done (the stop finds it finished);
+- ``at_risk_gpu_s``: ``lost_work`` at the decision whatever the victim does on SIGTERM: what
+  the service records as a preemption's ``lost_gpu_seconds`` (it cannot know better then);
 - ``steady_state_preemptions``: preemptions decided while ``within_one_gang`` held for the
   previous cycle's plan figures and the reclaiming job's minimum gang: churn the contract says
   should not happen (the policy tells, since only it knows the previous cycle).
 
-A victim without GPUs counts as a preemption with 0 GPU-seconds (the core's functions count
-its workers instead, which are not GPU-seconds). Each plan counts the preemptions of its
-jobs, its user leaves' and its sub-plans' alike.
+A victim without GPUs counts its workers instead (worker-seconds), as the core's functions and
+the service do. Each plan counts the preemptions of its jobs, its user leaves' and its
+sub-plans' alike.
 """
 
 from __future__ import annotations
@@ -30,13 +33,15 @@ class ChurnFigures:
     jobs: set[str] = field(default_factory=set)
     preempted_gpu_s: float = 0.0
     lost_gpu_s: float = 0.0
+    at_risk_gpu_s: float = 0.0
     steady: int = 0
 
-    def add(self, job_id: str, preempted: float, lost: float, steady: bool) -> None:
+    def add(self, job_id: str, preempted: float, lost: float, risk: float, steady: bool) -> None:
         self.preemptions += 1
         self.jobs.add(job_id)
         self.preempted_gpu_s += preempted
         self.lost_gpu_s += lost
+        self.at_risk_gpu_s += risk
         self.steady += 1 if steady else 0
 
     def to_json(self) -> dict:
@@ -45,6 +50,7 @@ class ChurnFigures:
             "jobs_preempted": len(self.jobs),
             "preempted_gpu_s": num(self.preempted_gpu_s),
             "lost_gpu_s": num(self.lost_gpu_s),
+            "at_risk_gpu_s": num(self.at_risk_gpu_s),
             "steady_state_preemptions": self.steady,
         }
 
@@ -58,18 +64,19 @@ class ChurnLog:
         self.plans: dict[str, ChurnFigures] = {}
 
     def preempted(self, job: ReplayJob, now: float, saved: bool, steady: bool) -> None:
-        """``job`` gets SIGTERM at ``now``; ``saved``: it checkpoints before it leaves."""
+        """``job`` gets SIGTERM at ``now`` (its ``checkpointed`` as the core saw it);
+        ``saved``: it loses nothing (a checkpoint on SIGTERM, or its work was done)."""
         core = job.core
-        has_gpus = core.per_worker.gpu > 0
-        held = held_work(core, now) if has_gpus else 0.0
-        lost = lost_work(core, now) if has_gpus and not saved else 0.0
-        self.total.add(job.id, held, lost, steady)
+        held = held_work(core, now)
+        risk = lost_work(core, now)
+        lost = 0.0 if saved else risk
+        self.total.add(job.id, held, lost, risk, steady)
         path = job.leaf
         while path != "/":
             figures = self.plans.get(path)
             if figures is None:
                 figures = self.plans[path] = ChurnFigures()
-            figures.add(job.id, held, lost, steady)
+            figures.add(job.id, held, lost, risk, steady)
             path = path.rsplit("/", 1)[0] or "/"
 
     def to_json(self) -> dict:

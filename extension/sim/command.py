@@ -13,6 +13,7 @@ report; everything is read and checked before the first replay starts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -77,6 +78,13 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     sim.add_argument(
         "--min-runtime", type=float, metavar="S", help="with --trace: min_runtime (default 0)"
     )
+    sim.add_argument(
+        "--timing",
+        choices=("instant", "service"),
+        help="when cycles run and how long the backend takes: instant (default: a cycle at "
+        "every event) or service (as the service: events, a 5 s tick, victims leave after "
+        "their SIGTERM checkpoint); with --scenario it replaces the file's config.timing",
+    )
     sim.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -118,7 +126,7 @@ def _scenario_runner(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(f"wmla simulate: {bad} goes with --trace, not --scenario", file=err)
         return 2
     try:
-        scenario = load_scenario(args.scenario)
+        scenario = _with_timing(load_scenario(args.scenario), args)
     except ScenarioError as problem:
         print(f"wmla simulate: {problem}", file=err)
         return 2
@@ -132,6 +140,15 @@ def _scenario_runner(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             print(line + f" start={job['started']} end={job['ended']}", file=out)
         print(json.dumps(result["summary"]), file=out)
     return 0
+
+
+def _with_timing(scenario: Scenario, args: argparse.Namespace) -> Scenario:
+    """``--timing``, when given, in place of the scenario's own."""
+    from .timing import PRESETS
+
+    if args.timing:
+        scenario.timing = PRESETS[args.timing]
+    return scenario
 
 
 def _trace_options_given(args: argparse.Namespace) -> str | None:
@@ -180,6 +197,11 @@ def _check_not_negative(args: argparse.Namespace) -> None:
     """Durations in seconds: ``--cycle-interval`` and the trace's ``--grace`` and the like."""
     if args.cycle_interval < 0:
         raise UsageError(f"--cycle-interval must not be negative, got {args.cycle_interval:g}")
+    if args.cycle_interval and args.timing == "service":
+        raise UsageError(
+            "--cycle-interval is a periodic scheduler, --timing service has the service's own "
+            "cycles: give one or the other"
+        )
     for name in ("grace", "checkpoint_every", "min_runtime"):
         value = getattr(args, name)
         if value is not None and value < 0:
@@ -204,6 +226,7 @@ def _report_path(args: argparse.Namespace) -> Path | None:
 def _read_trace(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any]]:
     """``--trace`` with its cluster and options: the scenario, and the input as the result
     names it."""
+    from .timing import PRESETS
     from .trace import TraceError, TraceOptions, load_trace_scenario
 
     if args.nodes is None:
@@ -217,6 +240,7 @@ def _read_trace(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any]]:
         checkpoint_every=(
             defaults.checkpoint_every if args.checkpoint_every is None else args.checkpoint_every
         ),
+        timing=PRESETS[args.timing or "instant"],
     )
     try:
         scenario = load_trace_scenario(
@@ -240,9 +264,14 @@ def _read_scenario(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any]]:
     if bad:
         raise UsageError(f"{bad} goes with --trace, not --scenario")
     try:
-        scenario = load_scenario(args.scenario)
+        scenario = _with_timing(load_scenario(args.scenario), args)
     except ScenarioError as problem:
         raise UsageError(str(problem)) from None
+    if args.cycle_interval and scenario.timing.service_cycles:
+        raise UsageError(
+            f"--cycle-interval: {args.scenario} has the service's timing (config.timing), "
+            "which has its own cycles; give one or the other"
+        )
     return scenario, {"scenario": str(args.scenario)}
 
 
@@ -260,6 +289,7 @@ def _replay_all(job: dict[str, Any], progress: TextIO | None) -> tuple[dict, dic
             "plans": sorted(p.path for p in scenario.plans),
             "policies": list(job["policies"]),  # in the order asked (the keys below are sorted)
             "cycle_interval_s": job["interval"],
+            "timing": dataclasses.asdict(scenario.timing),
         },
         "policies": {},
     }
@@ -285,7 +315,13 @@ def _print_table(result: dict, out: TextIO) -> None:
         ("JCT p90 s", lambda p: p["jct_s"]["overall"]["p90"]),
         ("JCT p99 s", lambda p: p["jct_s"]["overall"]["p99"]),
         ("fairness dev, teams (GPUs)", _team_dev),
+        ("share dev, with demand (GPUs)", lambda p: p["share_deviation"]["mean_abs_dev_gpu"]),
+        ("GPU utilization", lambda p: p["gpu_utilization"]),
         ("preemptions", lambda p: p["preemptions"]),
+        ("jobs preempted", lambda p: p["churn"]["jobs_preempted"]),
+        ("steady-state preemptions", lambda p: p["churn"]["steady_state_preemptions"]),
+        ("preempted GPU-hours", lambda p: _hours(p["churn"]["preempted_gpu_s"])),
+        ("lost GPU-hours", lambda p: _hours(p["churn"]["lost_gpu_s"])),
         ("broken gangs", lambda p: p["broken_gangs"]),
         ("deadlocked GPU-hours", lambda p: p["deadlocked_gpu_hours"]),
         ("simulation wall s", lambda p: p["sim_wall_s"]),
@@ -298,6 +334,10 @@ def _print_table(result: dict, out: TextIO) -> None:
             value = get(result["policies"][n])
             cells.append(f"{'-' if value is None else value:>14}")
         print(f"{label:<28}" + "".join(cells), file=out)
+
+
+def _hours(gpu_s: float) -> float:
+    return round(gpu_s / 3600, 3)
 
 
 def _team_dev(p: dict) -> Any:

@@ -274,7 +274,7 @@ class Replay:
                 self.n_done += 1
             elif kind == RELEASED:
                 core.state, core.placement, core.started = JobState.PENDING, (), None
-                core.terminating = False
+                core.terminating, core.checkpointed = False, None
                 job.state = "PENDING"
                 job.preemptions += 1
                 self.preemptions += 1

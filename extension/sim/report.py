@@ -175,7 +175,12 @@ def _table(result: dict) -> str:
         ("JCT p50 / p90 / p99 (s)", lambda p: _triple(p["jct_s"])),
         ("team share deviation, contended (GPUs)", lambda p: _dev(p, "1")),
         ("user-leaf share deviation, contended (GPUs)", lambda p: _dev(p, "2")),
+        ("share deviation, plans with demand (GPUs)", lambda p: _deviation(p)),
+        ("GPU utilization (held over capacity)", lambda p: p["gpu_utilization"]),
         ("preemptions", lambda p: p["preemptions"]),
+        ("jobs preempted", lambda p: p["churn"]["jobs_preempted"]),
+        ("steady-state preemptions", lambda p: p["churn"]["steady_state_preemptions"]),
+        ("preempted / lost GPU-hours", lambda p: _churn_hours(p["churn"])),
         ("broken gangs", lambda p: p["broken_gangs"]),
         ("deadlocked GPU-hours", lambda p: p["deadlocked_gpu_hours"]),
         ("simulation wall time (s)", lambda p: p["sim_wall_s"]),
@@ -196,6 +201,15 @@ def _safe(get, policy: dict):
     except (KeyError, TypeError):
         return "-"
     return "-" if value is None else value
+
+
+def _deviation(p: dict) -> object:
+    return p["share_deviation"]["mean_abs_dev_gpu"]
+
+
+def _churn_hours(churn: dict) -> str:
+    held, lost = churn["preempted_gpu_s"] / HOUR, churn["lost_gpu_s"] / HOUR
+    return f"{held:.3f} / {lost:.3f}"
 
 
 def _triple(block: dict) -> str:
