@@ -326,6 +326,14 @@ def test_admin_builds_project1_and_edits_it_in_the_browser(browser, hub: Hub) ->
         row = page.locator('tr.plan[data-path="/project1/dev"]')
         assert row.locator(".limit-gpu").inner_text() == "4"
         assert row.locator(".share").inner_text() == "4"
+        # the churn figures beside each plan's (nothing preempted on this hub: zeros)
+        assert page.locator("#plans thead th", has_text="churn").is_visible()
+        assert row.locator(".churn-preemptions").inner_text().strip() == "0"
+        assert (
+            row.locator(".churn-lost").is_visible()
+            and row.locator(".churn-lost").inner_text() == "0.0"
+        )
+        assert page.locator("#churn-total .churn-lost").inner_text() == "0.0"
         shot(page, "02-plans-project1-4-2-2")
 
         # edit a limit: dev to 3 GPUs
