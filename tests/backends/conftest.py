@@ -72,8 +72,10 @@ class Events:
     def of(self, job_id: str) -> list[BackendEvent]:
         return [e for e in self.all if e.job_id == job_id]
 
-    def kinds(self, job_id: str) -> list[str]:
-        return [e.kind for e in self.of(job_id)]
+    def kinds(self, job_id: str, checkpoints: bool = False) -> list[str]:
+        """The job's event kinds in order; its lifecycle only, unless ``checkpoints`` (the
+        runtime reports one at every save, e.g. the COUNTER's on SIGTERM)."""
+        return [e.kind for e in self.of(job_id) if checkpoints or e.kind != "checkpoint"]
 
     async def wait(self, job_id: str, *kinds: str, after: int = 0) -> BackendEvent:
         """The first event of ``kinds`` for ``job_id`` beyond the first ``after`` of its events."""

@@ -128,7 +128,7 @@ async def test_the_checkpoint_written_on_sigterm_is_reported_before_released(loc
     await local_rig.events.wait("term", "checkpoint")
     asked = time.time()
     await backend.stop("term", 10, "preempted")
-    kinds = local_rig.events.kinds("term")
+    kinds = local_rig.events.kinds("term", checkpoints=True)
     assert kinds[-1] == "released" and kinds[-2] == "checkpoint"
     last = local_rig.events.of("term")[-2]
     assert last.at >= asked  # exit_stopped's save, after the SIGTERM
@@ -148,7 +148,7 @@ async def test_a_report_is_about_the_senders_job_whatever_it_claims(local_rig) -
     )
     reports = [e.progress for e in local_rig.events.of("liar") if e.kind == "checkpoint"]
     assert set(reports) <= {7, 9} and 9 in reports
-    assert "checkpoint" not in local_rig.events.kinds("victim")
+    assert "checkpoint" not in local_rig.events.kinds("victim", checkpoints=True)
     for job in ("victim", "liar"):
         await backend.stop(job, 2, "test over")
 

@@ -203,6 +203,10 @@ async def test_stop_checkpoints_and_a_restart_resumes_where_it_was(local_rig) ->
     steps = [line["step"] for line in lines if "phase" not in line]
     assert steps == list(range(1, saved + 6))
     assert local_rig.events.kinds("resume") == ["running", "released", "running", "finished"]
+    # each save was reported: the one on SIGTERM before the stop ended, the last before the end
+    assert local_rig.events.kinds("resume", checkpoints=True) == [
+        "running", "checkpoint", "released", "running", "checkpoint", "finished",
+    ]  # fmt: skip
 
 
 STUBBORN = textwrap.dedent(

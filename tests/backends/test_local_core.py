@@ -48,6 +48,8 @@ class Driver:
             job.placement = ()
         elif event.kind == "released":
             job.state, job.placement = JobState.PENDING, ()
+        elif event.kind == "checkpoint":  # as the service folds it: the victims' order
+            job.checkpointed = event.at
 
     def submit(self, job_id: str, user: str, workers: tuple[int, int], env: dict) -> None:
         self.jobs[job_id] = Job(
@@ -129,7 +131,10 @@ async def test_s4_an_elastic_job_shrinks_for_a_second_user_and_resumes(local_rig
         await driver.cycle(now)
     assert len(driver.backend.gang_devices("elastic-1")) == 2  # users share 1:1
     assert len(driver.backend.gang_devices("elastic-2")) == 2
-    assert [e.kind for e in driver.events if e.job_id == "elastic-1"] == ["running", "resized"]
+    kinds = [e.kind for e in driver.events if e.job_id == "elastic-1"]
+    # the checkpoint it wrote on SIGTERM was reported before the resize ended
+    assert kinds == ["running", "checkpoint", "resized"]
+    assert driver.jobs["elastic-1"].checkpointed is not None
 
     await local_rig.wait_until(
         lambda: metrics.read(str(first))[-1].get("world") == 2, "user1 running at 2"
