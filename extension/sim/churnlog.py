@@ -6,8 +6,9 @@ moment the victim gets SIGTERM:
 - ``lost_gpu_s``: what the victim really loses: ``lost_work``, the GPU-seconds since its last
   checkpoint (or (re)start), or 0 when it writes a checkpoint on SIGTERM within the grace
   period, or when its work was already done (the stop finds it finished);
-- ``at_risk_gpu_s``: ``lost_work`` at the decision whatever the victim does on SIGTERM: what
-  the service records as a preemption's ``lost_gpu_seconds`` (it cannot know better then);
+- ``at_risk_gpu_s``: ``lost_work`` at the decision by the checkpoint the scheduler knew of
+  (none unless ``Timing.report_checkpoints``), whatever the victim does on SIGTERM: what the
+  service records as a preemption's ``lost_gpu_seconds`` (it cannot know better then);
 - ``steady_state_preemptions``: preemptions decided while ``within_one_gang`` held for the
   previous cycle's plan figures and the reclaiming job's minimum gang: churn the contract says
   should not happen (the policy tells, since only it knows the previous cycle).
@@ -19,7 +20,7 @@ sub-plans' alike.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from extension.scheduler import held_work, lost_work
 
@@ -63,13 +64,16 @@ class ChurnLog:
         self.total = ChurnFigures()
         self.plans: dict[str, ChurnFigures] = {}
 
-    def preempted(self, job: ReplayJob, now: float, saved: bool, steady: bool) -> None:
-        """``job`` gets SIGTERM at ``now`` (its ``checkpointed`` as the core saw it);
-        ``saved``: it loses nothing (a checkpoint on SIGTERM, or its work was done)."""
+    def preempted(
+        self, job: ReplayJob, now: float, checkpointed: float | None, saved: bool, steady: bool
+    ) -> None:
+        """``job`` gets SIGTERM at ``now``; ``checkpointed``: its run's last checkpoint, which
+        the core may not have been told of; ``saved``: it loses nothing (a checkpoint on
+        SIGTERM, or its work was done)."""
         core = job.core
         held = held_work(core, now)
-        risk = lost_work(core, now)
-        lost = 0.0 if saved else risk
+        risk = lost_work(core, now)  # by the checkpoint the scheduler knew of
+        lost = 0.0 if saved else lost_work(replace(core, checkpointed=checkpointed), now)
         self.total.add(job.id, held, lost, risk, steady)
         path = job.leaf
         while path != "/":

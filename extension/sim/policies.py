@@ -80,8 +80,10 @@ class Wmla(Policy):
     Cycles that cannot decide anything are still skipped, but they count as the last cycle for
     the tick, as the service's do.
 
-    Before a full-snapshot cycle every running job shows the core its last checkpoint
-    (``Job.checkpointed``); a preemption is counted as steady-state churn when the previous
+    When the runtime reports its checkpoints (``Timing.report_checkpoints``), every running
+    job shows the core its last one (``Job.checkpointed``) before a full-snapshot cycle; the
+    aggregated snapshot is kept only when no job waits, so no victim is chosen on it. A
+    preemption is counted as steady-state churn when the previous
     cycle's plan figures were within one of the reclaimer's gangs (``within_one_gang``). A
     skipped cycle had nothing pending and no elastic job: every plan then held its demand,
     which is its deserved share, so it counts as within.
@@ -203,8 +205,9 @@ class Wmla(Policy):
         r = self.replay
         result = self._aggregated_cycle(now) if self.aggregate else None
         if result is None:
-            for job in self.working.values():
-                r.show_checkpoint(job, now)
+            if r.reports_checkpoints:
+                for job in self.working.values():
+                    r.show_checkpoint(job, now)
             snapshot = Snapshot(
                 self.plans,
                 r.instance,

@@ -102,6 +102,7 @@ class Replay:
         self.scenario = scenario
         self.policy = policy
         self.backend = _backend(scenario)
+        self.reports_checkpoints = scenario.timing.report_checkpoints
         self.instance = scenario.instance
         self.capacity_gpu = float(self.instance.capacity.gpu)
         self.jobs: dict[str, ReplayJob] = {}
@@ -323,19 +324,22 @@ class Replay:
         """SIGTERM to the whole gang; ``steady``: decided while every plan held its share
         within one gang (the policy's judgement, for the churn figures)."""
         core = job.core
-        self.show_checkpoint(job, now)
+        last = self.backend.checkpoint_time(job.id, now)  # its run's, whoever knows of it
         outcome = self.backend.preempt(job.id, grace, now)
-        self.churn.preempted(job, now, outcome != "lost", steady)
-        if outcome == "saved":
+        self.churn.preempted(job, now, last, outcome != "lost", steady)
+        if outcome == "saved" and self.reports_checkpoints:
             core.checkpointed = now
         core.terminating = True
         self._refresh(job)
 
     def show_checkpoint(self, job: ReplayJob, now: float) -> None:
-        """The job's last checkpoint as the core sees it (``Job.checkpointed``): the runtime's
-        reports reach the service without a cycle of their own, so a cycle sees the latest."""
-        if job.core.state is JobState.RUNNING and not job.core.terminating:
-            job.core.checkpointed = self.backend.checkpoint_time(job.id, now)
+        """The job's last checkpoint as the core sees it (``Job.checkpointed``), when the
+        runtime reports them (``Timing.report_checkpoints``): the reports reach the service
+        without a cycle of their own, so a cycle sees the latest."""
+        if self.reports_checkpoints:
+            core = job.core
+            if core.state is JobState.RUNNING and not core.terminating:
+                core.checkpointed = self.backend.checkpoint_time(job.id, now)
 
     def reject(self, job: ReplayJob, reason: str, now: float) -> None:
         self.backend.cancel(job.id, now)

@@ -38,7 +38,10 @@ class Timing:
       SIGTERM and holds its resources until SIGKILL at the end of the grace period; a value
       above the grace also means SIGKILL at the end of the grace period;
     - ``checkpoint_on_sigterm``: a victim that leaves within the grace period writes a
-      checkpoint first, so its preemption loses nothing.
+      checkpoint first, so its preemption loses nothing;
+    - ``report_checkpoints``: the runtime reports every checkpoint and the scheduler shows it
+      to the core (``Job.checkpointed``, which reclaim's victim order reads), as the service
+      does; off, the core never learns of one (the simulator's old model).
     """
 
     cycles: str = "instant"
@@ -48,6 +51,7 @@ class Timing:
     release_seen_after: float = 0.0
     exit_after_term: float | None = None
     checkpoint_on_sigterm: bool = False
+    report_checkpoints: bool = False
 
     @property
     def service_cycles(self) -> bool:
@@ -66,6 +70,7 @@ PRESETS: dict[str, Timing] = {
         release_seen_after=0.05,
         exit_after_term=1.0,
         checkpoint_on_sigterm=True,
+        report_checkpoints=True,
     ),
 }
 
@@ -94,7 +99,7 @@ def _field(name: str, value: Any, fail: Callable[[str, str], Exception], key: st
         if value not in CYCLES:
             raise fail(key, f"must be one of {', '.join(CYCLES)}, got {value!r}")
         return value
-    if name == "checkpoint_on_sigterm":
+    if name in ("checkpoint_on_sigterm", "report_checkpoints"):
         if not isinstance(value, bool):
             raise fail(key, f"must be true or false, got {value!r}")
         return value

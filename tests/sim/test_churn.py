@@ -51,16 +51,16 @@ def replay(policy: str = "wmla", **kw) -> dict:
 
 def test_churn_figures_by_hand():
     p = replay()
-    # min_runtime 60: at 60 (a1's timer) a1 is preempted, once.
-    # It held 4 GPUs for 60 s (240 GPU-s); its last checkpoint was at 35: 25 s x 4 lost. The
-    # cycle before (at 50) saw /a 4 GPUs above its deserved 4, more than b1's gang of 2: not
-    # the steady state
+    # min_runtime 60: at 60 (a1's timer) a1 is preempted, once. It held 4 GPUs for 60 s
+    # (240 GPU-s); its last checkpoint was at 35: 25 s x 4 lost. The scheduler was told of no
+    # checkpoint (the default timing): for it all 240 were at risk. The cycle before (at 50)
+    # saw /a 4 GPUs above its deserved 4, more than b1's gang of 2: not the steady state
     one = {
         "preemptions": 1,
         "jobs_preempted": 1,
         "preempted_gpu_s": 240,
         "lost_gpu_s": 100,
-        "at_risk_gpu_s": 100,
+        "at_risk_gpu_s": 240,
         "steady_state_preemptions": 0,
     }
     assert p["churn"] == {**one, "plans": {"/a": one, "/a/ua": one}}
@@ -91,8 +91,13 @@ def test_a_reclaim_into_a_settled_cluster_is_steady_state_churn():
     assert (churn["preempted_gpu_s"], churn["lost_gpu_s"]) == (200, 60)
 
 
+def test_reported_checkpoints_are_what_the_scheduler_counts_at_risk():
+    churn = replay(timing={"report_checkpoints": True})["churn"]
+    assert (churn["lost_gpu_s"], churn["at_risk_gpu_s"]) == (100, 100)
+
+
 def test_checkpoint_on_sigterm_loses_nothing_and_frees_the_gpus_at_exit():
-    timing = {"exit_after_term": 2, "checkpoint_on_sigterm": True}
+    timing = {"exit_after_term": 2, "checkpoint_on_sigterm": True, "report_checkpoints": True}
     p = Replay(parse_scenario(workload(timing=timing)), Wmla()).run()
     churn = p.to_json()["churn"]
     # preempted at 60 as before, but the checkpoint written on SIGTERM keeps its 60 s of work:
@@ -144,7 +149,8 @@ def test_the_scenario_runner_reports_the_same_figures():
         assert summary[key] == p[key], key
 
 
-def test_the_core_sees_the_last_checkpoint(monkeypatch):
+@pytest.mark.parametrize("reported", [True, False])
+def test_the_core_sees_the_last_checkpoint_when_reported(monkeypatch, reported):
     seen: list[tuple[float, float | None]] = []
     real = policies.schedule
 
@@ -154,7 +160,11 @@ def test_the_core_sees_the_last_checkpoint(monkeypatch):
         return real(snapshot, now, cache)
 
     monkeypatch.setattr(policies, "schedule", record)
-    Replay(parse_scenario(workload()), Wmla(aggregate=False)).run()
+    timing = {"report_checkpoints": reported}
+    Replay(parse_scenario(workload(timing=timing)), Wmla(aggregate=False)).run()
+    if not reported:  # the simulator's old model: the core never hears of one
+        assert {c for _, c in seen} == {None}
+        return
     # started at 0 (no checkpoint yet), checkpointed at 35 (seen at 50 and at 60, when it is
     # preempted); pending again at 105, when it restarts: a new run, no checkpoint of it yet
     assert seen[:2] == [(0, None), (5, None)]
