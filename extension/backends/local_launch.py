@@ -143,18 +143,18 @@ class _Relay:
         self.written = -math.inf  # monotonic time of the last write
         self.reports = 0
 
-    def drain(self, sock: socket.socket) -> bool:
-        """Read what is queued (at most a batch); True when the batch was full (a flood)."""
-        for _ in range(REPORT_BATCH):
+    def drain(self, sock: socket.socket) -> int:
+        """Read what is queued, at most a batch; returns how many datagrams were read."""
+        for n in range(REPORT_BATCH):
             try:
                 data = sock.recv(REPORT_BYTES, socket.MSG_DONTWAIT)
             except OSError:  # nothing more queued (or the worker's end is gone)
-                return False
+                return n
             report = parse_report(data, time.time())
             if report is not None:
                 self.reports += 1
                 self.latest = {**report, "reports": self.reports}
-        return True
+        return REPORT_BATCH
 
     def due_in(self) -> float | None:
         """Seconds until the pending report may be written; None when nothing is pending."""
@@ -225,15 +225,20 @@ def _wait(pid: int, errors: int, channel: socket.socket | None, relay: _Relay | 
             if not chunk:  # the exec succeeded (close-on-exec) or the child gave up
                 poller.unregister(errors)
         if channel is not None and relay is not None and channel.fileno() in ready:
-            if relay.drain(channel):
+            read = relay.drain(channel)
+            if read == 0:  # ready with nothing to read (shut down): never spin on it
+                poller.unregister(channel)
+                channel = None
+            elif read == REPORT_BATCH:  # a flood: the queue fills meanwhile, the rest is lost
                 time.sleep(REPORT_PAUSE)
         if relay is not None:
             relay.flush()
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             break
-    if channel is not None and relay is not None:  # what it said last, e.g. on SIGTERM
-        relay.drain(channel)
+    if relay is not None:  # what it said last, e.g. on SIGTERM
+        if channel is not None:
+            relay.drain(channel)
         relay.flush(force=True)
     while chunk := os.read(errors, 4096):
         chunks.append(chunk)
