@@ -19,6 +19,7 @@ service's timing: tick, grace, min_runtime, the jobs' checkpoint period and exit
 from __future__ import annotations
 
 import asyncio
+import csv
 import dataclasses
 import json
 import math
@@ -57,6 +58,23 @@ class WorkJob:
     @property
     def width(self) -> int:
         return self.workers * self.gpus
+
+
+def read_workload(path: str | Path) -> list[WorkJob]:
+    """A workload CSV: ``name,at,team,user,workers,gpus,seconds`` (a header, one job a line)."""
+    with open(path, newline="") as f:
+        return [
+            WorkJob(
+                r["name"],
+                float(r["at"]),
+                r["team"],
+                r["user"],
+                int(r["workers"]),
+                int(r["gpus"]),
+                float(r["seconds"]),
+            )  # fmt: skip
+            for r in csv.DictReader(f)
+        ]
 
 
 @dataclass(frozen=True)
