@@ -163,6 +163,11 @@ def test_checkpoints_reach_the_job_and_a_preemption_counts_the_work_lost(hub: Hu
     # the checkpoint exit_stopped saved on SIGTERM (no progress given): the one it resumes from
     assert back["checkpoint"]["at"] >= preempted and back["checkpoint"]["progress"] is None
     assert user2.get(f"/jobs/{victim}").status_code == 404
+    # and the API has no way in: the channel is the only one, and it is the job's own
+    for client in (user1, user2):
+        report = {"checkpoint": {"at": time.time(), "progress": 666}}
+        assert client.post(f"/jobs/{victim}/checkpoint", json=report).status_code in (404, 405)
+        assert client.patch(f"/jobs/{victim}", json=report).status_code in (404, 405)
 
     lost = metric(hub, "wmla_lost_gpu_seconds_total", plan=LEAF1)
     assert lost == pytest.approx(4 * (preempted - saved), rel=1e-6)
