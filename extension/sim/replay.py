@@ -8,6 +8,9 @@ previous instant (the state did not change within it); then the policy decides
 scheduler); events in between wait for the next one. The policies live in ``policies.py``; what
 is measured and how is in docs/simulate.md.
 
+The scenario's ``timing`` (timing.py) says how the fake backend delays its events and stops
+its victims, and when the wmla policy cycles (``Timing()``: as described here).
+
 This module is the loop and the helpers the policies act through; the job records are in
 ``jobs.py``, the figures integrated over time in ``recorder.py``, and what a finished replay
 reports in ``summary.py`` (their names stay importable from here).

@@ -3,7 +3,8 @@
 
 ``Timing()`` is the simulator's model as it always was: a core cycle at every instant something
 happens (and when a ``min_runtime`` runs out), events seen the moment they happen, work from the
-moment of the Start decision, victims holding their resources through the whole grace period.
+moment of the Start decision, victims holding their resources through the whole grace period,
+and a core never told of a checkpoint.
 ``PRESETS["service"]`` is what the service with the local backend really does (the figures and
 where they come from are in docs/simulate.md); a scenario file says ``timing: service`` (or a
 mapping of these fields, optionally from a ``preset``), a trace replay ``--timing service``.

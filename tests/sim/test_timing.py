@@ -188,3 +188,19 @@ def test_the_command_line_takes_the_timing(tmp_path, capsys):
     assert main(["simulate", "--scenario", str(path), "--timing", "service", "--json"]) == 0
     runner = json.loads(capsys.readouterr().out)
     assert runner["jobs"]["b1"]["started"] == pytest.approx(61.05)
+
+
+def test_service_timing_is_deterministic_and_aggregation_changes_nothing(tmp_path):
+    lines = Path("/work/shared/data/traces/philly_vc_2017-10.csv").read_text().splitlines()
+    path = tmp_path / "philly_head.csv"
+    path.write_text("\n".join(lines[:151]) + "\n")  # 150 jobs on 10 GPUs: a busy slice
+    options = TraceOptions(timing=PRESETS["service"], min_runtime=60)
+    scenario = trace_scenario(read_trace(path), parse_nodes("1x8,1x2", None), options=options)
+    outputs = []
+    for aggregate in (True, False, True):
+        figures = Replay(scenario, Wmla(aggregate=aggregate)).run().to_json()
+        assert figures["churn"]["preemptions"] > 0 and figures["jobs"]["finished"] == 150
+        figures.pop("sim_wall_s")
+        figures.pop("core_cycles_full_snapshot")
+        outputs.append(json.dumps(figures, sort_keys=True))
+    assert outputs[0] == outputs[1] == outputs[2]
