@@ -11,8 +11,9 @@
   gang (the reclaimer's minimum gang) in every resource that gang asks for: the steady state,
   in which the contract says nothing is preempted. A plan a whole gang short is owed it: that
   is a reclaim, not churn. The simulator and the service evaluate it on the figures of the
-  cycle before the one that preempts, so a preemption that a cycle's own starts provoked (the
-  cascades of issue 18) counts as one in the steady state.
+  cycle before the one that preempts, for a reclaimer whose leaf had demand then, so a
+  preemption that a cycle's own starts provoked (the cascades of issue 18) counts as one in
+  the steady state and a reclaim for a newcomer's demand does not.
 """
 
 from __future__ import annotations
@@ -49,10 +50,18 @@ def held_work(job: Job, now: float) -> float:
     return max(0.0, now - job.started) * _width(job)
 
 
-def within_one_gang(plans: Mapping[str, PlanFigures], gang: Resources) -> bool:
+def within_one_gang(
+    plans: Mapping[str, PlanFigures], gang: Resources, leaf: str | None = None
+) -> bool:
     """Every plan other than the root with demand holds its deserved share within less than
-    ``gang`` in every resource ``gang`` asks for."""
+    ``gang`` in every resource ``gang`` asks for. With ``leaf`` (the reclaimer's user leaf):
+    also, that leaf already had demand in ``plans``; a reclaim for demand that is new since
+    those figures answers it and is never steady-state churn."""
     asked = [(r, getattr(gang, r)) for r in ("gpu", "cpu", "memory") if getattr(gang, r)]
+    if leaf is not None:
+        mine = plans.get(leaf)
+        if mine is None or not any(getattr(mine.demand, r) for r, _ in asked):
+            return False
     for path, f in plans.items():
         if path == "/" or not any(getattr(f.demand, r) for r, _ in asked):
             continue

@@ -185,15 +185,15 @@ def preemption_cost(sched: Any, d: Preempt, job: Job, now: float) -> dict[str, A
     these, docs/metering.md "Churn"): the victim's held and lost GPU-seconds at the decision
     (``churn.held_work``/``lost_work``; 0 for a victim without GPUs, as the simulator counts
     it), and whether it was decided in the steady state: every plan with demand within the
-    reclaimer's minimum gang of its deserved share in the previous cycle's figures
-    (``churn.within_one_gang``). No previous cycle, or a reclaimer no longer known, is not the
-    steady state."""
+    reclaimer's minimum gang of its deserved share in the previous cycle's figures, in which
+    the reclaimer's leaf already had demand (``churn.within_one_gang``). No previous cycle, or
+    a reclaimer no longer known, is not the steady state."""
     previous = sched.result.plans if sched.result is not None else None
     reclaimer = sched.jobs.get(d.for_job)
     steady = False
     if previous and reclaimer is not None:
         gang = reclaimer.per_worker.times(reclaimer.min_workers)
-        steady = within_one_gang(previous, gang)
+        steady = within_one_gang(previous, gang, reclaimer.leaf)
     gpus = job.per_worker.gpu > 0  # the core's functions count workers for the others
     return {
         "held_gpu_seconds": held_work(job, now) if gpus else 0.0,

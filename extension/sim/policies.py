@@ -228,14 +228,14 @@ class Wmla(Policy):
 
     def steady(self, d: Preempt) -> bool:
         """The preemption comes while the previous cycle had every plan within one of the
-        reclaimer's gangs of its deserved share (``within_one_gang``)."""
-        if self.previous_settled:
-            return True
+        reclaimer's gangs of its deserved share and the reclaimer's leaf had demand then
+        (``within_one_gang``)."""
         reclaimer = self.live.get(d.for_job)
-        if self.previous is None or reclaimer is None:
-            return False
+        if self.previous_settled or self.previous is None or reclaimer is None:
+            return False  # a skipped cycle had nothing pending: the reclaimer's demand is new
         core = reclaimer.core
-        return within_one_gang(self.previous.plans, core.per_worker.times(core.min_workers))
+        gang = core.per_worker.times(core.min_workers)
+        return within_one_gang(self.previous.plans, gang, core.leaf)
 
     def _aggregated_cycle(self, now: float):
         """The cycle on the aggregated snapshot, or None when its answer may differ."""

@@ -147,3 +147,13 @@ def test_the_steady_state_is_every_plan_within_less_than_one_gang_of_its_share()
     assert within_one_gang(plans, Resources(2, 0, 0))
     plans["/c"] = _figures("/c", 0, 4, demand=0)  # no demand: not counted
     assert within_one_gang(plans, Resources(2, 0, 0))
+
+
+def test_a_reclaimer_whose_leaf_had_no_demand_before_is_never_steady_state():
+    plans = {"/": _figures("/", 8, 8), "/a": _figures("/a", 4, 4), "/a/u": _figures("/a/u", 4, 4)}
+    plans["/b"] = _figures("/b", 4, 4)
+    plans["/b/v"] = _figures("/b/v", 4, 4)
+    assert within_one_gang(plans, Resources(1, 0, 0), "/b/v")  # settled, and /b/v asked before
+    assert not within_one_gang(plans, Resources(1, 0, 0), "/c/new")  # new demand: a reclaim
+    plans["/c/idle"] = _figures("/c/idle", 0, 0, demand=0)
+    assert not within_one_gang(plans, Resources(1, 0, 0), "/c/idle")

@@ -82,12 +82,12 @@ def test_churn_figures_by_hand():
     assert dev["over_s"] == 170
 
 
-def test_a_reclaim_into_a_settled_cluster_is_steady_state_churn():
+def test_a_reclaim_for_a_newcomer_into_a_settled_cluster_is_not_steady_state_churn():
     # min_runtime 0: a1 is preempted at 50, when b1 and b2 come. The cycle before (at 5) saw
-    # only /a with demand, at its deserved 8: within one gang, so by the definition it counts
-    # as steady state though /b's demand is new. 50 s x 4 held, 15 s x 4 since the checkpoint
+    # only /a with demand, at its deserved 8: within one gang, but /b's demand is new, so the
+    # reclaim answers it and is not steady state. 50 s x 4 held, 15 s x 4 since the checkpoint
     churn = replay(min_runtime=0)["churn"]
-    assert churn["steady_state_preemptions"] == 1 and churn["preemptions"] == 1
+    assert churn["steady_state_preemptions"] == 0 and churn["preemptions"] == 1
     assert (churn["preempted_gpu_s"], churn["lost_gpu_s"]) == (200, 60)
 
 
