@@ -58,6 +58,7 @@ bench: install
 	$(BIN)/python benchmarks/bench_overhead.py
 	$(BIN)/python benchmarks/bench_trace.py
 	$(BIN)/python benchmarks/bench_service.py
+	$(BIN)/python benchmarks/bench_fairness.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info node_modules

@@ -205,6 +205,9 @@ def run(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, dict], list[str]
     for out in outcomes:
         columns[out.label] = figures(out, SETUP)
     notes.append(f"simulator: {outcomes[0].notes[0]}")
+    # gang-FIFO under the service timing stops at the backend's running report (the baseline
+    # keeps its running jobs in an attribute named like Policy.running, extension/sim/baseline.py)
+    notes.append("gang-fifo: under the simulator's instant timing (it never preempts)")
     agree = None
     if "service" in columns:
         agree = agreement(columns["sim, service timing"], columns["service"])
