@@ -23,12 +23,12 @@ class Baseline(Policy):
         self.free = [list(n.capacity) for n in nodes]
         self.dirty = False
         self.cycles = 0
-        self.running: dict[str, ReplayJob] = {}
+        self.started_jobs: dict[str, ReplayJob] = {}
         self._most: dict[tuple, float] = {}  # worker shape -> most such workers on the nodes
         self.free_gpus = sum(row[0] for row in self.free)
 
     def _start(self, job: ReplayJob, placement: tuple[str, ...], now: float) -> None:
-        self.running[job.id] = job
+        self.started_jobs[job.id] = job
         self.replay.start(job, placement, now)
 
     def _never_fits(self, job: ReplayJob) -> str | None:
@@ -55,12 +55,12 @@ class Baseline(Policy):
 
     def finished(self, job: ReplayJob, now: float) -> None:
         self._give_back(job)
-        self.running.pop(job.id, None)
+        self.started_jobs.pop(job.id, None)
         self.dirty = True
 
     def cancelled(self, job: ReplayJob, now: float) -> None:
         self._give_back(job)  # running or holding part of its gang
-        self.running.pop(job.id, None)
+        self.started_jobs.pop(job.id, None)
         self._forget(job)
         self.dirty = True
 

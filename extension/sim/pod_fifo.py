@@ -129,7 +129,7 @@ class PodFifo(Baseline):
 
     def _banker(self) -> list[ReplayJob]:
         avail = [row[:] for row in self.free]
-        for job in self.running.values():
+        for job in self.started_jobs.values():
             self._add(avail, job)
         waiting = sorted(self.partial.values(), key=lambda j: j.seq)
         progress = True

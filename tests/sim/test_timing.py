@@ -204,3 +204,13 @@ def test_service_timing_is_deterministic_and_aggregation_changes_nothing(tmp_pat
         figures.pop("core_cycles_full_snapshot")
         outputs.append(json.dumps(figures, sort_keys=True))
     assert outputs[0] == outputs[1] == outputs[2]
+
+
+@pytest.mark.parametrize("name", ["gang-fifo", "pod-fifo"])
+def test_the_baselines_replay_under_the_service_timing(name):
+    # the workers-up hook (Policy.running) was shadowed by the baselines' own dict of running
+    # jobs: under the service timing they crashed at the first start
+    replay = Replay(parse_scenario(workload(timing="service")), make_policy(name))
+    summary = replay.run().to_json()
+    assert summary["churn"]["preemptions"] == 0
+    assert {j.state for j in replay.jobs.values()} == {"FINISHED"}
