@@ -19,6 +19,7 @@ import heapq
 from operator import attrgetter
 
 from . import messages
+from .deserved import within_deserved
 from .index import PlanNode
 from .ledger import EPS
 from .model import Job
@@ -233,11 +234,7 @@ def over_limit(state: CycleState, leaf: PlanNode, req: tuple) -> str | None:
 
 def held_back(state: CycleState, leaf: PlanNode) -> str | None:
     """The plan on ``leaf``'s path that gives a victim back this cycle, if any (Reclaim 6)."""
-    hold = state.hold_back
-    for p in leaf.chain:
-        if p.path in hold:
-            return p.path
-    return None
+    return leaf.first_in(state.hold_back)
 
 
 def worth_reserving(state: CycleState, job: Job, leaf: PlanNode) -> bool:
@@ -248,28 +245,15 @@ def worth_reserving(state: CycleState, job: Job, leaf: PlanNode) -> bool:
     job that would make its plan a borrower gains nothing there the fair order would not give
     it, and going first would make a borrower that others then reclaim from (the cascade of
     issue 18: two preemptions where starting the other plan's job was enough)."""
-    if within_share(leaf, job):
-        return True
     w, n = job.per_worker, job.min_workers
+    _, height = within_deserved(state.ledger.promised, leaf, w, n, n)
+    if height == len(leaf.chain) - 1:  # every plan on its path, the root aside (Reclaim 1)
+        return True
     main = 0 if w[0] else (1 if w[1] else 2)
     smallest = state.smallest
     if smallest is None:
         smallest = state.smallest = _smallest_gangs(state)
     return w[main] * n > smallest[main] + EPS
-
-
-def within_share(leaf: PlanNode, job: Job) -> bool:
-    """No plan on ``leaf``'s path (the root aside) would hold more than its deserved share of
-    a resource the job asks for with its minimum gang running."""
-    w, n = job.per_worker, job.min_workers
-    for p in leaf.chain:
-        if p.parent is None:
-            break
-        a, d = p.alloc, p.deserved
-        for r in range(3):
-            if w[r] and a[r] + w[r] * n > d[r] + EPS:
-                return False
-    return True
 
 
 def _smallest_gangs(state: CycleState) -> tuple:

@@ -9,6 +9,8 @@ children by weighted water-filling (``shares.water_fill``), per resource, top-do
 
 from __future__ import annotations
 
+from .index import PlanNode
+from .ledger import EPS
 from .shares import dominant_ratio, water_fill
 from .state import CycleState
 
@@ -99,3 +101,33 @@ def _hand_out(plan) -> None:
             weights = [k.share for k in kids]
         for kid, got in zip(kids, water_fill(amount, caps, weights)):
             kid.deserved[r] = got
+
+
+def within_deserved(
+    promised: dict, leaf: PlanNode, w: tuple, low: int, high: int
+) -> tuple[int, int]:
+    """Reclaim 1: (the most workers k in [low, high] the job may run within its deserved
+    share, the height of its chain that stays within it with k running): the leaf, and each
+    ancestor up to that height, holds at most its deserved share of every resource the job
+    asks for, counting what this cycle promised. (0, 0) when even the minimum gang would make
+    its leaf a borrower: on a busy cluster most blocked leaves stop here."""
+    w0, w1, w2 = w
+    for k in range(high, low - 1, -1):
+        height = 0
+        for p in leaf.chain:
+            if p.parent is None:
+                break  # the root is the instance, not a share
+            a, d = p.alloc, p.deserved
+            change = promised.get(p.path)
+            if change:
+                a = (a[0] + change[0], a[1] + change[1], a[2] + change[2])
+            if (
+                (w0 and a[0] + w0 * k > d[0] + EPS)
+                or (w1 and a[1] + w1 * k > d[1] + EPS)
+                or (w2 and a[2] + w2 * k > d[2] + EPS)
+            ):
+                break
+            height += 1
+        if height:
+            return k, height
+    return 0, 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 from .. import messages
 from ..admit import in_order
 from ..decisions import Preempt, Shrink
+from ..deserved import within_deserved
 from ..index import PlanNode
 from ..ledger import Release
 from ..model import Job
@@ -13,7 +14,7 @@ from ..placement import place_gang
 from ..state import CycleState
 from .order import victim_steps
 from .search import least_loss, most_that_fit, take_until_room
-from .victims import eligible, index_victims, within_deserved
+from .victims import eligible, index_victims
 
 
 def reclaim(state: CycleState) -> None:

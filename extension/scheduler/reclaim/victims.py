@@ -1,4 +1,5 @@
-"""Who may lose capacity to a reclaimer (docs/scheduling.md "Reclaim 1", "Reclaim 3")."""
+"""Who may lose capacity to a reclaimer (docs/scheduling.md "Reclaim 3"; "Reclaim 1", whether
+the reclaimer stays within its share, is ``deserved.within_deserved``)."""
 
 from __future__ import annotations
 
@@ -42,36 +43,6 @@ def index_victims(state: CycleState) -> int:
     return count
 
 
-def within_deserved(
-    promised: dict, leaf: PlanNode, w: tuple, low: int, high: int
-) -> tuple[int, int]:
-    """Reclaim 1: (the most workers k in [low, high] the job may run within its deserved
-    share, the height of its chain that stays within it with k running): the leaf, and each
-    ancestor up to that height, holds at most its deserved share of every resource the job
-    asks for, counting what this cycle promised. (0, 0) when even the minimum gang would make
-    its leaf a borrower: on a busy cluster most blocked leaves stop here."""
-    w0, w1, w2 = w
-    for k in range(high, low - 1, -1):
-        height = 0
-        for p in leaf.chain:
-            if p.parent is None:
-                break  # the root is the instance, not a share
-            a, d = p.alloc, p.deserved
-            change = promised.get(p.path)
-            if change:
-                a = (a[0] + change[0], a[1] + change[1], a[2] + change[2])
-            if (
-                (w0 and a[0] + w0 * k > d[0] + EPS)
-                or (w1 and a[1] + w1 * k > d[1] + EPS)
-                or (w2 and a[2] + w2 * k > d[2] + EPS)
-            ):
-                break
-            height += 1
-        if height:
-            return k, height
-    return 0, 0
-
-
 def borrows(ledger: Ledger, plan: PlanNode, w: tuple) -> bool:
     """Reclaim 3: ``plan`` holds more than it deserves of a resource the reclaimer needs."""
     return any(w[r] and ledger.alloc(plan, r) > plan.deserved[r] + EPS for r in range(3))
@@ -95,7 +66,6 @@ def eligible(state: CycleState, leaf: PlanNode, height: int, w: tuple) -> list[t
             out.extend(
                 (victim, vleaf, sibling)
                 for victim, vleaf in sibling.under
-                if victim.id not in victims
-                and not (spare and any(p.path in spare for p in vleaf.chain))
+                if victim.id not in victims and not vleaf.first_in(spare)
             )
     return out
