@@ -6,7 +6,7 @@ typed decisions; ``check_submission`` answers at submit time whether a job can e
 The contract it keeps is docs/scheduling.md; cycle.py maps its phases to their modules.
 """
 
-from .churn import held_work, lost_work, within_one_gang
+from .churn import held_work, lost_work, steady_state, within_one_gang
 from .cycle import check_submission, schedule
 from .decisions import (
     KINDS,
@@ -68,6 +68,7 @@ __all__ = [
     "lost_work",
     "parse_quantity",
     "schedule",
+    "steady_state",
     "user_name_problem",
     "within_one_gang",
 ]

@@ -7,8 +7,9 @@
   its workers instead, so CPU-only victims still compare among themselves.
 - ``held_work``: the GPU-seconds a job has held since it (re)started (a preemption's
   "preempted GPU-seconds").
-- ``within_one_gang``: every plan with demand holds its deserved share within less than one
-  gang (the reclaimer's minimum gang) in every resource that gang asks for: the steady state,
+- ``within_one_gang`` (``steady_state``: the same for a reclaiming job): every plan with
+  demand holds its deserved share within less than one gang (the reclaimer's minimum gang)
+  in every resource that gang asks for: the steady state,
   in which the contract says nothing is preempted. A plan a whole gang short is owed it: that
   is a reclaim, not churn. The simulator and the service evaluate it on the figures of the
   cycle before the one that preempts, for a reclaimer whose leaf had demand then, so a
@@ -69,3 +70,10 @@ def within_one_gang(
             if abs(getattr(f.allocated, r) - getattr(f.deserved, r)) > size - EPS:
                 return False
     return True
+
+
+def steady_state(plans: Mapping[str, PlanFigures], reclaimer: Job) -> bool:
+    """A preemption for ``reclaimer`` decided after a cycle with these figures is churn in the
+    steady state: ``within_one_gang`` of its minimum gang, for its leaf."""
+    gang = reclaimer.per_worker.times(reclaimer.min_workers)
+    return within_one_gang(plans, gang, reclaimer.leaf)

@@ -59,7 +59,7 @@ def _growers(state: CycleState) -> list:
     for job, leaf in state.elastic:
         if not job.elastic or job.id in state.victims or job.terminating:
             continue
-        if losing and any(p.path in losing for p in leaf.chain):
+        if leaf.first_in(losing):
             continue  # its plan gives a victim back this cycle (Reclaim 6): it does not grow
         if job.id in state.started:
             workers = len(state.started[job.id])

@@ -90,6 +90,15 @@ class PlanNode:
         # past min_runtime that would lose more is taken instead of it)
         self.shield = INF
 
+    def first_in(self, paths: frozenset[str] | set[str]) -> str | None:
+        """The first plan on this plan's path (itself, then its ancestors) whose path is in
+        ``paths``: Reclaim 6's held-back, losing and spared plans are sets of paths."""
+        if paths:
+            for p in self.chain:
+                if p.path in paths:
+                    return p.path
+        return None
+
 
 class NodeFigures:
     """What a cycle derives from an instance's nodes alone (names, capacity rows, totals)."""

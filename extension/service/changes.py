@@ -22,7 +22,7 @@ from extension.scheduler import (
     Start,
     held_work,
     lost_work,
-    within_one_gang,
+    steady_state,
 )
 
 from .store import FoldFacts
@@ -192,8 +192,7 @@ def preemption_cost(sched: Any, d: Preempt, job: Job, now: float) -> dict[str, A
     reclaimer = sched.jobs.get(d.for_job)
     steady = False
     if previous and reclaimer is not None:
-        gang = reclaimer.per_worker.times(reclaimer.min_workers)
-        steady = within_one_gang(previous, gang, reclaimer.leaf)
+        steady = steady_state(previous, reclaimer)
     gpus = job.per_worker.gpu > 0  # the core's functions count workers for the others
     return {
         "held_gpu_seconds": held_work(job, now) if gpus else 0.0,

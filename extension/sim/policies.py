@@ -29,7 +29,7 @@ from extension.scheduler import (
     Start,
     dispatch,
     schedule,
-    within_one_gang,
+    steady_state,
 )
 
 from .aggregate import RunningGroup
@@ -233,9 +233,7 @@ class Wmla(Policy):
         reclaimer = self.live.get(d.for_job)
         if self.previous_settled or self.previous is None or reclaimer is None:
             return False  # a skipped cycle had nothing pending: the reclaimer's demand is new
-        core = reclaimer.core
-        gang = core.per_worker.times(core.min_workers)
-        return within_one_gang(self.previous.plans, gang, core.leaf)
+        return steady_state(self.previous.plans, reclaimer.core)
 
     def _aggregated_cycle(self, now: float):
         """The cycle on the aggregated snapshot, or None when its answer may differ."""
