@@ -230,6 +230,12 @@ async def test_another_accounts_worker_reaches_no_channel_nor_the_relayed_file(l
             out["file"] = "read"
         except OSError as err:
             out["file"] = type(err).__name__
+        for name, where in (("plant", {str(relayed)!r} + ".tmp"), ("swap", {str(relayed)!r})):
+            try:
+                os.symlink("/etc/shadow", where)
+                out[name] = "planted"
+            except OSError as err:
+                out[name] = type(err).__name__
         from extension import runtime
         out["own"] = runtime.report_checkpoint(progress=3)
         open(os.path.join(runtime.job_dir(), "probe.json"), "w").write(json.dumps(out))
@@ -252,9 +258,34 @@ async def test_another_accounts_worker_reaches_no_channel_nor_the_relayed_file(l
     assert found[str(launcher)] == "PermissionError" and found[str(worker)] == "PermissionError"
     assert not [k for k, v in found.items() if v == "opened"]
     assert found["file"] == "PermissionError"
+    # no link where the root launcher writes its report, nor in place of the report it relays
+    assert (found["plant"], found["swap"]) == ("PermissionError", "PermissionError")
     assert found["own"] is True  # its own channel works: the report is about its own job
     await local_rig.events.wait("probe", "checkpoint")
     held = [e for e in local_rig.events.of("held") if e.kind == "checkpoint"]
     assert {e.progress for e in held} <= {0.25, 0.5}  # nothing of the probe's reached it
     await attackers.stop("probe", 2, "test over")
     await victims.stop("held", 2, "test over")
+
+
+def test_the_relay_and_its_reader_follow_no_link(tmp_path: Path) -> None:
+    # the report file lives in root's private state directory, where no user can write; if a
+    # link stood there anyway, the launcher (root) must not write through it nor the backend
+    # (root) read through it
+    from extension.backends.local.records import _read_report
+    from extension.backends.local_launch import _Relay
+
+    target = tmp_path / "target"
+    target.write_text("untouched")
+    report = tmp_path / "worker-0.checkpoint"
+    (tmp_path / "worker-0.checkpoint.tmp").symlink_to(target)
+    relay = _Relay(str(report))
+    relay.latest = {"at": 1.0, "progress": None, "received": 1.0, "reports": 1}
+    relay.flush(force=True)
+    assert target.read_text() == "untouched" and not report.exists()
+    target.write_text(json.dumps({"at": 5.0, "progress": 0.5}))
+    report.symlink_to(target)
+    assert _read_report(str(report)) is None  # a link is refused, not followed
+    report.unlink()
+    report.write_text(json.dumps({"at": 5.0, "progress": 0.5}))
+    assert _read_report(str(report)) == {"at": 5.0, "progress": 0.5}
