@@ -83,10 +83,9 @@ class Wmla(Policy):
     When the runtime reports its checkpoints (``Timing.report_checkpoints``), every running
     job shows the core its last one (``Job.checkpointed``) before a full-snapshot cycle; the
     aggregated snapshot is kept only when no job waits, so no victim is chosen on it. A
-    preemption is counted as steady-state churn when the previous
-    cycle's plan figures were within one of the reclaimer's gangs (``within_one_gang``). A
-    skipped cycle had nothing pending and no elastic job: every plan then held its demand,
-    which is its deserved share, so it counts as within.
+    preemption is counted as steady-state churn when the previous cycle's plan figures were
+    within one of the reclaimer's gangs and its leaf had demand then (``steady_state``). A
+    skipped cycle had nothing pending: a reclaimer after it brings new demand, never steady.
     """
 
     name = "wmla"
@@ -117,7 +116,6 @@ class Wmla(Policy):
         self.last_cycle: float | None = None  # service timing: the last cycle, for the tick
         self.idle = False  # service timing: nothing will ever change; stop ticking
         self.previous: CycleResult | None = None  # the last cycle's result (steady state)
-        self.previous_settled = False  # the last cycle was skipped: every plan at its demand
 
     def arrive(self, jobs: list[ReplayJob], now: float) -> None:
         for job in jobs:
@@ -175,7 +173,7 @@ class Wmla(Policy):
         self.dirty = False
         if not self.replay.n_pending and not self.elastic:
             self.reserved = None  # what the skipped cycle would have answered: no holder
-            self.previous, self.previous_settled = None, True
+            self.previous = None  # skipped: nothing was pending
             return
         self.cycle(now)
 
@@ -221,7 +219,7 @@ class Wmla(Policy):
         self.cycles += 1
         for d in result.decisions:
             dispatch(d, self.carry, now)
-        self.previous, self.previous_settled = result, False
+        self.previous = result
         if self.service and not result.decisions and r.quiet():
             self.idle = True  # a tick would decide the same nothing for ever
         return result
@@ -231,8 +229,8 @@ class Wmla(Policy):
         reclaimer's gangs of its deserved share and the reclaimer's leaf had demand then
         (``within_one_gang``)."""
         reclaimer = self.live.get(d.for_job)
-        if self.previous_settled or self.previous is None or reclaimer is None:
-            return False  # a skipped cycle had nothing pending: the reclaimer's demand is new
+        if self.previous is None or reclaimer is None:
+            return False  # after a skipped cycle (nothing pending) the reclaimer's demand is new
         return steady_state(self.previous.plans, reclaimer.core)
 
     def _aggregated_cycle(self, now: float):
