@@ -181,13 +181,13 @@ class CarryOut:
 
 
 def preemption_cost(sched: Any, d: Preempt, job: Job, now: float) -> dict[str, Any]:
-    """What a preemption costs, stored with the decision (the churn figures are summed from
-    these, docs/metering.md "Churn"): the victim's held and lost GPU-seconds at the decision
-    (``churn.held_work``/``lost_work``; 0 for a victim without GPUs, as the simulator counts
-    it), and whether it was decided in the steady state: every plan with demand within the
-    reclaimer's minimum gang of its deserved share in the previous cycle's figures, in which
-    the reclaimer's leaf already had demand (``churn.within_one_gang``). No previous cycle, or
-    a reclaimer no longer known, is not the steady state."""
+    """What a preemption costs, stored with the decision (the churn figures are summed from these,
+    docs/metering.md "Churn"): the victim's held and lost GPU-seconds at the decision
+    (``churn.held_work``/``lost_work``; 0 for a victim without GPUs, where the simulator counts its
+    worker-seconds: a difference noted in issue 18), and whether it was decided in the steady state:
+    every plan with demand within the reclaimer's minimum gang of its deserved share in the previous
+    cycle's figures, in which the reclaimer's leaf already had demand (``churn.within_one_gang``).
+    No previous cycle, or a reclaimer no longer known, is not the steady state."""
     previous = sched.result.plans if sched.result is not None else None
     reclaimer = sched.jobs.get(d.for_job)
     steady = False

@@ -13,9 +13,9 @@ moment the victim gets SIGTERM:
   previous cycle's plan figures and the reclaiming job's minimum gang: churn the contract says
   should not happen (the policy tells, since only it knows the previous cycle).
 
-A victim without GPUs counts its workers instead (worker-seconds), as the core's functions and
-the service do. Each plan counts the preemptions of its jobs, its user leaves' and its
-sub-plans' alike.
+A victim without GPUs counts its workers instead (worker-seconds), as the core's functions do; the
+service counts such a victim as 0 GPU-seconds (a difference noted in issue 18). Each plan counts the
+preemptions of its jobs, its user leaves' and its sub-plans' alike.
 """
 
 from __future__ import annotations
