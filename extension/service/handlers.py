@@ -290,7 +290,9 @@ def _one_plan(sched: Scheduler, path: str, viewer: Caller | None = None) -> dict
 
 
 # -- jobs ----------------------------------------------------------------------------------------
-def job_json(row: JobRow) -> dict:
+def job_json(row: JobRow, queue: dict | None = None) -> dict:
+    """A job as the API shows it; ``queue``: its place in line, reason and estimated start
+    while pending (``WaitingLine.view``, queue.py)."""
     placement = list(row.placement or [])
     return {
         "id": row.id,
@@ -319,6 +321,7 @@ def job_json(row: JobRow) -> dict:
         "checkpoint": None
         if row.checkpointed is None
         else {"at": row.checkpointed, "progress": row.checkpoint_progress},
+        "queue": queue,
     }
 
 
@@ -337,7 +340,8 @@ class JobsHandler(APIHandler):
             bad = sorted(set(wanted) - known)[0]
             raise APIError(400, f"state {bad!r} is not one of {', '.join(sorted(known))}")
         rows = await self.sched.db.read(self.sched.store.jobs, user=user, states=wanted)
-        self.reply({"jobs": [job_json(r) for r in rows]})
+        line = self.sched.queue
+        self.reply({"jobs": [job_json(r, line.view(r)) for r in rows]})
 
     @_errors
     async def post(self) -> None:
@@ -382,17 +386,19 @@ class JobsHandler(APIHandler):
 
     def _created(self, row: JobRow, status: int) -> None:
         self.set_header("Location", f"{self.settings['wmla_prefix']}api/v1/jobs/{row.id}")
-        self.reply(job_json(row), status)
+        self.reply(job_json(row, self.sched.queue.view(row)), status)
 
 
 class JobHandler(APIHandler):
     @_errors
     async def get(self, job_id: str) -> None:
-        self.reply(job_json(await self.sched.visible_job(self.caller(), job_id)))
+        row = await self.sched.visible_job(self.caller(), job_id)
+        self.reply(job_json(row, self.sched.queue.view(row)))
 
     @_errors
     async def delete(self, job_id: str) -> None:
-        self.reply(job_json(await self.sched.cancel(self.caller(), job_id)))
+        row = await self.sched.cancel(self.caller(), job_id)
+        self.reply(job_json(row, self.sched.queue.view(row)))
 
 
 class JobLogsHandler(APIHandler):

@@ -60,6 +60,7 @@ from .actions import (  # noqa: F401 - re-exported: the handlers import them her
 from .changes import FOLDS, CarryOut, Change
 from .jobrows import core_job as _core_job
 from .jobrows import job_spec as _spec
+from .queue import WaitingLine
 from .store import FoldFacts, JobRow, PlanRecord, Store
 from .storecalls import StoreCalls, StoreUnavailable
 
@@ -127,6 +128,9 @@ class Scheduler(Actions):
         # the latest checkpoint report per job since the last cycle: coalesced, and no cycle
         # of their own (they change the victims' order only; the next cycle folds them)
         self._checkpoints: dict[str, BackendEvent] = {}
+        # every pending job's place in line, reason and estimated start (queue.py), refreshed
+        # off the loop after cycles; the service's traits set its knobs
+        self.queue = WaitingLine(self).attach()
 
     # -- start and stop -----------------------------------------------------------------------
     def load(self, default_plans: dict[str, dict] | None = None) -> None:
@@ -217,6 +221,7 @@ class Scheduler(Actions):
                 await asyncio.wait_for(self._task, 30)
             except (asyncio.TimeoutError, asyncio.CancelledError):
                 self._task.cancel()
+        self.queue.close()
         tasks = list(self._job_tasks.values())
         if tasks:  # a stop in its grace period finishes; the workers outlive us anyway
             await asyncio.wait(tasks, timeout=5)

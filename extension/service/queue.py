@@ -1,0 +1,345 @@
+"""The waiting line: every pending job's place in line, why it waits, and its estimated start
+(docs/service.md "Why a job waits, and until when").
+
+After a cycle that leaves jobs pending, the line is worked out again off the scheduling loop:
+the live jobs are copied, each running job's end and each pending job's runtime are set (its
+runtime limit; without one, the median runtime of that user's last finished jobs of the same
+kind in the same plan, else the plan's, else ``default_runtime``: an estimate, and the
+assumption says so), and the real core is run forward in simulated time with no new
+submissions (``extension/sim/estimate.py``) in a child process, so the loop's decisions never
+wait for it. The places in line are the order in which that forward run starts the jobs: the
+line is the core's own fair order played out, not a second ordering that could disagree with
+it. At most one forward run is under way; the next starts ``interval`` seconds after the last
+at the earliest, and each is cut at ``budget`` seconds of work (later starts are binned, then
+left unestimated).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import copy
+import logging
+import multiprocessing
+import statistics
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sqlalchemy import select
+
+from extension.scheduler import JobState, Snapshot
+from extension.scheduler.resources import format_amount
+
+from .rows import JobRow
+
+HISTORY_SECONDS = 60.0  # finished jobs' runtimes are read again at most this often
+HISTORY_ROWS = 5000  # the most recent finished jobs they are read from
+
+
+class WaitingLine:
+    """The line of one Scheduler (``sched.queue``): ``view(job_id)`` for the job's JSON,
+    ``views()`` for the admin page and metering; ``refresh()`` runs one forward estimate."""
+
+    def __init__(
+        self,
+        sched: Any,
+        interval: float = 2.0,
+        budget: float = 0.15,
+        default_runtime: float = 3600.0,
+        history: int = 20,
+        in_process: bool = True,
+    ) -> None:
+        self.sched = sched
+        self.interval = interval  # 0: no estimates (positions and reasons only)
+        self.budget = budget
+        self.default_runtime = default_runtime
+        self.history = history
+        self.in_process = in_process
+        self.log: logging.Logger = getattr(sched, "log", logging.getLogger("wmla.service"))
+        self._views: dict[str, dict] = {}
+        self._limits: dict[str, float | None] = {}  # live job id -> its runtime limit
+        self._medians: dict[tuple, float] = {}
+        self._history_at = -HISTORY_SECONDS
+        self._pool: concurrent.futures.Executor | None = None
+        self._running: asyncio.Task | None = None
+        self._again: asyncio.TimerHandle | None = None
+        self._last = -1e18  # monotonic time the last forward run began
+        self._closed = False
+        self.runs = 0  # forward runs done (tests, /health)
+        self.last_cost: float | None = None  # seconds the last forward run took, in the child
+
+    def attach(self) -> WaitingLine:
+        self.sched.queue = self
+        self.sched.cycle_hooks.append(self._after_cycle)
+        return self
+
+    # -- what the API shows --------------------------------------------------------------------
+    def view(self, row: JobRow) -> dict | None:
+        """The ``queue`` object of a job's JSON: None unless it is pending."""
+        if row.state != JobState.PENDING.value:
+            return None
+        found = self._views.get(row.id)
+        if found is not None:
+            return found
+        # not in a forward run yet (submitted since): what the last cycle said
+        return {"position": None, "plan": row.plan, "reason": row.reason, "estimate": None}
+
+    def views(self) -> dict[str, dict]:
+        """Every pending job's ``queue`` object that a forward run placed, by job id."""
+        return dict(self._views)
+
+    # -- refreshing ----------------------------------------------------------------------------
+    def _after_cycle(self, result: Any, now: float, seconds: float) -> None:
+        """A cycle hook (runs on the loop): start a forward run unless one is under way or the
+        last began less than ``interval`` ago; then one is started when that time is up."""
+        if self._closed or self.interval <= 0 or self.sched._task is None:
+            return
+        if not any(j.state is JobState.PENDING for j in self.sched.jobs.values()):
+            self._views = {}
+            return
+        if self._running is not None or self._again is not None:
+            return
+        wait = self._last + self.interval - time.monotonic()
+        if wait > 0:
+            loop = asyncio.get_running_loop()
+            self._again = loop.call_later(wait, self._start_again)
+        else:
+            self._running = asyncio.ensure_future(self._refresh_logged())
+
+    def _start_again(self) -> None:
+        self._again = None
+        if not self._closed and self._running is None:
+            self._running = asyncio.ensure_future(self._refresh_logged())
+
+    async def _refresh_logged(self) -> None:
+        try:
+            await self.refresh()
+        except Exception:  # an estimate that failed is not the service's failure
+            self.log.exception("estimating the waiting line failed")
+        finally:
+            self._running = None
+
+    async def refresh(self) -> None:
+        """One forward run from the service's state now, then the views rebuilt from it."""
+        sched = self.sched
+        self._last = time.monotonic()
+        now = sched.clock()
+        jobs = [copy.copy(j) for j in sched.jobs.values()]  # the loop changes the live ones
+        snapshot = Snapshot(sched.plans, sched.instance, jobs, sched.config, sched.reserved)
+        unknown = [j.id for j in jobs if j.id not in self._limits]
+        history = now - self._history_at >= HISTORY_SECONDS
+        limits, medians = await sched.db.read(self._read, unknown, history)
+        self._limits.update(limits)
+        if medians is not None:
+            self._medians, self._history_at = medians, now
+        live = {j.id for j in jobs}
+        self._limits = {k: v for k, v in self._limits.items() if k in live}
+        ends, runtimes, guessed = self._times(jobs, now, sched.kinds)
+        loop = asyncio.get_running_loop()
+        pool = self._executor()
+        args = (snapshot, now, ends, runtimes)
+        try:
+            estimates = await loop.run_in_executor(pool, _forward, args, self.budget)
+        except concurrent.futures.process.BrokenProcessPool:
+            self._pool = None  # the child died (killed, out of memory): a new one next time
+            raise
+        self.runs += 1
+        self.last_cost = estimates.seconds
+        self._views = self._build(jobs, estimates, now, guessed)
+
+    def _read(self, ids: list[str], history: bool) -> tuple[dict, dict | None]:
+        """In a store thread: the runtime limits of jobs not seen yet, and (when due) the
+        median runtimes of recently finished jobs."""
+        store = self.sched.store
+        limits = {
+            job_id: getattr(row, "max_runtime", None)
+            for job_id, row in store.jobs_by_id(ids).items()
+        }
+        if not history:
+            return limits, None
+        query = (
+            select(JobRow.user, JobRow.plan, JobRow.kind, JobRow.started, JobRow.ended)
+            .where(JobRow.state == JobState.FINISHED.value, JobRow.started.is_not(None))
+            .order_by(JobRow.ended.desc())
+            .limit(HISTORY_ROWS)
+        )
+        by_user: dict[tuple, list[float]] = {}
+        by_plan: dict[tuple, list[float]] = {}
+        with store.session() as s:
+            for user, plan, kind, started, ended in s.execute(query):
+                if ended is None or ended < started:
+                    continue
+                for key, into in (((user, plan, kind), by_user), ((plan, kind), by_plan)):
+                    runs = into.setdefault(key, [])
+                    if len(runs) < self.history:  # the most recent ones (ended desc)
+                        runs.append(ended - started)
+        medians = {k: statistics.median(v) for k, v in (*by_user.items(), *by_plan.items())}
+        return limits, medians
+
+    def _times(
+        self, jobs: Iterable, now: float, kinds: Mapping[str, str]
+    ) -> tuple[dict[str, float], dict[str, float], set[str]]:
+        """Each running job's end and each pending job's runtime; ``guessed``: the jobs whose
+        figure is an estimate from history (no runtime limit)."""
+        ends: dict[str, float] = {}
+        runtimes: dict[str, float] = {}
+        guessed: set[str] = set()
+        grace = self.sched.config.grace
+        for job in jobs:
+            limit = self._limits.get(job.id)
+            if limit is None:
+                kind = kinds.get(job.id, "train")
+                limit = self._medians.get((job.user, job.plan, kind))
+                if limit is None:
+                    limit = self._medians.get((job.plan, kind), self.default_runtime)
+                guessed.add(job.id)
+            if job.state is JobState.PENDING:
+                runtimes[job.id] = limit
+            elif job.terminating:
+                ends[job.id] = now + grace
+            else:
+                started = job.started if job.started is not None else now
+                # past its end and still running: being stopped now (a limit), or longer
+                # than its history says: assume it ends after a grace period
+                ends[job.id] = max(started + limit, now + (grace if limit else 0.0))
+        return ends, runtimes, guessed
+
+    def _executor(self) -> concurrent.futures.Executor:
+        if self._pool is None:
+            if self.in_process:
+                # spawn, not fork: the service has threads (store calls, backends) that a
+                # forked child would inherit mid-call
+                context = multiprocessing.get_context("spawn")
+                self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=context)
+            else:
+                self._pool = concurrent.futures.ThreadPoolExecutor(1, "wmla-estimate")
+        return self._pool
+
+    def _build(self, jobs: list, estimates: Any, now: float, guessed: set[str]) -> dict:
+        """The views of the jobs still pending now, placed in the forward run's start order."""
+        sched = self.sched
+        live = sched.jobs
+        pending = [
+            j
+            for j in jobs
+            if j.state is JobState.PENDING and j.id in live and j.id in estimates.jobs
+        ]
+        pending = [j for j in pending if live[j.id].state is JobState.PENDING]
+        pending.sort(key=lambda j: estimates.jobs[j.id].rank)
+        result = sched.result
+        waiting = result.waiting if result is not None else {}
+        figures = result.plans if result is not None else {}
+        unlimited = sum(1 for j in jobs if j.state is not JobState.PENDING and j.id in guessed)
+        assumption = _assumption(unlimited, estimates.exact)
+        by_leaf: dict[str, int] = {}
+        by_plan: dict[str, int] = {}
+        views = {}
+        for place, job in enumerate(pending, 1):
+            leaf_place = by_leaf[job.leaf] = by_leaf.get(job.leaf, 0) + 1
+            plan_place = by_plan[job.plan] = by_plan.get(job.plan, 0) + 1
+            reason = waiting.get(job.id, "")
+            views[job.id] = {
+                "position": {"leaf": leaf_place, "plan": plan_place, "instance": place},
+                "plan": job.plan,
+                "reason": waiting_reason(job, plan_place, figures.get(job.plan), reason),
+                "estimate": _estimate(estimates.jobs[job.id].start, now, estimates, assumption),
+                "updated": now,
+            }
+        return views
+
+    def close(self) -> None:
+        self._closed = True
+        if self._again is not None:
+            self._again.cancel()
+        if self._pool is not None:
+            with contextlib.suppress(Exception):
+                self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def _forward(args: tuple, budget: float) -> Any:
+    """In the child: the forward run (a module-level function, so it pickles by name)."""
+    from extension.sim.estimate import estimate_starts
+
+    snapshot, now, ends, runtimes = args
+    return estimate_starts(snapshot, now, ends, runtimes, budget_s=budget)
+
+
+# -- words ---------------------------------------------------------------------------------
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, 11th, 12th, 13th, 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def in_words(seconds: float) -> str:
+    """``within a minute``, ``in about 12 minutes``, ``in about 3 hours``, ``in about 2 days``."""
+    if seconds < 60:
+        return "within a minute"
+    return f"in about {duration_words(seconds)}"
+
+
+def duration_words(seconds: float) -> str:
+    """``1 minute``, ``12 minutes``, ``3 hours``, ``2 days`` (rounded)."""
+    minutes = max(1, round(seconds / 60))
+    if minutes < 90:
+        return f"{minutes} minute{'s' if minutes != 1 else ''}"
+    hours = round(seconds / 3600)
+    if hours < 36:
+        return f"{hours} hours"
+    return f"{round(seconds / 86400)} days"
+
+
+def waiting_reason(job: Any, plan_place: int, figures: Any, reason: str) -> str:
+    """``3rd in line in /project1/qa-team; qa-team holds 8 of its 8 deserved GPUs; <the core's
+    reason>``: the resource named is the job's own (GPUs, else CPUs)."""
+    parts = [f"{ordinal(plan_place)} in line in {job.plan}"]
+    if figures is not None:
+        name = job.plan.rsplit("/", 1)[-1] or job.plan
+        if job.per_worker.gpu > 0:
+            held, deserved, unit = figures.allocated.gpu, figures.deserved.gpu, "GPUs"
+        else:
+            held, deserved, unit = figures.allocated.cpu / 1000, figures.deserved.cpu / 1000, "CPUs"
+        parts.append(f"{name} holds {_figure(held)} of its {_figure(deserved)} deserved {unit}")
+    if reason:
+        parts.append(reason)
+    return "; ".join(parts)
+
+
+def _figure(value: float) -> str:
+    return format_amount("gpu", round(value, 1)).split(" ")[0]
+
+
+def _assumption(unlimited: int, exact: bool) -> str:
+    text = "running jobs end at their runtime limits"
+    if unlimited:
+        many = "1 has" if unlimited == 1 else f"{unlimited} have"
+        text += f" ({many} none: its end is estimated from its user's finished jobs)"
+        if unlimited > 1:
+            text = text.replace("its end", "their ends").replace("its user's", "their users'")
+    text += "; no new submissions"
+    if not exact:
+        text += "; later events are grouped to bound the cost"
+    return text
+
+
+def _estimate(start: float | None, now: float, estimates: Any, assumption: str) -> dict:
+    if start is None:
+        ahead = max(0.0, estimates.horizon - now)
+        return {
+            "start": None,
+            "in_seconds": None,
+            "text": f"not within the next {duration_words(ahead)}",
+            "assumption": assumption,
+            "exact": False,
+        }
+    wait = max(0.0, start - now)
+    return {
+        "start": max(start, now),
+        "in_seconds": round(wait),
+        "text": in_words(wait),
+        "assumption": assumption,
+        "exact": bool(estimates.exact),
+    }
