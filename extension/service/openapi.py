@@ -258,6 +258,55 @@ def _schemas() -> dict[str, Any]:
                         "progress": {"type": "number", "nullable": True},
                     },
                 },
+                "queue": {"$ref": "#/components/schemas/Queue"},
+            },
+        },
+        "Queue": {
+            "type": "object",
+            "nullable": True,
+            "description": "a pending job's place in line, why it waits and when it should "
+            "start (null unless PENDING; docs/service.md 'Why a job waits, and until when'). "
+            "Refreshed off the scheduling loop after cycles: a job submitted a moment ago has "
+            "no position or estimate yet",
+            "properties": {
+                "position": {
+                    "type": "object",
+                    "nullable": True,
+                    "description": "1-based places in the order the scheduler will start "
+                    "the pending jobs: among its user's in the leaf, in its plan, instance-wide",
+                    "properties": {
+                        "leaf": {"type": "integer"},
+                        "plan": {"type": "integer"},
+                        "instance": {"type": "integer"},
+                    },
+                },
+                "plan": {"type": "string"},
+                "reason": {
+                    "type": "string",
+                    "description": "e.g. '3rd in line in /project1/qa-team; qa-team holds 8 "
+                    "of its 8 deserved GPUs; waiting for capacity: ...'",
+                },
+                "estimate": {
+                    "type": "object",
+                    "nullable": True,
+                    "properties": {
+                        "start": {
+                            "type": "number",
+                            "nullable": True,
+                            "description": "seconds since the epoch; null: not within the "
+                            "estimate's horizon",
+                        },
+                        "in_seconds": {"type": "integer", "nullable": True},
+                        "text": {"type": "string", "description": "e.g. 'in about 12 minutes'"},
+                        "assumption": {"type": "string"},
+                        "exact": {
+                            "type": "boolean",
+                            "description": "every event was simulated (no binning); the "
+                            "assumption still holds",
+                        },
+                    },
+                },
+                "updated": {"type": "number", "description": "when it was worked out"},
             },
         },
     }
