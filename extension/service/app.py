@@ -12,6 +12,7 @@ import asyncio
 import importlib
 import json
 import logging
+import math
 import os
 import signal
 from pathlib import Path
@@ -234,6 +235,46 @@ class WmlaService(Application):
         c.WmlaService.tick = 5
         """,
     )
+    estimate_interval = Float(
+        2.0,
+        config=True,
+        help="""Seconds between two estimates of the waiting line at the most: after a cycle
+        that leaves jobs pending, the core is run forward off the loop (in a child process) to
+        give each its place in line and estimated start (docs/service.md, "Why a job waits,
+        and until when"). 0 turns estimates off; positions and reasons stay.
+
+        c.WmlaService.estimate_interval = 2
+        """,
+    )
+    estimate_budget = Float(
+        0.15,
+        config=True,
+        help="""Seconds of work one estimate of the waiting line may take; beyond it later
+        events are grouped and then left unestimated ("not within the next ...").
+
+        c.WmlaService.estimate_budget = 0.15
+        """,
+    )
+    default_runtime = Float(
+        3600.0,
+        config=True,
+        help="""Seconds a job without a runtime limit is assumed to run when its user and its
+        plan have no finished job of its kind yet to estimate from (estimates only).
+
+        c.WmlaService.default_runtime = 3600
+        """,
+    )
+
+    @validate("estimate_interval", "estimate_budget", "default_runtime")
+    def _estimate_knobs(self, proposal: Any) -> float:
+        value, name = proposal["value"], proposal["trait"].name
+        low = 0.0 if name == "estimate_interval" else 0.01
+        if not math.isfinite(value) or value < low:
+            raise TraitError(
+                f"c.WmlaService.{name} must be a number of seconds of at least {low:g}, not {value}"
+            )
+        return value
+
     default_plans = Dict(
         config=True,
         help="""Plans created on the first start (an empty store), as {path: {share, limit,
@@ -450,6 +491,9 @@ class WmlaService(Application):
             self.store.close()
             raise SystemExit(f"wmla: {err}") from None
         self.scheduler.load(self.default_plans)
+        line = self.scheduler.queue
+        line.interval, line.budget = self.estimate_interval, self.estimate_budget
+        line.default_runtime = self.default_runtime
         from extension.metering.meter import Metering  # metering: ledger, Prometheus
 
         self.meter = Metering(parent=self, store=self.store)
