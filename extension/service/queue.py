@@ -3,15 +3,16 @@
 
 After a cycle that leaves jobs pending, the line is worked out again off the scheduling loop:
 the live jobs are copied, each running job's end and each pending job's runtime are set (its
-runtime limit; without one, the median runtime of that user's last finished jobs of the same
-kind in the same plan, else the plan's, else ``default_runtime``: an estimate, and the
-assumption says so), and the real core is run forward in simulated time with no new
-submissions (``extension/sim/estimate.py``) in a child process, so the loop's decisions never
-wait for it. The places in line are the order in which that forward run starts the jobs: the
-line is the core's own fair order played out, not a second ordering that could disagree with
-it. At most one forward run is under way; the next starts ``interval`` seconds after the last
-at the earliest, and each is cut at ``budget`` seconds of work (later starts are binned, then
-left unestimated).
+runtime limit; without one, the median runtime of that user's last jobs of the same kind in the
+same plan that ran their course (finished, reached their limit, a notebook its user stopped),
+else the plan's, else ``default_runtime``: an estimate, and the assumption says so), and the
+real core is run forward in simulated time with no new submissions
+(``extension/sim/estimate.py``) in a child process, so the loop's decisions never wait for it.
+The places in line are the order in which that forward run starts the jobs: the line is the
+core's own fair order played out, not a second ordering that could disagree with it. At most
+one forward run is under way; the next starts ``interval`` seconds after the last at the
+earliest, and each is cut at ``budget`` seconds of work (later starts are binned, then left
+unestimated).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 
 from extension.scheduler import JobState, Snapshot
 from extension.scheduler.resources import format_amount
@@ -159,9 +160,16 @@ class WaitingLine:
         }
         if not history:
             return limits, None
+        # how jobs end when they ran their course: training jobs finish (or reach their
+        # limit), notebook servers are stopped by their users (the spawner cancels the job)
+        ended = [JobState.FINISHED.value, "TIMEOUT"]
+        ran_out = or_(
+            JobRow.state.in_(ended),
+            and_(JobRow.kind == "notebook", JobRow.state == JobState.CANCELLED.value),
+        )
         query = (
             select(JobRow.user, JobRow.plan, JobRow.kind, JobRow.started, JobRow.ended)
-            .where(JobRow.state == JobState.FINISHED.value, JobRow.started.is_not(None))
+            .where(JobRow.started.is_not(None), ran_out)
             .order_by(JobRow.ended.desc())
             .limit(HISTORY_ROWS)
         )
