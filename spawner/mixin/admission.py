@@ -1,6 +1,8 @@
 """The admission: the notebook job's body, its submission, and the wait while it is PENDING,
-told to the spawn page's progress bar (the service's reason, e.g. "/project1/dev-team at its
-gpu limit: 2 of 2 in use")."""
+told to the spawn page's progress bar: the job's place in line, its estimated start and the
+service's reason, e.g. "2nd in line in /project1/dev-team (1st for you) — starts in about 12
+minutes (estimate: assumes ...) — dev-team holds 2 of its 2 deserved GPUs; /project1/dev-team at
+its gpu limit: 2 of 2 in use"."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
+
+from extension.queue_text import spawn_line, waiting
 
 from .common import NOTEBOOK_KIND, AdmissionError
 
@@ -143,10 +147,12 @@ class Admission:
                 self.wmla_job_id = ""
                 reason = job.get("reason") or state
                 raise AdmissionError(f"{self.wmla_leaf}: the notebook job is {state}: {reason}")
-            reason = job.get("reason") or f"waiting for room in {plan}"
-            if reason != last:
-                self._wmla_note(reason, 10)
-                last = reason
+            # a new event whenever any part of the line changes (the place moves up, the
+            # estimate's words change), not only the reason: that is what the user waits on
+            message = waiting_message(job, plan)
+            if message != last:
+                self._wmla_note(message, 10)
+                last = message
             if self._wmla_stopping:
                 await self.wmla_release()
                 raise AdmissionError("the server was stopped while it waited for room")
@@ -155,6 +161,15 @@ class Admission:
                 job = await self._wmla_call("GET", f"jobs/{job['id']}")
             except WmlaError as err:
                 self.log.warning("%s: looking at job %s: %s", self._log_name, job["id"], err)
+
+
+def waiting_message(job: Mapping[str, Any], plan: str) -> str:
+    """The spawn page's line for a PENDING notebook job: its ``queue`` (place, estimate,
+    reason) when the service sends one, else the job's reason (an older service)."""
+    reason = job.get("reason")
+    fallback = reason if isinstance(reason, str) and reason else f"waiting for room in {plan}"
+    found = waiting(job)
+    return spawn_line(found, fallback) if found is not None else fallback
 
 
 def _cpu(cores: float | None) -> str | None:
