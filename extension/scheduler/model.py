@@ -19,6 +19,7 @@ class JobState(str, Enum):
     FAILED = "FAILED"
     REJECTED = "REJECTED"
     CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"  # stopped by the service at its runtime limit (docs/runtime.md)
 
     @property
     def final(self) -> bool:
@@ -28,7 +29,7 @@ class JobState(str, Enum):
 # The states a job ends in: the one definition (the strings compare equal too, so
 # ``"FINISHED" in FINAL_STATES`` holds for a state read from JSON or the store).
 FINAL_STATES = frozenset(
-    {JobState.FINISHED, JobState.FAILED, JobState.REJECTED, JobState.CANCELLED}
+    {JobState.FINISHED, JobState.FAILED, JobState.REJECTED, JobState.CANCELLED, JobState.TIMEOUT}
 )
 
 

@@ -24,6 +24,10 @@ class PlanRow(Base):
     user_leaf: Mapped[bool] = mapped_column(Boolean, default=False)
     member_users: Mapped[list] = mapped_column(JSON, default=list)
     member_groups: Mapped[list] = mapped_column(JSON, default=list)
+    # seconds, NULL: none here (a job's limit comes from the nearest default on its path, and
+    # may not exceed the smallest maximum on it: runtime_limits.py)
+    runtime_default: Mapped[float | None] = mapped_column(Float, nullable=True)
+    runtime_max: Mapped[float | None] = mapped_column(Float, nullable=True)
     created: Mapped[float] = mapped_column(Float)
     updated: Mapped[float] = mapped_column(Float)
 
@@ -65,6 +69,10 @@ class JobRow(Base):
     # the last checkpoint its runtime reported (time, and the script's progress figure)
     checkpointed: Mapped[float | None] = mapped_column(Float, nullable=True)
     checkpoint_progress: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # the runtime limit in effect (seconds; NULL: none), and whether the service is stopping
+    # the job for reaching it: kept so that a stop under way at a restart still ends TIMEOUT
+    max_runtime: Mapped[float | None] = mapped_column(Float, nullable=True)
+    timeout_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     # the client's Idempotency-Key: the same key from the same user is the same job
     idempotency_key: Mapped[str | None] = mapped_column(String(128), nullable=True)
 

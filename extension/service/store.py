@@ -55,6 +55,10 @@ class FoldFacts:
     cancel_requested: bool
     reason: str
     preemptions: int
+    # a stop for the runtime limit under way, the limit and the start (the TIMEOUT reason)
+    timeout_requested: bool = False
+    max_runtime: float | None = None
+    started: float | None = None
 
 
 @dataclass
@@ -65,6 +69,9 @@ class PlanRecord:
     user_leaf: bool = False
     users: list[str] = field(default_factory=list)
     groups: list[str] = field(default_factory=list)
+    # seconds; None: no default / no maximum on this plan (runtime_limits.py)
+    runtime_default: float | None = None
+    runtime_max: float | None = None
 
 
 def _limit_col(value: float) -> float | None:
@@ -184,6 +191,8 @@ class Store:
                     user_leaf=r.user_leaf,
                     users=list(r.member_users or []),
                     groups=list(r.member_groups or []),
+                    runtime_default=r.runtime_default,
+                    runtime_max=r.runtime_max,
                 )
                 for r in rows
             ]
@@ -207,6 +216,8 @@ class Store:
                 row.user_leaf = rec.user_leaf
                 row.member_users = list(rec.users)
                 row.member_groups = list(rec.groups)
+                row.runtime_default = rec.runtime_default
+                row.runtime_max = rec.runtime_max
                 row.updated = now
 
     # -- jobs ------------------------------------------------------------------------------------
@@ -253,13 +264,20 @@ class Store:
 
     def fold_facts(self, ids: Iterable[str]) -> dict[str, FoldFacts]:
         """What folding a backend event needs of each job beyond the live one: whether a
-        cancel is under way, the reason written, the preemptions counted."""
+        cancel is under way, the reason written, the preemptions counted, whether a stop for
+        the runtime limit is under way (with the limit and the start it counts from)."""
         jobs, ids = JobRow.__table__, list(ids)
         out: dict[str, FoldFacts] = {}
         with self.engine.connect() as conn:
             for start in range(0, len(ids), 500):  # bound the IN list
                 query = select(
-                    jobs.c.id, jobs.c.cancel_requested, jobs.c.reason, jobs.c.preemptions
+                    jobs.c.id,
+                    jobs.c.cancel_requested,
+                    jobs.c.reason,
+                    jobs.c.preemptions,
+                    jobs.c.timeout_requested,
+                    jobs.c.max_runtime,
+                    jobs.c.started,
                 ).where(jobs.c.id.in_(ids[start : start + 500]))
                 out.update((r.id, FoldFacts(*r[1:])) for r in conn.execute(query))
         return out

@@ -97,6 +97,7 @@ def test_user_names(name, problem):
         ("FAILED", True),
         ("REJECTED", True),
         ("CANCELLED", True),
+        ("TIMEOUT", True),  # ended by the service at its runtime limit
     ],
 )
 def test_final_states(state, final):
