@@ -1,5 +1,6 @@
-"""The job monitor ``%wmla_train`` shows: state, queue place and reason, workers, progress, a
-live log tail, a live metrics chart fed by the runtime's ``report()``, and a cancel button.
+"""The job monitor ``%wmla_train`` shows: state, place in line, estimated start and reason (the
+job's ``queue``), workers, progress, a live log tail, a live metrics chart fed by the runtime's
+``report()``, and a cancel button.
 
 A ``VBox`` whose children are assigned once; ``refresh()`` reads the service through the client
 and updates them in place (figures come from :mod:`widgets.figures`). ``watch()`` refreshes on a
@@ -74,7 +75,10 @@ class JobMonitor(w.VBox):
             position = None
             if job.get("state") == "PENDING":
                 try:
-                    position = figures.queue_position(job, self.client.jobs(["PENDING"]))
+                    # the service says the place (job["queue"]); only an older one that sends
+                    # no queue makes the monitor count the pending jobs it can see
+                    others = self.client.jobs(["PENDING"]) if "queue" not in job else ()
+                    position = figures.queue_position(job, others)
                 except Exception:  # the place in the queue is a nicety; never fail on it
                     position = None
             try:

@@ -1,5 +1,6 @@
-"""The job monitor's texts: the job's state line (with its place in the queue), its workers and
-what they each hold, and the cancel button's state."""
+"""The job monitor's texts: the job's state line (with its place in line, estimated start and
+reason, from the job's ``queue``), its workers and what they each hold, and the cancel button's
+state."""
 
 from __future__ import annotations
 
@@ -7,14 +8,21 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from extension.queue_text import Waiting, place_text, reason_text, starts_text, utc_minute, waiting
+
 from .common import FINAL, STATE_COLOURS
 
 
-def queue_position(job: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]]) -> int | None:
-    """1-based place of a PENDING job among the visible pending jobs of its plan, in the order
-    the core considers them (higher priority first, then earlier submission, then id)."""
+def queue_position(job: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]] = ()) -> int | None:
+    """1-based place of a PENDING job in its plan's line: the service's own (``queue.position
+    .plan``, the order its forward run starts the jobs in) when it sends a ``queue``; from an
+    older service without one, its place among the visible pending ``jobs`` of its plan in the
+    order the core considers them (higher priority first, then earlier submission, then id)."""
     if job.get("state") != "PENDING":
         return None
+    found = waiting(job)
+    if found is not None:
+        return found.in_plan  # None while the service has not placed it yet: not a guess
     pending = [j for j in jobs if j.get("state") == "PENDING" and j.get("plan") == job.get("plan")]
     if not any(j.get("id") == job.get("id") for j in pending):
         pending.append(dict(job))
@@ -26,19 +34,49 @@ def queue_position(job: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]]) ->
 
 
 def state_html(job: Mapping[str, Any], position: int | None = None) -> str:
+    """``PENDING — 3rd in line in /p (1st of yours, 12th overall) — starts in about 12 minutes
+    (2026-12-02 12:30 UTC; estimate: assumes ...) — <reason>`` from the job's ``queue``; from
+    an older service, ``#position in the queue of /p — <reason>``."""
     state = str(job.get("state", "?"))
     colour = STATE_COLOURS.get(state, "#333")
     parts = [f'<b style="color:{colour}">{html.escape(state)}</b>']
-    if position is not None:
-        parts.append(f"#{position} in the queue of {html.escape(str(job.get('plan', '')))}")
-    reason = job.get("reason")
-    if reason:
-        parts.append(html.escape(str(reason)))
+    found = waiting(job) if state == "PENDING" else None
+    if found is not None:
+        parts.extend(_waiting_parts(found, job))
+    else:
+        if position is not None:
+            parts.append(f"#{position} in the queue of {html.escape(str(job.get('plan', '')))}")
+        reason = job.get("reason")
+        if reason:
+            parts.append(html.escape(str(reason)))
     if job.get("exit_code") not in (None, 0):
         parts.append(f"exit code {job['exit_code']}")
     if job.get("preemptions"):
         parts.append(f"preempted {job['preemptions']}x (resumes from its checkpoint)")
     return " &mdash; ".join(parts)
+
+
+def _waiting_parts(found: Waiting, job: Mapping[str, Any]) -> list[str]:
+    """The place, the estimate and the reason of a waiting job, escaped; what the service has
+    not worked out yet is said so rather than guessed."""
+    place = place_text(found)
+    parts = [html.escape(place or f"not placed in line in {found.plan} yet")]
+    starts = starts_text(found)
+    if starts:
+        notes = [utc_minute(found.start)] if found.start is not None else []
+        if found.assumption:
+            notes.append(f"estimate: assumes {found.assumption}")
+        note = (
+            f' <span style="color:#666">({html.escape("; ".join(notes))})</span>' if notes else ""
+        )
+        parts.append(f'<span class="wmla-estimate">{html.escape(starts)}</span>{note}')
+    else:
+        parts.append("no start estimated yet")
+    reason = reason_text(found) if place else found.reason
+    reason = reason or str(job.get("reason") or "")
+    if reason:
+        parts.append(html.escape(reason))
+    return parts
 
 
 def cancel_button_state(job: Mapping[str, Any]) -> dict[str, Any]:

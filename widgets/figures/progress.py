@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from extension.queue_text import ordinal, starts_text, waiting
+
 from .common import FINAL, is_number
 
 
@@ -64,8 +66,7 @@ def progress_phase(job: Mapping[str, Any], metrics: Sequence[Mapping[str, Any]])
     if state in FINAL:
         return {"text": _ended_text(job), "fraction": fraction}
     if state != "RUNNING":  # a preempted job waits again with the progress it had
-        reason = job.get("reason")
-        text = f"waiting: {reason}" if reason else "waiting"
+        text = _waiting_text(job)
         return {"text": text, "fraction": fraction if known else None}
     if not metrics:
         workers = job.get("workers") or {}
@@ -159,3 +160,16 @@ def script_args(job: Mapping[str, Any]) -> list[str]:
         if str(part).endswith(".py"):
             return [str(a) for a in command[i + 1 :]]
     return []
+
+
+def _waiting_text(job: Mapping[str, Any]) -> str:
+    """``waiting: 3rd in line, starts in about 12 minutes`` from the job's ``queue`` (the
+    state line beside it says the rest), else ``waiting: <the service's reason>``."""
+    found = waiting(job)
+    if found is not None:
+        place = f"{ordinal(found.in_plan)} in line" if found.in_plan is not None else ""
+        short = ", ".join(p for p in (place, starts_text(found)) if p)
+        if short:
+            return f"waiting: {short}"
+    reason = job.get("reason")
+    return f"waiting: {reason}" if reason else "waiting"
