@@ -14,9 +14,10 @@ from extension.backends.accounts import ensure_folder
 from extension.backends.base import ChecksAdmission, LocalAccounts
 from extension.backends.userfs import UserFiles
 from extension.scheduler import Job, JobState, PlanError, PlanTree, Snapshot, check_submission
-from extension.scheduler.plans import ROOT, parent_of
+from extension.scheduler.plans import ROOT, leaf_path, parent_of
 from extension.webapi import Caller
 
+from . import runtime_limits
 from .store import JobRow, PlanRecord
 from .submission import Rejected, Submission, SubmissionError, user_root
 
@@ -51,6 +52,22 @@ def plans_after(
         else:
             tree.update(rec.path, rec.share, rec.limit)
     return tree
+
+
+def runtimes_after(
+    runtimes: dict[str, runtime_limits.PlanRuntime],
+    records: list[PlanRecord],
+    delete: Iterable[str] = (),
+) -> dict[str, runtime_limits.PlanRuntime]:
+    """The plans' runtime settings with a change applied, on a copy, checked (PlanError on a
+    default above the maximum in force at its plan, the original untouched)."""
+    out = dict(runtimes)
+    for path in delete:
+        out.pop(path, None)
+    for rec in records:
+        out[rec.path] = (rec.runtime_default, rec.runtime_max)
+    runtime_limits.check_plans(out)
+    return out
 
 
 class Actions:
@@ -111,12 +128,14 @@ class Actions:
     ) -> JobRow:
         """Validate against the plans and the instance, store the job, and run a cycle."""
         self._check_plan(caller, sub.plan)
+        max_runtime = self._runtime_limit(caller, sub)
         now = self.clock()
         job_id = new_job_id()
         self._check_fits(caller, sub, job_id, now)
         # the user leaf is created on first use (docs/scheduling.md "Words": user leaf)
         leaf = self.plans.copy().ensure_user_leaf(sub.plan, caller.name)
         row = self._job_row(caller, sub, job_id, leaf.path, now, key, digest)
+        row.max_runtime = max_runtime
         if leaf.path not in self.plans:
             await self._add_user_leaf(sub.plan, caller.name, now)
         if self._task is not None and not self._task.done():
@@ -148,6 +167,20 @@ class Actions:
                 f"you may not submit to {plan}; plans you may use: "
                 f"{', '.join(self.usable_plans(caller)) or 'none (ask an admin to add you)'}"
             )
+
+    def _runtime_limit(self, caller: Caller, sub: Submission) -> float | None:
+        """The job's runtime limit: what it asked for within its plans' maximum, else their
+        default (docs/runtime.md "Runtime limits"). Notebook servers get one only when the
+        admin turned it on (``c.WmlaService.notebook_runtime_limit``)."""
+        if sub.kind == "notebook" and not self.notebook_runtime_limit:
+            if sub.max_runtime is not None:
+                raise SubmissionError(
+                    "max_runtime: notebook servers have no runtime limit on this instance "
+                    "(c.WmlaService.notebook_runtime_limit is off); leave max_runtime out"
+                )
+            return None
+        leaf = leaf_path(sub.plan, caller.name)
+        return runtime_limits.job_limit(self.plan_runtime, leaf, sub.plan, sub.max_runtime)
 
     def _check_fits(self, caller: Caller, sub: Submission, job_id: str, now: float) -> None:
         """Rejected when the job can never run as asked (docs/scheduling.md "Admission"), by
@@ -274,6 +307,13 @@ class Actions:
                 raise Conflict(f"job {job_id} is already {row.state}; nothing to cancel")
             now = self.clock()
             reason = f"cancelled by {caller.name}"
+            if job_id in self.timing_out and not row.cancel_requested:
+                # the stop is under way already; a second one would only change the end state
+                why = row.reason or "its runtime limit was reached"
+                raise Conflict(
+                    f"job {job_id} is already stopping ({why}); it ends TIMEOUT once its "
+                    "workers have saved their checkpoint and exited"
+                )
             if job.state is JobState.PENDING or self.kinds.get(job_id) == "notebook":
                 await self._cancel_at_once(job, reason, now)
             elif not row.cancel_requested:
@@ -324,8 +364,10 @@ class Actions:
         delete = list(delete)
         async with self._lock:
             tree = plans_after(self.plans, records, create, delete)
+            runtimes = runtimes_after(self.plan_runtime, records, delete)
             await self.db.write(self.store.save_plans, records, self.clock(), delete=delete)
             self.plans = tree
+            self.plan_runtime = runtimes
             for path in delete:
                 self.members.pop(path, None)
             for rec in records:
@@ -339,7 +381,10 @@ class Actions:
     def record(self, path: str) -> PlanRecord:
         plan = self.plans.get(path)
         users, groups = self.members.get(path, ([], []))
-        return PlanRecord(plan.path, plan.share, plan.limit, plan.user_leaf, users, groups)
+        default, most = self.plan_runtime.get(path, runtime_limits.NONE)
+        return PlanRecord(
+            plan.path, plan.share, plan.limit, plan.user_leaf, users, groups, default, most
+        )
 
 
 def new_job_id() -> str:

@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from tornado.httpserver import HTTPServer
-from traitlets import Dict, Float, Int, TraitError, Unicode, default, validate
+from traitlets import Bool, Dict, Float, Int, TraitError, Unicode, default, validate
 from traitlets.config import Application, Config
 
 from extension.backends.capacity import detect_nodes
@@ -184,6 +184,17 @@ class WmlaService(Application):
         of Philly showed a 12-day job preempted 256 times with 0). 0 reclaims at once.
 
         c.WmlaService.min_runtime = 120
+        """,
+    )
+    notebook_runtime_limit = Bool(
+        False,
+        config=True,
+        help="""Give notebook servers runtime limits too: a notebook job then gets its plan's
+        runtime_default (within the smallest runtime_max on its path, as a training job) and,
+        at that limit, the service ends it TIMEOUT and the spawner's next poll stops the server.
+        Off: notebook servers run as long as their users keep them (the idle culler's business).
+
+        c.WmlaService.notebook_runtime_limit = True
         """,
     )
     lease_seconds = Float(
@@ -480,6 +491,7 @@ class WmlaService(Application):
             python=self.python,
             tick=self.tick,
             log=self.log,
+            notebook_runtime_limit=self.notebook_runtime_limit,
         )
         # before anything is read or recovered: a second service on this database waits, then
         # leaves (docs/service.md, "When the database fails, and restarts")

@@ -25,6 +25,7 @@ from extension.scheduler import (
     steady_state,
 )
 
+from .runtime_limits import deadline, timeout_reason
 from .store import FoldFacts
 
 # a job's change for the store: ({column: value}, transition event or None, reason)
@@ -46,7 +47,8 @@ def on_resized(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change
 
 
 def on_ended(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change:
-    """finished, failed, lost: the workers are gone; a cancel under way ends CANCELLED."""
+    """finished, failed, lost: the workers are gone; a cancel under way ends CANCELLED, a stop
+    at the runtime limit TIMEOUT (a job that finished by itself meanwhile stays FINISHED)."""
     state = JobState.FINISHED if ev.kind is EventKind.FINISHED else JobState.FAILED
     reason = ev.message
     if ev.kind is EventKind.LOST:
@@ -55,6 +57,8 @@ def on_ended(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change:
         reason = f"a worker exited with code {ev.exit_code}"
     if row.cancel_requested and ev.kind is not EventKind.FINISHED:
         state, reason = JobState.CANCELLED, row.reason or "cancelled"
+    elif row.timeout_requested and ev.kind is not EventKind.FINISHED:
+        state, reason = JobState.TIMEOUT, timeout_reason(row.max_runtime, row.started)
     sched._end(job, state)
     values = {
         "state": state.value,
@@ -64,12 +68,24 @@ def on_ended(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change:
         "exit_code": ev.exit_code,
         "reason": reason,
     }
-    return values, ev.kind.value, reason
+    return values, "timed-out" if state is JobState.TIMEOUT else ev.kind.value, reason
 
 
 def on_released(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change:
-    """A stop finished: cancelled, or preempted and back to the queue (it resumes from its
+    """A stop finished: cancelled, stopped at its runtime limit (TIMEOUT, also when the limit
+    came during a preemption's grace), or preempted and back to the queue (it resumes from its
     checkpoint when started again)."""
+    if row.timeout_requested and not row.cancel_requested:
+        sched._end(job, JobState.TIMEOUT)
+        reason = timeout_reason(row.max_runtime, row.started)
+        values = {
+            "state": JobState.TIMEOUT.value,
+            "placement": [],
+            "terminating": False,
+            "ended": ev.at or sched.clock(),
+            "reason": reason,
+        }
+        return values, "timed-out", reason
     if row.cancel_requested:
         sched._end(job, JobState.CANCELLED)
         reason = row.reason or "cancelled"
@@ -124,6 +140,60 @@ FOLDS: dict[EventKind, Callable[[Any, Job, FoldFacts, BackendEvent], Change | No
     EventKind.REFUSED: on_refused,
     EventKind.CHECKPOINT: on_checkpoint,
 }
+
+
+# -- runtime limits (docs/runtime.md "Runtime limits") ---------------------------------------
+def _limited(sched: Any) -> list[tuple[Job, float]]:
+    """Running jobs with a runtime limit whose stop has not been asked for, and their deadline."""
+    out = []
+    for job_id, limit in sched.runtimes.items():
+        job = sched.jobs.get(job_id)
+        if job is None or job.state is not JobState.RUNNING or job_id in sched.timing_out:
+            continue
+        due = deadline(job.started, limit)
+        if due is not None:
+            out.append((job, due))
+    return out
+
+
+def next_deadline(sched: Any) -> float | None:
+    """The nearest deadline of a running job (the loop sleeps no longer than until then)."""
+    return min((due for _, due in _limited(sched)), default=None)
+
+
+def due_timeouts(sched: Any, now: float) -> list[tuple[str, dict, str | None, str]]:
+    """Jobs at their runtime limit: the usual stop (SIGTERM, ``grace``, SIGKILL; the runtime
+    checkpoints on SIGTERM) with ``timeout_requested`` stored, so the job ends TIMEOUT when its
+    workers are gone, also after a restart. A notebook (the spawner runs its server) ends
+    TIMEOUT at once and the spawner's poll stops the server. A job already being preempted or
+    cancelled gets the flag only: that stop ends it (a cancel stays CANCELLED). A shrink under
+    way is waited for: its ``resized`` event brings a cycle that judges the job again."""
+    changes = []
+    for job, due in _limited(sched):
+        if now < due or job.id in sched._resize_to:
+            continue
+        limit = sched.runtimes[job.id]
+        reason = timeout_reason(limit, job.started)
+        sched.timing_out.add(job.id)
+        if sched.kinds.get(job.id) == "notebook":
+            sched._end(job, JobState.TIMEOUT)
+            values = {
+                "state": JobState.TIMEOUT.value,
+                "ended": now,
+                "reason": reason,
+                "placement": [],
+                "terminating": False,
+                "timeout_requested": True,
+            }
+            changes.append((job.id, values, "timed-out", reason))
+        elif job.terminating:
+            changes.append((job.id, {"timeout_requested": True}, None, ""))
+        else:
+            job.terminating = True
+            values = {"timeout_requested": True, "terminating": True, "reason": reason}
+            changes.append((job.id, values, "timing-out", reason))
+            sched._queue_stop(job.id, sched.config.grace, reason)
+    return changes
 
 
 # -- decisions -----------------------------------------------------------------------------

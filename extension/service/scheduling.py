@@ -57,7 +57,7 @@ from .actions import (  # noqa: F401 - re-exported: the handlers import them her
     new_job_id,
     plans_after,
 )
-from .changes import FOLDS, CarryOut, Change
+from .changes import FOLDS, CarryOut, Change, due_timeouts, next_deadline
 from .jobrows import core_job as _core_job
 from .jobrows import job_spec as _spec
 from .queue import WaitingLine
@@ -81,6 +81,7 @@ class Scheduler(Actions):
         tick: float = 5.0,
         clock: Clock = time.time,
         log: logging.Logger | None = None,
+        notebook_runtime_limit: bool = False,
     ) -> None:
         self.store = store
         # every store call of the running service goes through it, in threads
@@ -96,6 +97,10 @@ class Scheduler(Actions):
         self.instance = Instance(())
         self.plans = PlanTree()
         self.members: dict[str, tuple[list[str], list[str]]] = {}
+        # per plan (runtime_default, runtime_max) in seconds: runtime_limits.py reads it
+        self.plan_runtime: dict[str, tuple[float | None, float | None]] = {}
+        # notebook jobs get their plans' runtime limits too (c.WmlaService.notebook_runtime_limit)
+        self.notebook_runtime_limit = notebook_runtime_limit
         self.jobs: dict[str, Job] = {}  # live (pending and running) jobs, in the core's terms
         # the plan index kept from one cycle to the next (docs/scheduling.md "Cost"), ours
         self.index_cache = IndexCache()
@@ -108,6 +113,8 @@ class Scheduler(Actions):
         self._resize_to: dict[str, tuple[str, ...]] = {}
         self._reasons: dict[str, str] = {}  # last waiting reason written, per job
         self.kinds: dict[str, str] = {}  # job id -> train | notebook
+        self.runtimes: dict[str, float] = {}  # live job id -> its runtime limit (seconds)
+        self.timing_out: set[str] = set()  # live jobs being stopped at their runtime limit
         self._wake = asyncio.Event()
         self._waiters: list[asyncio.Future] = []
         self._task: asyncio.Task | None = None
@@ -152,13 +159,17 @@ class Scheduler(Actions):
             self.store.save_plans(records, self.clock())
             self.store.set_meta("seeded", "1")
         self.plans = PlanTree()
+        self.plan_runtime = {}
         for rec in sorted(records, key=lambda r: (r.path.count("/"), r.path)):
             self.plans.add(rec.path, rec.share, rec.limit, user_leaf=rec.user_leaf)
             self.members[rec.path] = (rec.users, rec.groups)
+            if rec.runtime_default is not None or rec.runtime_max is not None:
+                self.plan_runtime[rec.path] = (rec.runtime_default, rec.runtime_max)
         self._reload_jobs()
 
     def _reload_jobs(self, rows: list[JobRow] | None = None) -> None:
         self.jobs, self.kinds, self._reasons, self.specs = {}, {}, {}, {}
+        self.runtimes, self.timing_out = {}, set()
         for row in self.store.jobs(states=LIVE) if rows is None else rows:
             self._take_in(row)
 
@@ -166,6 +177,10 @@ class Scheduler(Actions):
         self.jobs[row.id] = _core_job(row)
         self.kinds[row.id] = row.kind
         self.specs[row.id] = _spec(row)
+        if row.max_runtime is not None:
+            self.runtimes[row.id] = row.max_runtime
+        if row.timeout_requested:
+            self.timing_out.add(row.id)
 
     async def start(self, backend: Backend, run_loop: bool = True) -> None:
         """Attach the backend, re-adopt running jobs, and start the loop task (tests may drive
@@ -182,10 +197,12 @@ class Scheduler(Actions):
         if running:
             await backend.recover([_spec(r) for r in running])
             for row in running:  # what was under way when the service went away
-                if not (row.cancel_requested or row.terminating):
+                if not (row.cancel_requested or row.terminating or row.timeout_requested):
                     continue
                 events = self.store.transitions(row.id)
-                if row.cancel_requested or (events and events[-1].event == "preempting"):
+                # a stop at the runtime limit is sent again too: it still ends TIMEOUT
+                stopping = row.cancel_requested or row.timeout_requested
+                if stopping or (events and events[-1].event == "preempting"):
                     reason = row.reason or "stop resumed after restart"
                     self._queue_stop(row.id, self.config.grace, reason, now=True)
                 else:  # a shrink: forget it; the next cycle decides again at today's figures
@@ -267,6 +284,9 @@ class Scheduler(Actions):
         while not self._stopping:
             # while the store is down, try again every second (kept events wait to be stored)
             wait = self.tick if self.db.up and not self._stale else min(self.tick, 1.0)
+            due = next_deadline(self)
+            if due is not None:  # a runtime limit is reached at its time, not the next tick
+                wait = min(wait, max(0.0, due - self.clock()) + 0.01)
             try:
                 await asyncio.wait_for(self._wake.wait(), wait)
             except asyncio.TimeoutError:
@@ -345,12 +365,16 @@ class Scheduler(Actions):
         if events:
             facts = await self.db.read(self.store.fold_facts, {e.job_id for e in events})
         folded = self._fold_events(events, facts, now)
+        # before the core: a job stopping at its limit is terminating (its resources on their
+        # way back, never a victim), a notebook ended there frees its resources in this cycle
+        timeouts = due_timeouts(self, now)
         self._refresh_instance()
         jobs = list(self.jobs.values())
         snapshot = Snapshot(self.plans, self.instance, jobs, self.config, reserved=self.reserved)
         result = schedule(snapshot, now, self.index_cache)
         self.cycles += 1
         changes, log = self._apply(result.decisions, result.waiting, now)
+        changes[:0] = timeouts
         if folded or changes or log or new_rows:
             await self.db.write(
                 self.store.commit_cycle, folded, changes, now, log, new_rows, probe=True
@@ -442,6 +466,8 @@ class Scheduler(Actions):
         self.specs.pop(job.id, None)
         self._reasons.pop(job.id, None)
         self._resize_to.pop(job.id, None)
+        self.runtimes.pop(job.id, None)
+        self.timing_out.discard(job.id)
 
     def _apply(
         self, decisions: Iterable, waiting: dict[str, str], now: float

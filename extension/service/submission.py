@@ -16,7 +16,8 @@ Body (docs/service.md and the OpenAPI document describe it too)::
       "preemptible": true,
       "command": {"model_dir": "models/mnist", "model_main": "main.py",
                   "args": ["--epochs", "4"]},
-      "env": {"MY_SETTING": "1"}
+      "env": {"MY_SETTING": "1"},
+      "max_runtime": "2h"                           # seconds or a duration; default: the plan's
     }
 """
 
@@ -31,6 +32,7 @@ from typing import Any
 
 from extension.backends.accounts import AccountError
 from extension.backends.userfs import UserFileError, UserFiles
+from extension.durations import DurationError, parse_duration
 from extension.scheduler import QuantityError, Resources, parse_quantity
 from extension.scheduler.names import user_name_problem
 from extension.scheduler.resources import RESOURCES, format_amount
@@ -46,6 +48,7 @@ KEYS = {
     "command",
     "env",
     "kind",
+    "max_runtime",  # seconds or "2h", "1h30m": the service stops the job at it (TIMEOUT)
     "user",  # plan admins only: submit on behalf of this hub user (the spawner does)
 }
 COMMAND_KEYS = {"model_dir", "model_main", "args"}
@@ -237,6 +240,8 @@ class Submission:
     model_main: str  # absolute, inside model_dir
     args: tuple[str, ...]
     env: dict[str, str]
+    # seconds asked for; None: the plan's default (runtime_limits.py decides, at submit)
+    max_runtime: float | None = None
 
 
 def user_root(storage_root: str | Path, user: str) -> Path:
@@ -294,13 +299,14 @@ def parse_submission(
         # the spawner runs the server, so nothing could stop or resize it on a decision
         raise SubmissionError("a notebook job is one worker and not preemptible")
     env = _env(body.get("env"))
+    max_runtime = _max_runtime(body)
     root = user_root(storage_root, user)
     command = body.get("command")
     if kind == "notebook":
         if command not in (None, {}):
             raise SubmissionError("a notebook job has no command: the spawner starts the server")
         return Submission(plan, name or "notebook", lo, hi, per_worker, limits, priority,
-                          preemptible, kind, "", "", (), env)  # fmt: skip
+                          preemptible, kind, "", "", (), env, max_runtime)  # fmt: skip
     model_dir, main, args = _command(command)
     try:  # last: the one check that may create an account and run a helper as the user
         user_files = files() if files is not None else UserFiles(None)
@@ -309,7 +315,7 @@ def parse_submission(
         raise SubmissionError(str(err)) from None
     return Submission(
         plan, name or default_name(str(root), script), lo, hi, per_worker, limits, priority,
-        preemptible, kind, folder, script, tuple(args), env,
+        preemptible, kind, folder, script, tuple(args), env, max_runtime,
     )  # fmt: skip
 
 
@@ -347,6 +353,18 @@ def _priority(body: dict) -> int:
             f"{MAX_PRIORITY}, got {priority!r}"
         )
     return priority
+
+
+def _max_runtime(body: dict) -> float | None:
+    """Seconds, from a number or a duration such as "2h"; null or left out: the plan's
+    default. Whether the plans allow it is decided at submit (runtime_limits.job_limit)."""
+    value = body.get("max_runtime")
+    if value is None:
+        return None
+    try:
+        return parse_duration(value, "max_runtime")
+    except DurationError as err:
+        raise SubmissionError(str(err)) from None
 
 
 def _preemptible(body: dict, kind: str) -> bool:
