@@ -7,11 +7,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from extension.client import FINAL_STATES
+from extension.queue_text import estimate_text, place_text, reason_text, starts_text, waiting
 
 
 def state_line(job: Mapping[str, Any]) -> str:
     """``job j1 RUNNING: 2 of 2 workers running ...; ranks on node-0[0], node-0[1]``,
-    ``job j1 PENDING: /project1/dev-team at its gpu limit ...``,
+    ``job j1 PENDING: /project1/dev-team at its gpu limit ...`` (with a ``queue``: ``job j1
+    PENDING: 3rd in /project1/qa-team (1st of yours, 12th overall) — starts in about 12 minutes
+    — <reason>``),
     ``job j1 FAILED (exit code 1): worker 0 exited with 1``."""
     from widgets.figures import workers_text
 
@@ -22,6 +25,11 @@ def state_line(job: Mapping[str, Any]) -> str:
         text += f" (exit code {job['exit_code']})"
     if state == "RUNNING":
         return f"{text}: {workers_text(job)}"
+    found = waiting(job) if state == "PENDING" else None
+    if found is not None:  # the place in line and the estimated start, then the reason
+        place = place_text(found, line="in")
+        parts = [place, starts_text(found), (reason_text(found) if place else found.reason)]
+        reason = " — ".join(p for p in parts if p) or reason
     return f"{text}: {reason}" if reason else text
 
 
@@ -100,6 +108,8 @@ def jobs_table(jobs: Sequence[Mapping[str, Any]]) -> str:
 
 
 def job_details(job: Mapping[str, Any]) -> str:
+    """``key: value`` lines; a pending job's ``reason`` line comes with its place in line and
+    estimated start when the service sends a ``queue`` (``_queue_rows``)."""
     from widgets.figures import workers_text
 
     rows = [
@@ -109,7 +119,7 @@ def job_details(job: Mapping[str, Any]) -> str:
         ("plan", job.get("plan")),
         ("kind", job.get("kind") or "train"),
         ("state", state_text(job)),
-        ("reason", job.get("reason") or ""),
+        *_queue_rows(job),
         ("workers", workers_text(job)),
         ("submitted", _time(job.get("submitted"))),
         ("started", _time(job.get("started"))),
@@ -119,7 +129,24 @@ def job_details(job: Mapping[str, Any]) -> str:
         ("command", " ".join(job.get("command") or [])),
         ("job folder", job.get("workdir")),
     ]
-    return "\n".join(f"{k + ':':<13}{'' if v is None else v}" for k, v in rows)
+    width = max(13, *(len(k) + 2 for k, _ in rows))  # "estimated start:" is wider than the rest
+    return "\n".join(f"{k + ':':<{width}}{'' if v is None else v}" for k, v in rows)
+
+
+def _queue_rows(job: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``queue: 3rd in /project1/qa-team (1st of yours, 12th overall)``, ``reason: ...``,
+    ``estimated start: 2026-12-02 12:30 UTC (in about 12 minutes; assumes ...)`` for a pending
+    job the service placed in line; only ``reason`` otherwise (or from an older service)."""
+    found = waiting(job) if job.get("state") == "PENDING" else None
+    if found is None:
+        return [("reason", job.get("reason") or "")]
+    place = place_text(found, line="in")
+    reason = (reason_text(found) if place else found.reason) or job.get("reason") or ""
+    return [
+        ("queue", place or f"not placed in line in {found.plan} yet"),
+        ("reason", reason),
+        ("estimated start", estimate_text(found)),
+    ]
 
 
 def _amount(res: Mapping[str, Any] | None, key: str) -> str:
