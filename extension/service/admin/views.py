@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from extension.durations import format_duration
 from extension.scheduler import (
     UNLIMITED,
     Job,
@@ -161,6 +162,9 @@ def _names(text: str) -> list[str]:
     return [n for n in (p.strip() for p in (text or "").replace("\n", ",").split(",")) if n]
 
 
+RUNTIME_FIELDS = ("runtime_default", "runtime_max")
+
+
 def plan_body(form: Mapping[str, str], with_path: bool) -> dict:
     """The REST API's plan body from the form's fields (empty limit fields: unlimited)."""
     body: dict[str, Any] = {"share": _share(form.get("share", ""))}
@@ -169,6 +173,9 @@ def plan_body(form: Mapping[str, str], with_path: bool) -> dict:
     body["limit"] = {r: form[r].strip() for r in RESOURCES if (form.get(r) or "").strip()}
     body["members"] = {"users": _names(form.get("users", "")),
                        "groups": _names(form.get("groups", ""))}  # fmt: skip
+    for key in RUNTIME_FIELDS:  # "2h", "90m", seconds; empty: none on this plan (null)
+        if key in form:
+            body[key] = (form.get(key) or "").strip() or None
     return body
 
 
@@ -184,6 +191,9 @@ def form_values(sched: Scheduler, path: str) -> dict[str, str]:
     }
     for r, v in zip(RESOURCES, rec.limit):
         values[r] = limit_form_value(r, v)
+    for key in RUNTIME_FIELDS:  # as the API reads it back: 1h30m, 2h, 1d
+        seconds = getattr(rec, key)
+        values[key] = "" if seconds is None else format_duration(seconds)
     return values
 
 
@@ -211,7 +221,10 @@ def move_plan(sched: Scheduler, path: str, new_parent: str) -> tuple[list[PlanRe
         new_path = prefix + plan.path[len(path) :]
         if new_path in sched.plans:
             raise PlanError(f"cannot move {path} to {prefix}: plan {new_path} already exists")
-        records.append(PlanRecord(new_path, plan.share, plan.limit, False, users, groups))
+        default, most = sched.plan_runtime.get(plan.path, (None, None))
+        records.append(
+            PlanRecord(new_path, plan.share, plan.limit, False, users, groups, default, most)
+        )
     delete = [p.path for p in sorted(subtree, key=lambda p: -p.path.count("/"))]
     return records, delete
 
