@@ -26,6 +26,7 @@ from extension.scheduler.plans import ROOT
 from ..handlers import ADMIN_SCOPE, APIError, BaseHandler, parse_plan
 from ..scheduling import Caller, Scheduler
 from . import views
+from .queues import queue_tables
 
 HERE = Path(__file__).resolve().parent
 TEMPLATES = HERE / "templates"
@@ -147,6 +148,7 @@ class PlansPage(AdminBase):
             page="plans",
             rows=views.plan_rows(sched, churn),
             churn_total=views.churn_cells(churn, ROOT),
+            queues=queue_tables(sched),
             top=views.root_bar(sched),
             parents=[ROOT] + [p.path for p in sched.plans if not p.user_leaf],
             draining=dict(draining),
