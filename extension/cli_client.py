@@ -58,6 +58,7 @@ from extension.magics.options import (
     parse_train,
     retry_seconds,
     submission_body,
+    timeout_text,
 )
 from extension.tables import (  # noqa: F401 - re-exported for callers of the CLI module
     job_details,
@@ -346,6 +347,8 @@ def _exec_start(rest: Sequence[str], out: TextIO, err: TextIO) -> int:
         ) from None
     if opts.json:
         _emit(out, True, job, str)
+    if job["state"] == "TIMEOUT":  # said on stderr too: a script's log shows why it stopped
+        print(f"wmla exec-start: {timeout_text(job, '`wmla plans --json`')}", file=err)
     return 0 if job["state"] == "FINISHED" else 1
 
 

@@ -255,7 +255,7 @@ class WmlaClient:
     def wait(
         self,
         job_id: str,
-        states: frozenset[str] = frozenset({"FINISHED", "FAILED", "CANCELLED", "REJECTED"}),
+        states: frozenset[str] = FINAL_STATES,  # TIMEOUT too: every state a job ends in
         timeout: float | None = None,
         poll: float = 1.0,
         on_update: Any = None,

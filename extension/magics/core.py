@@ -24,7 +24,14 @@ from IPython.display import display
 from extension.client import FINAL_STATES, Retrying, WmlaClient, WmlaError
 from extension.tables import jobs_table, plans_table
 
-from .options import OptionsError, TrainOptions, inside_folder, parse_train, submission_body
+from .options import (
+    OptionsError,
+    TrainOptions,
+    inside_folder,
+    parse_train,
+    submission_body,
+    timeout_text,
+)
 
 CELL_FOLDER = "wmla-cells"
 
@@ -119,7 +126,7 @@ class WmlaMagics(Magics):
     def wmla_train(self, line: str) -> None:
         """Submit a training job: %wmla_train --plan /p --workers 2 --model-dir DIR
         --model-main main.py [--gpus-per-worker N --cpus 1 --memory 2Gi --elastic 1:4
-        --priority N --name NAME --env K=V --wait] -- SCRIPT ARGS"""
+        --priority N --name NAME --env K=V --runtime-limit 2h --wait] -- SCRIPT ARGS"""
         self._train(line, None)
 
     @cell_magic("wmla_train")
@@ -164,6 +171,8 @@ class WmlaMagics(Magics):
         print(f"job {job['id']} {job['state']}" + (f": {job['reason']}" if job["reason"] else ""))
         if job["state"] == "FINISHED":
             print(f"outputs in {job['workdir']}")
+        elif job["state"] == "TIMEOUT":  # the runtime limit, not a failure of the script
+            print(timeout_text(job, "%wmla_plans"))
 
     # -- reading ------------------------------------------------------------------------------
     @line_magic

@@ -18,6 +18,9 @@ option (aliases)                          meaning
 ``--model-main`` (``--model_main``)       the script in that folder, e.g. ``main.py``
 ``--name``                                a label for the job
 ``--env NAME=VALUE``                      extra environment for the workers (repeatable)
+``--runtime-limit DURATION``              stop the job after this long (TIMEOUT): seconds or
+                                          ``90m``, ``2h``, ``1h30m``, ``1d``; default: the
+                                          plan's
 ``--wait``                                block until the job ends
 ========================================  =================================================
 
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from extension.durations import DurationError, parse_duration
 from extension.scheduler.resources import QuantityError, parse_quantity
 
 FRAMEWORKS = {"pytorch": "PyTorch", "distpytorch": "PyTorch", "torch": "PyTorch"}
@@ -61,6 +65,7 @@ class TrainOptions:
     model_main: str | None = None
     name: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    runtime_limit: float | None = None  # seconds; None: the plan's default
     wait: bool = False
     json: bool = False
     retry_seconds: float | None = None
@@ -134,6 +139,15 @@ def retry_seconds(text: str) -> float:
     return seconds
 
 
+def _runtime_limit(text: str) -> float:
+    """``--runtime-limit``: checked here so a typo costs no round trip; the service decides
+    whether the plan allows it."""
+    try:
+        return parse_duration(text.strip(), "--runtime-limit")
+    except DurationError as err:  # argparse names the option itself
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--runtime-limit ")) from None
+
+
 def _env(text: str) -> tuple[str, str]:
     match = ENV.match(text)
     if not match:
@@ -171,6 +185,8 @@ def build_parser(prog: str, framework: bool = False, cli: bool = False) -> _Pars
     add("--model-main", "--model_main", dest="model_main", metavar="FILE")
     add("--name", metavar="NAME")
     add("--env", action="append", type=_env, default=[], metavar="NAME=VALUE")
+    add("--runtime-limit", dest="runtime_limit", type=_runtime_limit, metavar="DURATION",
+        help="stop the job after this long: seconds, 90m, 2h, 1h30m, 1d")  # fmt: skip
     add("--wait", action="store_true", help="block until the job ends")
     if cli:
         add("--json", action="store_true", help="print JSON")
@@ -241,6 +257,7 @@ def _options(ns: argparse.Namespace, script_args: list[str]) -> TrainOptions:
         model_main=ns.model_main,
         name=ns.name,
         env=dict(ns.env),
+        runtime_limit=ns.runtime_limit,
         wait=ns.wait,
         json=getattr(ns, "json", False),
         retry_seconds=getattr(ns, "retry_seconds", None),
@@ -297,8 +314,21 @@ def submission_body(opts: TrainOptions, model_dir: str, model_main: str) -> dict
         body["name"] = opts.name
     if opts.env:
         body["env"] = dict(opts.env)
+    if opts.runtime_limit is not None:  # seconds; a whole number stays one in the JSON
+        limit = opts.runtime_limit
+        body["max_runtime"] = int(limit) if limit == int(limit) else limit
     body["command"] = {"model_dir": model_dir, "model_main": model_main, "args": list(opts.args)}
     return body
+
+
+def timeout_text(job: dict[str, Any], plans: str) -> str:
+    """What a job stopped at its runtime limit (TIMEOUT) means, and what to do about it;
+    ``plans``: how this client lists the plans (their runtime_max is the most one may ask)."""
+    return (
+        f"job {job['id']} was stopped at its runtime limit ({job.get('reason') or 'TIMEOUT'}); "
+        f"its last checkpoint is in {job.get('workdir')}/checkpoints. Ask for more time with "
+        f"--runtime-limit, at most the plan's runtime_max ({plans} shows it)"
+    )
 
 
 def inside_folder(root: str | os.PathLike, path: str, cwd: str | os.PathLike | None = None,
