@@ -30,6 +30,7 @@ from extension.backends.base import WorkerPids
 
 from .accounting import RESOURCES, ROOT, Fact, Ledger
 from .churn import Churn, churn_families
+from .pending import pending_families, queue_views
 from .utilization import UtilizationSampler
 
 # Prometheus base units: devices, cores, bytes (the ledger keeps milli-devices and millicores)
@@ -247,6 +248,10 @@ class _Collector:
         except Exception:  # a scrape still answers with what is known
             m.log.exception("metering refresh failed during a scrape")
         yield from self._plan_families()
+        jobs = getattr(m.scheduler, "jobs", None) or {}
+        views = queue_views(m.scheduler)
+        now = getattr(m.scheduler, "clock", m.clock)()  # the clock the estimates were made on
+        yield from pending_families(m.figures, views, jobs, now, self._shown)
         yield from churn_families(m.churn, self._shown(m.churn.plans))
         cycles = CounterMetricFamily("wmla_scheduling_cycles", "Scheduling cycles run.")
         cycles.add_metric([], m.cycles)
