@@ -60,7 +60,6 @@ class WaitingLine:
         self.in_process = in_process
         self.log: logging.Logger = getattr(sched, "log", logging.getLogger("wmla.service"))
         self._views: dict[str, dict] = {}
-        self._limits: dict[str, float | None] = {}  # live job id -> its runtime limit
         self._medians: dict[tuple, float] = {}
         self._history_at = -HISTORY_SECONDS
         self._pool: concurrent.futures.Executor | None = None
@@ -129,15 +128,11 @@ class WaitingLine:
         now = sched.clock()
         jobs = [copy.copy(j) for j in sched.jobs.values()]  # the loop changes the live ones
         snapshot = Snapshot(sched.plans, sched.instance, jobs, sched.config, sched.reserved)
-        unknown = [j.id for j in jobs if j.id not in self._limits]
-        history = now - self._history_at >= HISTORY_SECONDS
-        limits, medians = await sched.db.read(self._read, unknown, history)
-        self._limits.update(limits)
-        if medians is not None:
-            self._medians, self._history_at = medians, now
-        live = {j.id for j in jobs}
-        self._limits = {k: v for k, v in self._limits.items() if k in live}
-        ends, runtimes, guessed = self._times(jobs, now, sched.kinds)
+        limits = dict(getattr(sched, "runtimes", {}))  # live job id -> its runtime limit
+        if now - self._history_at >= HISTORY_SECONDS:
+            self._medians = await sched.db.read(self._medians_now)
+            self._history_at = now
+        ends, runtimes, guessed = self._times(jobs, now, sched.kinds, limits)
         loop = asyncio.get_running_loop()
         pool = self._executor()
         args = (snapshot, now, ends, runtimes)
@@ -150,16 +145,10 @@ class WaitingLine:
         self.last_cost = estimates.seconds
         self._views = self._build(jobs, estimates, now, guessed)
 
-    def _read(self, ids: list[str], history: bool) -> tuple[dict, dict | None]:
-        """In a store thread: the runtime limits of jobs not seen yet, and (when due) the
-        median runtimes of recently finished jobs."""
+    def _medians_now(self) -> dict[tuple, float]:
+        """In a store thread: the median runtimes of the jobs that ran their course lately,
+        per (user, plan, kind) and per (plan, kind)."""
         store = self.sched.store
-        limits = {
-            job_id: getattr(row, "max_runtime", None)
-            for job_id, row in store.jobs_by_id(ids).items()
-        }
-        if not history:
-            return limits, None
         # how jobs end when they ran their course: training jobs finish (or reach their
         # limit), notebook servers are stopped by their users (the spawner cancels the job)
         ended = [JobState.FINISHED.value, "TIMEOUT"]
@@ -183,11 +172,10 @@ class WaitingLine:
                     runs = into.setdefault(key, [])
                     if len(runs) < self.history:  # the most recent ones (ended desc)
                         runs.append(ended - started)
-        medians = {k: statistics.median(v) for k, v in (*by_user.items(), *by_plan.items())}
-        return limits, medians
+        return {k: statistics.median(v) for k, v in (*by_user.items(), *by_plan.items())}
 
     def _times(
-        self, jobs: Iterable, now: float, kinds: Mapping[str, str]
+        self, jobs: Iterable, now: float, kinds: Mapping[str, str], limits: Mapping[str, float]
     ) -> tuple[dict[str, float], dict[str, float], set[str]]:
         """Each running job's end and each pending job's runtime; ``guessed``: the jobs whose
         figure is an estimate from history (no runtime limit)."""
@@ -196,7 +184,7 @@ class WaitingLine:
         guessed: set[str] = set()
         grace = self.sched.config.grace
         for job in jobs:
-            limit = self._limits.get(job.id)
+            limit = limits.get(job.id)
             if limit is None:
                 kind = kinds.get(job.id, "train")
                 limit = self._medians.get((job.user, job.plan, kind))
