@@ -83,6 +83,8 @@ def _seconds(value: Any, field: str) -> float:
         seen.append(unit)
         total += float(part.group(1)) * UNITS[unit]
         pos = part.end()
+    if not seen:  # "", "  "
+        raise DurationError(f"{field} {_shown(value)} is not a duration: {EXAMPLES}")
     if total <= 0:  # "0s", "0h0m": a limit of nothing
         raise DurationError(f"{field} {_shown(value)} must be more than 0: {EXAMPLES}")
     return total

@@ -258,6 +258,7 @@ class Actions:
             placement=[],
             terminating=False,
             cancel_requested=False,
+            timeout_requested=False,  # set here: the cycle's bulk insert applies no defaults
             reason="",
             preemptions=0,
         )

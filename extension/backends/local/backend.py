@@ -196,8 +196,9 @@ class LocalBackend(_Launching, _Allocation, _Supervision, _Recovery, _Records, _
         """SIGTERM every worker's process group, wait up to ``grace``, SIGKILL the rest.
 
         Returns once the workers are gone and ``released`` was emitted (``finished`` instead
-        when every worker had already exited 0). A job this backend does not run is left alone:
-        it already ended and its event was emitted.
+        when every worker had already exited 0, or exits 0 within the grace: it finished its
+        work by itself). A job this backend does not run is left alone: it already ended and
+        its event was emitted.
         """
         gang = self._gangs.get(job_id)
         if gang is None:

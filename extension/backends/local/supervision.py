@@ -163,6 +163,11 @@ class _Supervision:
             return "finished"
         gang.state = "stopping"
         await self._terminate(gang, grace)
+        if emit_released and all(w.exit_code == 0 and not w.vanished for w in gang.workers):
+            # every worker finished its work within the grace: the job is done, not stopped
+            # (a worker that SIGTERM stops exits 143 through extension.runtime, or dies of it)
+            self._finish(gang)
+            return "finished"
         self._forget(gang, reason)
         if emit_released:
             self._emit(gang.job_id, "released", placement=gang.placement, message=reason)
