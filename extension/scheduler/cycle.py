@@ -19,6 +19,12 @@ no randomness: the same snapshot and ``now`` give the same decisions.
 What the phases share is one declared ``CycleState`` (state.py); every change of capacity goes
 through its ``Ledger`` (ledger.py). The plan index is kept between cycles by an ``IndexCache``
 the caller owns (index.py); a caller that passes none shares ``SHARED_CACHE``.
+
+``schedule(..., explain=False)`` decides exactly the same but leaves out what only explains
+the decisions: ``CycleResult.waiting`` is empty (no reason per pending job) and
+``CycleResult.plans`` is empty (no plan figures). A forward run in simulated time
+(extension/sim/estimate.py) reads only the decisions and the reservation, and the two parts
+are about an eighth of a busy cycle (6 of 50 ms at 1,000 pending on 512 nodes).
 """
 
 from __future__ import annotations
@@ -36,10 +42,13 @@ from .result import result
 from .state import open_cycle
 
 
-def schedule(snapshot: Snapshot, now: float, cache: IndexCache | None = None) -> CycleResult:
+def schedule(
+    snapshot: Snapshot, now: float, cache: IndexCache | None = None, *, explain: bool = True
+) -> CycleResult:
     """Run one cycle and return what to do. ``cache`` keeps the plan index for the caller's
     next cycle (default: the module's shared one). A cycle that raises does not give its
-    index back, so a half-updated one is never reused."""
+    index back, so a half-updated one is never reused. ``explain=False``: the same decisions
+    and reservation without the waiting reasons and plan figures (module docstring)."""
     cache = SHARED_CACHE if cache is None else cache
     hold: frozenset[str] = frozenset()
     spare: frozenset[str] = frozenset()
@@ -62,7 +71,7 @@ def schedule(snapshot: Snapshot, now: float, cache: IndexCache | None = None) ->
         cache.give_back(state.index)
         hold, spare = (hold - needless) | undone, spare | needless
     grow(state)  # 7.
-    out = result(state)
+    out = result(state, explain)
     cache.give_back(state.index)
     return out
 

@@ -4,7 +4,8 @@ figures (docs/scheduling.md "Admission 3" for the reasons' words).
 Decisions come as Reject (in job order), Shrink and Preempt (in the order reclaim chose
 them), Start (in the order admitted), Grow. Every job still pending waits: by default for
 capacity, one message per shape (free capacity is fixed now); then the reasons the cycle gave
-single jobs; the reservation holder's reason says so.
+single jobs; the reservation holder's reason says so. Without ``explain`` (a forward run that
+reads only the decisions) the reasons and figures are left out.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .state import CycleState
 _id_of = attrgetter("id")
 
 
-def result(state: CycleState) -> CycleResult:
+def result(state: CycleState, explain: bool = True) -> CycleResult:
     out = CycleResult(reserved=state.reserved_for)
     decisions, names = out.decisions, state.ledger.names
     decisions.extend(state.decisions)
@@ -27,8 +28,9 @@ def result(state: CycleState) -> CycleResult:
     for job, nodes in state.grown.values():
         added = tuple(names[i] for i in nodes)
         decisions.append(Grow(job.id, added, job.workers + len(added)))
-    _waiting(state, out.waiting)
-    out.rows = _figures(state)
+    if explain:
+        _waiting(state, out.waiting)
+        out.rows = _figures(state)
     return out
 
 
