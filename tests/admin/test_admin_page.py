@@ -409,3 +409,59 @@ def test_non_admin_sees_no_link_and_gets_403_in_the_browser(browser, hub: Hub) -
         shot(page, "09-admin-403-user")
     finally:
         context.close()
+
+
+def placed_in_line(client: Client, job_ids: list[str], timeout: float = 60) -> list[dict]:
+    """The jobs' queue objects once the service's forward run placed and estimated them all
+    (it runs off the loop, seconds after the cycle that left them pending)."""
+    deadline = time.monotonic() + timeout
+    queues: list[dict] = []
+    while time.monotonic() < deadline:
+        queues = [client.get(f"/jobs/{j}").json().get("queue") or {} for j in job_ids]
+        if all(q.get("position") and q.get("estimate") for q in queues):
+            return queues
+        time.sleep(0.5)
+    raise AssertionError(f"never placed in line: {queues}\n{client.hub.log()}")
+
+
+@needs_browser
+def test_the_plans_page_shows_each_plans_waiting_line(browser, hub: Hub) -> None:
+    """A plan of one GPU held by a job with a 2-minute runtime limit, two more waiting: the
+    page lists them under the plan in the service's order, the first starting when the
+    holder's limit is up."""
+    padmin = hub.clients["padmin"]
+    r = padmin.post("/plans", json={"path": "/waitline", "limit": {"gpu": 1}})
+    assert r.status_code == 201, r.text
+    started: list[str] = []
+    context = None
+    try:
+        holder = padmin.post("/jobs", json={**sleeper_job("/waitline", 120), "max_runtime": 120})
+        assert holder.status_code == 201, holder.text
+        started.append(holder.json()["id"])
+        padmin.wait_state(started[0], {"RUNNING"})
+        for _ in range(2):
+            r = padmin.post("/jobs", json={**sleeper_job("/waitline", 1), "max_runtime": 600})
+            assert r.status_code == 201, r.text
+            started.append(r.json()["id"])
+        waiting = started[1:]
+        assert [q["position"]["plan"] for q in placed_in_line(padmin, waiting)] == [1, 2]
+
+        context, page = browser_login(browser, hub, "padmin")
+        page.goto(f"{hub.url}/services/wmla/admin")
+        rows = page.locator('table.queue[data-plan="/waitline"] tr.queued-job')
+        assert [rows.nth(i).get_attribute("data-job") for i in range(rows.count())] == waiting
+        first, second = rows.nth(0), rows.nth(1)
+        assert first.locator(".position").inner_text() == "1"
+        assert second.locator(".position").inner_text() == "2"
+        assert re.fullmatch(r"starts in about [12] minutes?", first.locator(".when").inner_text())
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", first.locator(".start").inner_text())
+        assert "runtime limits" in first.locator(".estimate").get_attribute("title")
+        assert second.locator(".when").inner_text().startswith("starts in about ")
+        assert "/waitline at its gpu limit: 1 of 1 in use" in first.locator(".reason").inner_text()
+        shot(page, "10-plans-waiting-line")
+        assert page.problems == []
+    finally:
+        if context is not None:
+            context.close()
+        for job_id in started:
+            padmin.delete(f"/jobs/{job_id}")
