@@ -28,16 +28,12 @@ from extension.scheduler import UNLIMITED, Resources, SchedulerConfig
 
 from .lease import Lease, LeaseHeld, watch
 from .privacy import (
-    HIDEPID_ADVICE,
-    NOT_ROOT_ADVICE,
     PRIVATE_DIR,
     TRAVERSABLE_DIR,
-    is_private_dir,
     make_dir,
-    only_owner_writes,
     privatize_tree,
-    proc_hides_other_processes,
     restrict_umask,
+    security_report,
 )
 from .reconcile import hub_api_from_env, hub_fetch, reconcile_forever
 from .scheduling import Scheduler
@@ -189,10 +185,8 @@ class WmlaService(Application):
     notebook_runtime_limit = Bool(
         False,
         config=True,
-        help="""Give notebook servers runtime limits too: a notebook job then gets its plan's
-        runtime_default (within the smallest runtime_max on its path, as a training job) and,
-        at that limit, the service ends it TIMEOUT and the spawner's next poll stops the server.
-        Off: notebook servers run as long as their users keep them (the idle culler's business).
+        help="""Notebook servers get their plans' runtime limits too (as training jobs): at the
+        limit the service ends the job TIMEOUT and the spawner's next poll stops the server.
 
         c.WmlaService.notebook_runtime_limit = True
         """,
@@ -249,10 +243,8 @@ class WmlaService(Application):
     estimate_interval = Float(
         2.0,
         config=True,
-        help="""Seconds between two estimates of the waiting line at the most: after a cycle
-        that leaves jobs pending, the core is run forward off the loop (in a child process) to
-        give each its place in line and estimated start (docs/service.md, "Why a job waits,
-        and until when"). 0 turns estimates off; positions and reasons stay.
+        help="""Seconds at least between two estimates of the waiting line (the core run
+        forward in a child process: docs/service.md, "Why a job waits"). 0: no estimates.
 
         c.WmlaService.estimate_interval = 2
         """,
@@ -412,47 +404,9 @@ class WmlaService(Application):
             )
 
     def security_report(self) -> dict[str, Any]:
-        """How well this machine keeps users apart, for GET /instance and the start log:
-        {"runs_as_root", "proc_hidepid", "state_dir_private", "warnings": [what to do]}."""
-        root = hasattr(os, "geteuid") and os.geteuid() == 0
-        hidepid = proc_hides_other_processes()
-        private = is_private_dir(self.state_dir)
-        warnings = []
-        if not root:
-            uid = os.geteuid() if hasattr(os, "geteuid") else "?"
-            warnings.append(NOT_ROOT_ADVICE.format(uid=uid))
-        elif not hidepid:  # as one account for everyone, hiding processes would change nothing
-            warnings.append(HIDEPID_ADVICE)
+        """How well this machine keeps users apart (privacy.security_report)."""
         backend = getattr(getattr(self, "scheduler", None), "backend", None)
-        as_service = getattr(backend, "run_as_user", None) is False
-        if root and as_service:
-            warnings.append(
-                "c.WmlaService.backend_options has run_as_user=False: every job runs as root, "
-                "so any hub user can act as root; remove it (jobs then run as their users' "
-                "accounts)"
-            )
-        storage_safe = only_owner_writes(self.storage_root)
-        if root and not storage_safe:
-            warnings.append(
-                f"the storage root {self.storage_root} (or a folder above it) is writable by "
-                "other accounts or not root's: a user could put a link where another user's "
-                "folder is; make it and its parents root's, not group- or world-writable "
-                "(the storage root itself 0711)"
-            )
-        if not private:
-            warnings.append(
-                f"the state directory {self.state_dir} (the store, with every job's "
-                "environment) is open to other accounts, a symbolic link, or not this "
-                "account's: make it a directory of this account with mode 0700"
-            )
-        return {
-            "runs_as_root": root,
-            "proc_hidepid": hidepid,
-            "state_dir_private": private,
-            "storage_root_safe": storage_safe,
-            "jobs_run_as": "the service's account" if as_service or not root else "their users",
-            "warnings": warnings,
-        }
+        return security_report(self.state_dir, self.storage_root, backend)
 
     def make_backend(self, emit: Any) -> Any:
         module, _, name = self.backend_class.rpartition(".")
@@ -491,8 +445,8 @@ class WmlaService(Application):
             python=self.python,
             tick=self.tick,
             log=self.log,
-            notebook_runtime_limit=self.notebook_runtime_limit,
         )
+        self.scheduler.limits.notebooks = self.notebook_runtime_limit
         # before anything is read or recovered: a second service on this database waits, then
         # leaves (docs/service.md, "When the database fails, and restarts")
         self.lease = Lease(self.store, self.scheduler.db, ttl=self.lease_seconds)

@@ -21,7 +21,7 @@ import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 PRIVATE_UMASK = 0o077
 PRIVATE_DIR = 0o700
@@ -330,3 +330,47 @@ def _privatize_dir(
             continue  # removed while we walked
         except OSError as err:
             result.failed.append(f"{child}: {err.strerror}")
+
+
+def security_report(state_dir: str, storage_root: str, backend: Any) -> dict[str, Any]:
+    """How well this machine keeps users apart, for GET /instance and the start log:
+    {"runs_as_root", "proc_hidepid", "state_dir_private", "warnings": [what to do]};
+    ``backend``: the service's (its ``run_as_user``), None before it is made."""
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
+    hidepid = proc_hides_other_processes()
+    private = is_private_dir(state_dir)
+    warnings = []
+    if not root:
+        uid = os.geteuid() if hasattr(os, "geteuid") else "?"
+        warnings.append(NOT_ROOT_ADVICE.format(uid=uid))
+    elif not hidepid:  # as one account for everyone, hiding processes would change nothing
+        warnings.append(HIDEPID_ADVICE)
+    as_service = getattr(backend, "run_as_user", None) is False
+    if root and as_service:
+        warnings.append(
+            "c.WmlaService.backend_options has run_as_user=False: every job runs as root, "
+            "so any hub user can act as root; remove it (jobs then run as their users' "
+            "accounts)"
+        )
+    storage_safe = only_owner_writes(storage_root)
+    if root and not storage_safe:
+        warnings.append(
+            f"the storage root {storage_root} (or a folder above it) is writable by "
+            "other accounts or not root's: a user could put a link where another user's "
+            "folder is; make it and its parents root's, not group- or world-writable "
+            "(the storage root itself 0711)"
+        )
+    if not private:
+        warnings.append(
+            f"the state directory {state_dir} (the store, with every job's "
+            "environment) is open to other accounts, a symbolic link, or not this "
+            "account's: make it a directory of this account with mode 0700"
+        )
+    return {
+        "runs_as_root": root,
+        "proc_hidepid": hidepid,
+        "state_dir_private": private,
+        "storage_root_safe": storage_safe,
+        "jobs_run_as": "the service's account" if as_service or not root else "their users",
+        "warnings": warnings,
+    }

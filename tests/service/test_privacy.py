@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from extension.service import app as service_app
+from extension.service import privacy
 from extension.service.app import WmlaService
 from extension.service.privacy import (
     HIDEPID_ADVICE,
@@ -198,7 +198,7 @@ def test_the_security_report_says_what_to_do(tmp_path: Path, monkeypatch) -> Non
     state.mkdir(mode=0o700)
     (tmp_path / "storage").mkdir(mode=0o711)
     service = WmlaService(state_dir=str(state), storage_root=str(tmp_path / "storage"))
-    monkeypatch.setattr(service_app, "proc_hides_other_processes", lambda: False)
+    monkeypatch.setattr(privacy, "proc_hides_other_processes", lambda: False)
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(os, "lstat", lambda p, real=os.lstat: _as_root(real(p)))
     report = service.security_report()
@@ -211,7 +211,7 @@ def test_the_security_report_says_what_to_do(tmp_path: Path, monkeypatch) -> Non
         "warnings": [HIDEPID_ADVICE],
     }
     assert "mount -o remount,hidepid=2 /proc" in HIDEPID_ADVICE and "gid=" in HIDEPID_ADVICE
-    monkeypatch.setattr(service_app, "proc_hides_other_processes", lambda: True)
+    monkeypatch.setattr(privacy, "proc_hides_other_processes", lambda: True)
     assert service.security_report()["warnings"] == []
     monkeypatch.setattr(os, "geteuid", lambda: 4242)
     report = service.security_report()
