@@ -367,14 +367,15 @@ def watch(
     service's reason (PENDING), the placement (RUNNING, again when it grows or shrinks), the
     latest metrics line, and the final state with the exit code. Returns the final job."""
     job = dict(job)
-    shown: tuple | None = None
+    shown: str | None = None
     since, last_metric = 0, ""
     while True:
         final = job["state"] in FINAL_STATES
-        key = (job["state"], job.get("reason") or "", tuple(map(str, job.get("placement") or [])))
-        if key != shown and not final:
-            _say(out, state_line(job))
-            shown = key
+        # the line itself is the key: a new place in line or estimate is worth a line too
+        line = state_line(job)
+        if line != shown and not final:
+            _say(out, line)
+            shown = line
         if job["state"] != "PENDING":
             try:
                 lines, since = client.metrics(job["id"], since)
