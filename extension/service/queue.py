@@ -30,6 +30,7 @@ from typing import Any
 
 from sqlalchemy import and_, or_, select
 
+from extension.queue_text import ordinal
 from extension.scheduler import JobState, Snapshot
 from extension.scheduler.resources import format_amount
 
@@ -264,12 +265,6 @@ def _forward(args: tuple, budget: float) -> Any:
 
 
 # -- words ---------------------------------------------------------------------------------
-def ordinal(n: int) -> str:
-    """1st, 2nd, 3rd, 4th, 11th, 12th, 13th, 21st."""
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
-
-
 def in_words(seconds: float) -> str:
     """``within a minute``, ``in about 12 minutes``, ``in about 3 hours``, ``in about 2 days``."""
     if seconds < 60:
