@@ -172,7 +172,7 @@ class Actions:
         """The job's runtime limit: what it asked for within its plans' maximum, else their
         default (docs/runtime.md "Runtime limits"). Notebook servers get one only when the
         admin turned it on (``c.WmlaService.notebook_runtime_limit``)."""
-        if sub.kind == "notebook" and not self.notebook_runtime_limit:
+        if sub.kind == "notebook" and not self.limits.notebooks:
             if sub.max_runtime is not None:
                 raise SubmissionError(
                     "max_runtime: notebook servers have no runtime limit on this instance "
@@ -180,7 +180,7 @@ class Actions:
                 )
             return None
         leaf = leaf_path(sub.plan, caller.name)
-        return runtime_limits.job_limit(self.plan_runtime, leaf, sub.plan, sub.max_runtime)
+        return runtime_limits.job_limit(self.limits.plans, leaf, sub.plan, sub.max_runtime)
 
     def _check_fits(self, caller: Caller, sub: Submission, job_id: str, now: float) -> None:
         """Rejected when the job can never run as asked (docs/scheduling.md "Admission"), by
@@ -308,7 +308,7 @@ class Actions:
                 raise Conflict(f"job {job_id} is already {row.state}; nothing to cancel")
             now = self.clock()
             reason = f"cancelled by {caller.name}"
-            if job_id in self.timing_out and not row.cancel_requested:
+            if job_id in self.limits.stopping and not row.cancel_requested:
                 # the stop is under way already; a second one would only change the end state
                 why = row.reason or "its runtime limit was reached"
                 raise Conflict(
@@ -365,10 +365,10 @@ class Actions:
         delete = list(delete)
         async with self._lock:
             tree = plans_after(self.plans, records, create, delete)
-            runtimes = runtimes_after(self.plan_runtime, records, delete)
+            runtimes = runtimes_after(self.limits.plans, records, delete)
             await self.db.write(self.store.save_plans, records, self.clock(), delete=delete)
             self.plans = tree
-            self.plan_runtime = runtimes
+            self.limits.plans = runtimes
             for path in delete:
                 self.members.pop(path, None)
             for rec in records:
@@ -382,7 +382,7 @@ class Actions:
     def record(self, path: str) -> PlanRecord:
         plan = self.plans.get(path)
         users, groups = self.members.get(path, ([], []))
-        default, most = self.plan_runtime.get(path, runtime_limits.NONE)
+        default, most = self.limits.plans.get(path, runtime_limits.NONE)
         return PlanRecord(
             plan.path, plan.share, plan.limit, plan.user_leaf, users, groups, default, most
         )

@@ -146,9 +146,9 @@ FOLDS: dict[EventKind, Callable[[Any, Job, FoldFacts, BackendEvent], Change | No
 def _limited(sched: Any) -> list[tuple[Job, float]]:
     """Running jobs with a runtime limit whose stop has not been asked for, and their deadline."""
     out = []
-    for job_id, limit in sched.runtimes.items():
+    for job_id, limit in sched.limits.jobs.items():
         job = sched.jobs.get(job_id)
-        if job is None or job.state is not JobState.RUNNING or job_id in sched.timing_out:
+        if job is None or job.state is not JobState.RUNNING or job_id in sched.limits.stopping:
             continue
         due = deadline(job.started, limit)
         if due is not None:
@@ -172,9 +172,9 @@ def due_timeouts(sched: Any, now: float) -> list[tuple[str, dict, str | None, st
     for job, due in _limited(sched):
         if now < due or job.id in sched._resize_to:
             continue
-        limit = sched.runtimes[job.id]
+        limit = sched.limits.jobs[job.id]
         reason = timeout_reason(limit, job.started)
-        sched.timing_out.add(job.id)
+        sched.limits.stopping.add(job.id)
         if sched.kinds.get(job.id) == "notebook":
             sched._end(job, JobState.TIMEOUT)
             values = {

@@ -18,7 +18,6 @@ from tornado import web
 
 from extension.backends.accounts import AccountError
 from extension.backends.userfs import UserFileError, off_loop
-from extension.durations import DurationError, parse_optional_duration
 from extension.scheduler import UNLIMITED, JobState, PlanError, QuantityError, Resources
 from extension.scheduler.plans import ROOT
 from extension.webapi import (  # noqa: F401 - re-exported: the admin pages import them here
@@ -29,8 +28,8 @@ from extension.webapi import (  # noqa: F401 - re-exported: the admin pages impo
     Caller,
 )
 
+from . import runtime_limits
 from .openapi import openapi_document
-from .runtime_limits import NONE, deadline, effective
 from .scheduling import Conflict, Forbidden, KeyReused, NotFound, Scheduler
 from .store import JobRow, PlanRecord
 from .submission import Rejected, Submission, SubmissionError, parse_submission
@@ -159,7 +158,6 @@ def plan_tree_json(sched: Scheduler, viewer: Caller | None = None) -> dict:
         users, groups = sched.members.get(plan.path, ([], []))
         if private:
             users = [u for u in users if u == viewer.name]
-        runtime_default, runtime_max = sched.plan_runtime.get(plan.path, NONE)
         node = {
             "path": plan.path,
             "name": plan.name,
@@ -168,10 +166,7 @@ def plan_tree_json(sched: Scheduler, viewer: Caller | None = None) -> dict:
             "user_leaf": plan.user_leaf,
             "user_leaves": 0,
             "members": {"users": users, "groups": groups},
-            # seconds or null: this plan's own; "runtime": what a job here gets (runtime_limits)
-            "runtime_default": runtime_default,
-            "runtime_max": runtime_max,
-            "runtime": effective(sched.plan_runtime, plan.path).to_dict(),
+            **runtime_limits.plan_json(sched.limits.plans, plan.path),
             **_figures(sched, plan.path),
             "children": [],
         }
@@ -219,15 +214,7 @@ def parse_plan(body: Any, path: str | None, old: PlanRecord | None) -> PlanRecor
         limit = old.limit if old else Resources(UNLIMITED, UNLIMITED, UNLIMITED)
     users = old.users if old else []
     groups = old.groups if old else []
-    runtimes = []
-    for key in ("runtime_default", "runtime_max"):
-        if key in body:  # null clears it; seconds or "2h", "1h30m", "1d"
-            try:
-                runtimes.append(parse_optional_duration(body[key], key))
-            except DurationError as err:
-                raise APIError(400, f"{path}: {err}") from None
-        else:
-            runtimes.append(getattr(old, key) if old else None)
+    runtimes = runtime_limits.plan_fields(body, old, path)  # PlanError: a 400 naming it
     if "members" in body:
         members = body["members"]
         if not isinstance(members, dict) or set(members) - {"users", "groups"}:
@@ -337,11 +324,7 @@ def job_json(row: JobRow, queue: dict | None = None) -> dict:
         "checkpoint": None
         if row.checkpointed is None
         else {"at": row.checkpointed, "progress": row.checkpoint_progress},
-        # the runtime limit in force (seconds, null: none) and, while running, when it is reached
-        "max_runtime": row.max_runtime,
-        "deadline": deadline(row.started, row.max_runtime)
-        if row.state == JobState.RUNNING.value
-        else None,
+        **runtime_limits.job_json(row),  # max_runtime, deadline
         "queue": queue,
     }
 

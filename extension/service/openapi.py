@@ -6,6 +6,8 @@ from typing import Any
 
 from extension.metering.openapi import metering_paths
 
+from . import runtime_limits as rt
+
 RESOURCES = {
     "type": "object",
     "description": "gpu: whole devices; cpu: cores (2, 0.5) or millicores ('500m'); memory: "
@@ -139,6 +141,7 @@ def _schemas() -> dict[str, Any]:
                         "groups": {"type": "array", "items": {"type": "string"}},
                     },
                 },
+                **rt.OPENAPI_PLAN_INPUT,
             },
             "additionalProperties": False,
         },
@@ -157,6 +160,7 @@ def _schemas() -> dict[str, Any]:
                     "name among members.users",
                 },
                 "members": {"type": "object"},
+                **rt.OPENAPI_PLAN,
                 **FIGURES,
                 "children": {
                     "type": "array",
@@ -211,6 +215,7 @@ def _schemas() -> dict[str, Any]:
                     },
                 },
                 "env": {"type": "object", "additionalProperties": {"type": "string"}},
+                **rt.OPENAPI_JOB_INPUT,
             },
         },
         "Job": {
@@ -231,6 +236,7 @@ def _schemas() -> dict[str, Any]:
                         "FAILED",
                         "REJECTED",
                         "CANCELLED",
+                        "TIMEOUT",  # stopped by the service at its runtime limit
                     ],
                 },
                 "reason": {"type": "string", "description": "why it waits or ended"},
@@ -258,6 +264,7 @@ def _schemas() -> dict[str, Any]:
                         "progress": {"type": "number", "nullable": True},
                     },
                 },
+                **rt.OPENAPI_JOB,
                 "queue": {"$ref": "#/components/schemas/Queue"},
             },
         },

@@ -14,10 +14,11 @@ runtimes). A job's path is its user leaf and every plan above it up to the root:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from extension.durations import format_duration
+from extension.durations import DurationError, format_duration, parse_optional_duration
 from extension.scheduler import PlanError
 from extension.scheduler.plans import ROOT, parent_of
 
@@ -25,6 +26,42 @@ from .submission import SubmissionError
 
 PlanRuntime = tuple[float | None, float | None]  # (runtime_default, runtime_max), seconds
 NONE: PlanRuntime = (None, None)
+FIELDS = ("runtime_default", "runtime_max")
+
+
+class Limits:
+    """What the Scheduler keeps of runtime limits: each plan's (default, max), each live job's
+    limit (``jobs``, seconds), the live jobs being stopped at theirs (``stopping``), and whether
+    notebook jobs get limits (``c.WmlaService.notebook_runtime_limit``)."""
+
+    def __init__(self, notebooks: bool = False) -> None:
+        self.notebooks = notebooks
+        self.plans: dict[str, PlanRuntime] = {}
+        self.jobs: dict[str, float] = {}
+        self.stopping: set[str] = set()
+
+    def load(self, records: Iterable[Any]) -> None:
+        """The plans' settings from their store records (``PlanRecord``)."""
+        self.plans = {
+            r.path: (r.runtime_default, r.runtime_max)
+            for r in records
+            if r.runtime_default is not None or r.runtime_max is not None
+        }
+
+    def take_in(self, row: Any) -> None:
+        """A live job's limit and flag from its store row (``JobRow``)."""
+        if row.max_runtime is not None:
+            self.jobs[row.id] = row.max_runtime
+        if row.timeout_requested:
+            self.stopping.add(row.id)
+
+    def forget(self, job_id: str) -> None:
+        self.jobs.pop(job_id, None)
+        self.stopping.discard(job_id)
+
+    def clear_jobs(self) -> None:
+        self.jobs.clear()  # in place: others hold it (the waiting line reads Scheduler.runtimes)
+        self.stopping.clear()
 
 
 @dataclass(frozen=True)
@@ -120,6 +157,43 @@ def check_plans(runtimes: Mapping[str, PlanRuntime]) -> None:
             )
 
 
+def plan_fields(body: Mapping[str, Any], old: Any, path: str) -> PlanRuntime:
+    """(runtime_default, runtime_max) of a plan body: each as given (seconds, a duration, null
+    to clear it), else as the plan had it (``old``, a PlanRecord or None). PlanError (a 400
+    on the API and the admin page) names the plan and the field."""
+    out = []
+    for key in FIELDS:
+        if key not in body:
+            out.append(getattr(old, key) if old is not None else None)
+            continue
+        try:
+            out.append(parse_optional_duration(body[key], key))
+        except DurationError as err:
+            raise PlanError(f"{path}: {err}") from None
+    return out[0], out[1]
+
+
+def plan_json(plans: Mapping[str, PlanRuntime], path: str) -> dict:
+    """A plan's runtime fields in the API: its own settings (seconds or null) and ``runtime``,
+    what a job there gets and the plans it comes from."""
+    default, most = plans.get(path, NONE)
+    return {
+        "runtime_default": default,
+        "runtime_max": most,
+        "runtime": effective(plans, path).to_dict(),
+    }
+
+
+def job_json(row: Any) -> dict:
+    """A job's runtime fields in the API: the limit in force (seconds, null: none) and, while it
+    runs, when it is reached."""
+    running = row.state == "RUNNING"
+    return {
+        "max_runtime": row.max_runtime,
+        "deadline": deadline(row.started, row.max_runtime) if running else None,
+    }
+
+
 def deadline(started: float | None, max_runtime: float | None) -> float | None:
     """When a job started at ``started`` reaches its limit; None without either."""
     if started is None or max_runtime is None:
@@ -134,3 +208,54 @@ def timeout_reason(max_runtime: float | None, started: float | None) -> str:
         return f"runtime limit of {limit} reached"
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))
     return f"runtime limit of {limit} reached (started {stamp} UTC)"
+
+
+# -- the OpenAPI document's fields (openapi.py) -------------------------------------------------
+_DURATION = {"oneOf": [{"type": "number", "minimum": 1}, {"type": "string", "example": "2h"}]}
+_SECONDS = {"type": "number", "nullable": True}
+OPENAPI_PLAN_INPUT = {
+    "runtime_default": {
+        **_DURATION,
+        "nullable": True,
+        "description": "the runtime limit of a job here that asks for none: seconds or a "
+        "duration ('90m', '2h', '1h30m', '1d'); null: none here (the nearest above holds); at "
+        "most the maximum in force here",
+    },
+    "runtime_max": {
+        **_DURATION,
+        "nullable": True,
+        "description": "the most max_runtime a job here or below may ask for; the smallest "
+        "on a plan's path holds; null: none set here",
+    },
+}
+OPENAPI_PLAN = {
+    "runtime_default": {**_SECONDS, "description": "seconds: this plan's own (null: none)"},
+    "runtime_max": {**_SECONDS, "description": "seconds: this plan's own (null: none)"},
+    "runtime": {
+        "type": "object",
+        "description": "what a job here gets: the nearest default and the smallest maximum "
+        "on the path (seconds, null: none), and the plans they come from",
+        "properties": {
+            "default": _SECONDS,
+            "default_from": {"type": "string", "nullable": True},
+            "max": _SECONDS,
+            "max_from": {"type": "string", "nullable": True},
+        },
+    },
+}
+OPENAPI_JOB_INPUT = {
+    "max_runtime": {
+        **_DURATION,
+        "nullable": True,
+        "description": "stop the job after this long (it ends TIMEOUT): seconds or a "
+        "duration ('2h', '1h30m'); null or absent: the plan's default; more than the plan's "
+        "maximum is refused (400)",
+    },
+}
+OPENAPI_JOB = {
+    "max_runtime": {**_SECONDS, "description": "the runtime limit in force, seconds (null: none)"},
+    "deadline": {
+        **_SECONDS,
+        "description": "while RUNNING: started + max_runtime (seconds since the epoch); else null",
+    },
+}

@@ -61,6 +61,7 @@ from .changes import FOLDS, CarryOut, Change, due_timeouts, next_deadline
 from .jobrows import core_job as _core_job
 from .jobrows import job_spec as _spec
 from .queue import WaitingLine
+from .runtime_limits import Limits
 from .store import FoldFacts, JobRow, PlanRecord, Store
 from .storecalls import StoreCalls, StoreUnavailable
 
@@ -81,7 +82,6 @@ class Scheduler(Actions):
         tick: float = 5.0,
         clock: Clock = time.time,
         log: logging.Logger | None = None,
-        notebook_runtime_limit: bool = False,
     ) -> None:
         self.store = store
         # every store call of the running service goes through it, in threads
@@ -97,13 +97,9 @@ class Scheduler(Actions):
         self.instance = Instance(())
         self.plans = PlanTree()
         self.members: dict[str, tuple[list[str], list[str]]] = {}
-        # per plan (runtime_default, runtime_max) in seconds: runtime_limits.py reads it
-        self.plan_runtime: dict[str, tuple[float | None, float | None]] = {}
-        # notebook jobs get their plans' runtime limits too (c.WmlaService.notebook_runtime_limit)
-        self.notebook_runtime_limit = notebook_runtime_limit
+        self.limits = Limits()  # runtime limits of plans and live jobs (runtime_limits.py)
         self.jobs: dict[str, Job] = {}  # live (pending and running) jobs, in the core's terms
-        # the plan index kept from one cycle to the next (docs/scheduling.md "Cost"), ours
-        self.index_cache = IndexCache()
+        self.index_cache = IndexCache()  # ours, kept between cycles (docs/scheduling.md "Cost")
         self.result: CycleResult | None = None  # the last cycle's
         self.reserved: str | None = None  # CycleResult.reserved, passed to the next cycle
         self.cycles = 0
@@ -113,8 +109,6 @@ class Scheduler(Actions):
         self._resize_to: dict[str, tuple[str, ...]] = {}
         self._reasons: dict[str, str] = {}  # last waiting reason written, per job
         self.kinds: dict[str, str] = {}  # job id -> train | notebook
-        self.runtimes: dict[str, float] = {}  # live job id -> its runtime limit (seconds)
-        self.timing_out: set[str] = set()  # live jobs being stopped at their runtime limit
         self._wake = asyncio.Event()
         self._waiters: list[asyncio.Future] = []
         self._task: asyncio.Task | None = None
@@ -159,17 +153,15 @@ class Scheduler(Actions):
             self.store.save_plans(records, self.clock())
             self.store.set_meta("seeded", "1")
         self.plans = PlanTree()
-        self.plan_runtime = {}
+        self.limits.load(records)
         for rec in sorted(records, key=lambda r: (r.path.count("/"), r.path)):
             self.plans.add(rec.path, rec.share, rec.limit, user_leaf=rec.user_leaf)
             self.members[rec.path] = (rec.users, rec.groups)
-            if rec.runtime_default is not None or rec.runtime_max is not None:
-                self.plan_runtime[rec.path] = (rec.runtime_default, rec.runtime_max)
         self._reload_jobs()
 
     def _reload_jobs(self, rows: list[JobRow] | None = None) -> None:
         self.jobs, self.kinds, self._reasons, self.specs = {}, {}, {}, {}
-        self.runtimes, self.timing_out = {}, set()
+        self.limits.clear_jobs()
         for row in self.store.jobs(states=LIVE) if rows is None else rows:
             self._take_in(row)
 
@@ -177,10 +169,7 @@ class Scheduler(Actions):
         self.jobs[row.id] = _core_job(row)
         self.kinds[row.id] = row.kind
         self.specs[row.id] = _spec(row)
-        if row.max_runtime is not None:
-            self.runtimes[row.id] = row.max_runtime
-        if row.timeout_requested:
-            self.timing_out.add(row.id)
+        self.limits.take_in(row)
 
     async def start(self, backend: Backend, run_loop: bool = True) -> None:
         """Attach the backend, re-adopt running jobs, and start the loop task (tests may drive
@@ -273,6 +262,11 @@ class Scheduler(Actions):
         self._waiters.append(future)
         self._wake.set()
         await future
+
+    @property
+    def runtimes(self) -> dict[str, float]:
+        """Live job id -> its runtime limit in seconds (the waiting line reads it)."""
+        return self.limits.jobs
 
     @property
     def figures(self) -> dict[str, PlanFigures]:
@@ -466,8 +460,7 @@ class Scheduler(Actions):
         self.specs.pop(job.id, None)
         self._reasons.pop(job.id, None)
         self._resize_to.pop(job.id, None)
-        self.runtimes.pop(job.id, None)
-        self.timing_out.discard(job.id)
+        self.limits.forget(job.id)
 
     def _apply(
         self, decisions: Iterable, waiting: dict[str, str], now: float

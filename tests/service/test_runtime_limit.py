@@ -207,8 +207,8 @@ class LocalRig:
             storage_root=self.storage,
             python="python3",
             tick=60.0,  # a stop on time is the loop waking at the deadline, not a tick
-            notebook_runtime_limit=self.notebooks,
         )
+        self.sched.limits.notebooks = self.notebooks  # c.WmlaService.notebook_runtime_limit
         self.sched.load(PLANS)
         nodes = detect_nodes("1x4", cpu_millicores=4000, memory_bytes=8 * 2**30)
         self.backend = LocalBackend(
@@ -340,7 +340,7 @@ async def test_the_plan_default_applies_and_the_maximum_refuses_nothing_stored(l
     rig = local()
     await rig.start()
     await rig.plan("/rt", 3.0, 3600.0)
-    assert rig.sched.plan_runtime["/rt"] == (3.0, 3600.0)
+    assert rig.sched.limits.plans["/rt"] == (3.0, 3600.0)
     before = len(rig.store.jobs())
     with pytest.raises(SubmissionError, match=r"runtime maximum of 1h of plan /rt \(on the pa"):
         await rig.submit(max_runtime="2h")
@@ -355,7 +355,7 @@ async def test_the_plan_default_applies_and_the_maximum_refuses_nothing_stored(l
     assert rig.store.job(capped).max_runtime == 2.0
     with pytest.raises(PlanError, match="runtime_default 3s is more than the runtime maximum"):
         await rig.plan("/rt/team", 3.0, 2.0)
-    assert rig.sched.plan_runtime["/rt/team"] == (None, 2.0)  # unchanged
+    assert rig.sched.limits.plans["/rt/team"] == (None, 2.0)  # unchanged
     stored = {p.path: (p.runtime_default, p.runtime_max) for p in rig.store.plans()}
     assert stored["/rt/team"] == (None, 2.0) and stored["/rt"] == (3.0, 3600.0)
     await rig.wait(capped, "TIMEOUT")
@@ -615,3 +615,41 @@ def test_exec_start_with_a_runtime_limit_waits_for_the_timeout_and_exits_1(
     assert "was stopped at its runtime limit (runtime limit of 2s reached (started " in err
     assert "Ask for more time with --runtime-limit" in err
     assert f"job {job['id']} TIMEOUT" in err  # the watch's final line
+
+
+@needs_hub
+def test_the_openapi_document_describes_the_runtime_fields(hub: Hub) -> None:
+    import jsonschema
+
+    user1 = hub.clients["user1"]
+    doc = user1.get("/openapi.json").json()
+
+    def nullable(node):  # OpenAPI 3.0 "nullable" -> JSON Schema (as tests/service/test_api.py)
+        if isinstance(node, dict):
+            node = {k: nullable(v) for k, v in node.items()}
+            if node.pop("nullable", False):
+                node = {"anyOf": [node, {"type": "null"}]}
+        elif isinstance(node, list):
+            node = [nullable(v) for v in node]
+        return node
+
+    components = nullable(doc["components"])
+
+    def check(instance, name):
+        schema = {"$ref": f"#/components/schemas/{name}", "components": components}
+        jsonschema.validate(instance, schema)
+
+    body = sleeper(max_runtime="2s")
+    check(body, "JobInput")
+    check({**body, "max_runtime": 2}, "JobInput")
+    check({**body, "max_runtime": None}, "JobInput")
+    r = user1.post("/jobs", json=body)
+    assert r.status_code == 201, r.text
+    check(user1.wait_state(r.json()["id"], {"RUNNING", "TIMEOUT"}), "Job")
+    ended = user1.wait_state(r.json()["id"], {"TIMEOUT"})
+    assert ended["reason"].startswith("runtime limit of 2s reached (started ")
+    check(ended, "Job")
+    check(user1.get("/plans/rt").json(), "Plan")
+    check({"path": "/x", "runtime_default": "90m", "runtime_max": None}, "PlanInput")
+    with pytest.raises(jsonschema.ValidationError):
+        check({**ended, "state": "EXPIRED"}, "Job")

@@ -221,7 +221,7 @@ def move_plan(sched: Scheduler, path: str, new_parent: str) -> tuple[list[PlanRe
         new_path = prefix + plan.path[len(path) :]
         if new_path in sched.plans:
             raise PlanError(f"cannot move {path} to {prefix}: plan {new_path} already exists")
-        default, most = sched.plan_runtime.get(plan.path, (None, None))
+        default, most = sched.limits.plans.get(plan.path, (None, None))
         records.append(
             PlanRecord(new_path, plan.share, plan.limit, False, users, groups, default, most)
         )
