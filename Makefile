@@ -59,6 +59,7 @@ bench: install
 	$(BIN)/python benchmarks/bench_trace.py
 	$(BIN)/python benchmarks/bench_service.py
 	$(BIN)/python benchmarks/bench_fairness.py
+	$(BIN)/python benchmarks/bench_estimate.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info node_modules

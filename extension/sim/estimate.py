@@ -46,9 +46,10 @@ event time gets its own cycle: tens of jobs (under a millisecond a cycle) are ex
 the default budget on an idle machine, and a caller that needs exactness whatever the load
 passes a roomy budget. When the budget runs out, the jobs not started yet get no start
 (``None``) and ``exact`` is False. The first cycle always runs, whatever it costs; a later
-one only while what is left covers twice its price: a cycle after a bin of events starts and
-reclaims more than the ones it is priced by (at 1,000 pending on 512 nodes such a cycle took
-0.6-1 s), and one such overrun would miss a 200 ms goal by far.
+one only while what is left covers ``HEADROOM`` (3) times its price: a cycle after a batch of
+events can start and reclaim far more than the ones it is priced by (at 1,000 pending on 512
+nodes the cycle that takes the first victims back cost 0.5-1 s after a 50-100 ms one), and
+one such overrun misses a 200 ms goal by far.
 
 Determinism: the same inputs give the same estimates whenever the run is exact; a binned or
 cut run depends on how many cycles the machine affords within the budget.
@@ -78,6 +79,7 @@ from extension.scheduler import (
 )
 
 EPS = 1e-9  # event times this close are one instant (the simulator's own tolerance)
+HEADROOM = 3.0  # a later cycle runs only while the budget left covers this many of its price
 _NEVER = math.inf
 
 # event kinds
@@ -191,7 +193,7 @@ class _Forward:
                 return  # nothing more happens: the rest never start under these assumptions
             price = self._price()
             left = deadline - time.perf_counter()
-            if left < 2 * price:
+            if left < HEADROOM * price:
                 self.exact = False  # cut by the budget
                 return
             batch = self._due(self._bin_end(nxt, int(left / price)))

@@ -162,21 +162,22 @@ def world(shares: dict, gpus: int, jobs: list, **config) -> Snapshot:
 
 
 def test_a_4_gpu_gang_behind_1_gpu_jobs_takes_what_they_free_by_its_reservation():
-    # /a holds all 4 GPUs with jobs ending at 10, 20, 30, 40 and has two more queued; /b's
-    # 4-GPU gang (deserved 2 of 4: no reclaim) holds the reservation, so no freed GPU goes to
-    # /a's queue: the gang starts when the last of them ends (40), /a's two when it ends (90)
-    jobs = [running(f"a{i}", "/a", ("n1",)) for i in range(1, 5)]
-    jobs += [pending("a5", "/a", submitted=1.0), pending("a6", "/a", submitted=2.0)]
+    # 6 GPUs, /a and /b at 1:2: /b deserves 4, so its 4-GPU gang g is within its share and
+    # holds the reservation (/a's jobs are not preemptible: no reclaim). /a's six jobs end at
+    # 10, 20, ... 60: what they free is held for g, which starts at 40 when four are free;
+    # /a's queued a7 and a8 (submitted before g) get what a5 and a6 free: 50 and 60
+    jobs = [running(f"a{i}", "/a", ("n1",), preemptible=False) for i in range(1, 7)]
+    jobs += [pending("a7", "/a", submitted=1.0), pending("a8", "/a", submitted=2.0)]
     jobs.append(pending("g", "/b", user="u2", workers=4, submitted=3.0))
-    ends = {"a1": 10.0, "a2": 20.0, "a3": 30.0, "a4": 40.0}
-    runtimes = {"a5": 100.0, "a6": 100.0, "g": 50.0}
-    got = estimate_starts(world({"/a": 1, "/b": 1}, 4, jobs), 5.0, ends, runtimes)
+    ends = {f"a{i}": 10.0 * i for i in range(1, 7)}
+    runtimes = {"a7": 100.0, "a8": 100.0, "g": 50.0}
+    got = estimate_starts(world({"/a": 1, "/b": 2}, 6, jobs), 5.0, ends, runtimes)
     assert {k: (e.start, e.rank) for k, e in got.jobs.items()} == {
         "g": (40.0, 0),
-        "a5": (90.0, 1),
-        "a6": (90.0, 2),
+        "a7": (50.0, 1),
+        "a8": (60.0, 2),
     }
-    assert got.exact and got.horizon == 90.0
+    assert got.exact and got.horizon == 60.0
 
 
 def test_a_plan_at_its_share_waits_while_the_other_gets_what_frees():
@@ -316,7 +317,7 @@ def test_binning_makes_a_start_only_later_in_a_fifo_world(monkeypatch):
     runtimes = {j.id: rng.uniform(60, 1800) for j in jobs if j.id.startswith("p")}
     exact = estimate_starts(snap, 0.0, ends, runtimes, budget_s=ROOMY)
     # price every cycle at a tenth of the budget: about ten cycles, so the events are binned
-    monkeypatch.setattr(estimate._Forward, "_price", lambda self: 0.3)
+    monkeypatch.setattr(estimate._Forward, "_price", lambda self: ROOMY / 10)
     binned = estimate_starts(snap, 0.0, ends, runtimes, budget_s=ROOMY)
     assert exact.exact and not binned.exact and binned.cycles < exact.cycles
     for job_id, e in binned.jobs.items():
