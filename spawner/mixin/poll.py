@@ -23,10 +23,16 @@ class JobPoll:
 
     async def poll(self) -> int | None:
         """The base spawner's answer; and a running server whose notebook job the service ended
-        (an admin cancelled it) is stopped here, since it no longer holds its plan's resources.
-        Only a job the service says has ended counts: an unreachable service changes nothing."""
+        (an admin cancelled it, it reached its runtime limit: TIMEOUT) is stopped here, since it
+        no longer holds its plan's resources. Only a job the service says has ended counts: an
+        unreachable service changes nothing. While the hub still waits for the server to come
+        up (``pending``) it is left alone: the hub polls then too, but only a poll after the
+        spawn has finished tells the hub that the server stopped (before, its spawn would wait
+        ``http_timeout`` for a server that is gone); the next poll after it stops the server."""
         status = await super().poll()
         if status is not None or not self.wmla_job_id or self._wmla_waiting or self._wmla_stopping:
+            return status
+        if getattr(self, "pending", None):  # the hub's spawn (or stop) is still under way
             return status
         state = await self._wmla_job_state(self.wmla_job_id)
         if state not in FINAL_STATES:

@@ -94,6 +94,8 @@ def hub(tmp_path_factory: pytest.TempPathFactory):
     os.chmod(storage, 0o711)
     created = []
     traits = {"tick": 1, "grace": 1, "device_layout": "1x4", "cpu_oversubscription": 4}
+    # notebook jobs get their plans' runtime limits (no plan here sets one but in that test)
+    traits["notebook_runtime_limit"] = True
     # jobs run as the same accounts as the notebooks (the backend's and the spawner's templates
     # agree), so a user's job can read the code in the user's own 0700 folder
     traits["backend_options"] = {"account_template": PREFIX + "{username}"}
@@ -313,6 +315,29 @@ def test_a_server_whose_job_an_admin_cancels_is_stopped(hub: Hub) -> None:
     wait_for(lambda: server_model(hub, "user2") is None, "the hub to stop the server", timeout=60)
     wait_for(lambda: not _alive(process), "the server process to end")
     assert "is CANCELLED in the wmla service: stopping the server" in hub.log()
+
+
+def test_a_server_at_its_plans_runtime_limit_is_stopped(hub: Hub) -> None:
+    """With c.WmlaService.notebook_runtime_limit on, the notebook job gets its plan's
+    runtime_default; at that limit the service ends it TIMEOUT and the hub's next poll stops the
+    server (spawner/mixin/poll.py: a job that ended is a server that must go). The limit, 3 s,
+    runs out while the server is still starting: the poll leaves the spawn alone and stops the
+    server once the hub has it, instead of leaving the hub waiting for a server that is gone."""
+    admin = hub.clients["admin"]
+    plan = "/plans/sample-project/notebooks"  # user2's (the default plan)
+    assert admin.patch(plan, json={"runtime_default": "3s"}).status_code == 200
+    try:
+        assert spawn(hub, "user2").status_code in (201, 202)
+        found = wait_for(lambda: notebook_jobs(hub, "user2", "RUNNING,TIMEOUT"), "the job")
+        assert found[0]["max_runtime"] == 3
+        ended = hub.clients["user2"].wait_state(found[0]["id"], {"TIMEOUT"}, timeout=60)
+        assert ended["reason"].startswith("runtime limit of 3s reached (started ")
+        wait_for(lambda: server_model(hub, "user2") is None, "the poll to stop it", 60, hub)
+        assert "is TIMEOUT in the wmla service: stopping the server" in hub.log()
+    finally:
+        admin.patch(plan, json={"runtime_default": None})
+        if server_model(hub, "user2") is not None:
+            stop(hub, "user2")
 
 
 def _alive(process: psutil.Process) -> bool:
