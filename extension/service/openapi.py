@@ -406,7 +406,7 @@ def _plan_paths(plan_ref: dict) -> dict[str, Any]:
                 "responses": {**_ok("the plan", plan_ref), **ERRORS},
             },
             "patch": {
-                "summary": "change share, limit or members (plan admins)",
+                "summary": "change share, limit, members or runtime limits (plan admins)",
                 "requestBody": {
                     "required": True,
                     "content": {
