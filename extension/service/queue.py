@@ -38,6 +38,7 @@ from .rows import JobRow
 
 HISTORY_SECONDS = 60.0  # finished jobs' runtimes are read again at most this often
 HISTORY_ROWS = 5000  # the most recent finished jobs they are read from
+SETTLE = 2  # cycles the loop runs on a decision's backend events at the same instant
 
 
 class WaitingLine:
@@ -261,7 +262,7 @@ def _forward(args: tuple, budget: float) -> Any:
     from extension.sim.estimate import estimate_starts
 
     snapshot, now, ends, runtimes = args
-    return estimate_starts(snapshot, now, ends, runtimes, budget_s=budget)
+    return estimate_starts(snapshot, now, ends, runtimes, budget_s=budget, settle=SETTLE)
 
 
 # -- words ---------------------------------------------------------------------------------

@@ -32,6 +32,12 @@ see is the simulator's (tests/sim/test_estimate.py takes it so, and the estimate
 real start exactly); a service that takes it just after its own cycle gets one more cycle at
 ``now`` than it runs itself (a decision its next event or tick would take comes that early).
 
+Settling. The service's loop runs a cycle on every backend event, so a cycle that starts a
+job is followed, within milliseconds, by another (on that job's ``running`` event) that may
+decide again on the new state: e.g. reclaim from a gang the reservation just started. With
+``settle`` = n, up to n more cycles run at the same instant after one that decided something
+(the service passes 2); 0 is the simulator's instant timing, a cycle only at an event.
+
 Cost and binning. A cycle is O(jobs + plans): at 1,000 pending on 512 nodes a settled one
 takes 50-100 ms, so one cycle per distinct end time (hundreds) does not fit a service's
 refresh. The forward run sizes itself on the cycles it has run: with ``k`` more cycles
@@ -119,13 +125,16 @@ def estimate_starts(
     *,
     budget_s: float = 0.15,
     cache: IndexCache | None = None,
+    settle: int = 0,
 ) -> Estimates:
     """Every pending job's estimated start by the real core run forward from ``snapshot`` at
     ``now`` with no new arrivals (module docstring: the assumptions, the binning, the budget).
     ``cache``: a plan index to keep between calls (default: a fresh one for this run, so a
-    forward run never takes the service's own)."""
+    forward run never takes the service's own). ``settle``: up to that many more cycles at the
+    same instant after one that decided something (module docstring, "Settling")."""
     clock = time.perf_counter()
     run = _Forward(snapshot, now, ends, runtimes, cache if cache is not None else IndexCache())
+    run.settle = settle
     run.until_started(clock + budget_s)
     return run.estimates(time.perf_counter() - clock)
 
@@ -160,6 +169,8 @@ class _Forward:
         self.cycles = 0
         self.exact = True
         self.costs: list[float] = []  # wall seconds of the recent cycles (the price of the next)
+        self.settle = 0  # more cycles at an instant after one that decided (estimate_starts)
+        self.decided = False  # the last cycle made a decision
         for job in snapshot.jobs:
             if job.state is JobState.PENDING:
                 mine = self._copy(job)
@@ -187,6 +198,7 @@ class _Forward:
     def until_started(self, deadline: float) -> None:
         self._apply(self._due(self.now))
         self._cycle(self.now)  # always, whatever it costs: the starts now and the order
+        self._settle(self.now, deadline)
         while self.waiting:
             nxt = self._next_time()
             if nxt is None:
@@ -199,6 +211,7 @@ class _Forward:
             batch = self._due(self._bin_end(nxt, int(left / price)))
             self._apply(batch)
             self._cycle(self.t)
+            self._settle(self.t, deadline)
 
     def _price(self) -> float:
         """What the next cycle will cost: the median of the last few (one cycle slowed by the
@@ -304,8 +317,17 @@ class _Forward:
         self.reserved = result.reserved  # carried to the next cycle, as the service does
         for decision in result.decisions:
             dispatch(decision, self, t)
+        self.decided = bool(result.decisions)
         self.cycles += 1
         self.costs.append(time.perf_counter() - began)
+
+    def _settle(self, t: float, deadline: float) -> None:
+        """The cycles the service runs right after one that decided (on its backend's events:
+        a start's ``running``, a shrink's ``resized``), before anything else happens."""
+        for _ in range(self.settle):
+            if not self.decided or deadline - time.perf_counter() < HEADROOM * self._price():
+                return
+            self._cycle(t)
 
     # events ----------------------------------------------------------------------------------
     def _push(self, t: float, kind: str, job_id: str, payload: object = None) -> None:

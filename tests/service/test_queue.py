@@ -248,3 +248,30 @@ def test_a_line_without_estimates_never_starts_a_run() -> None:
     line = WaitingLine(Sched(), interval=0).attach()
     line._after_cycle(None, 0.0, 0.0)
     assert line._running is None and line._pool is None
+
+
+async def test_with_runtime_limits_the_estimate_is_the_real_start(rig: Rig) -> None:
+    """Every job runs to its limit: the estimates are exact and each job first starts when
+    they said, through the service's own cycles (the filler is stopped at its limit and ends
+    TIMEOUT; user1's 2-GPU job and user2's 4-GPU gang, which holds the reservation, then share
+    the plan as the core decides, cycle after cycle: the forward run has those cycles too)."""
+    big = await rig.submit("user9", PLAN, "4", preemptible=False, max_runtime="10m")
+    await rig.cycle()
+    waiting = await rig.submit("user1", PLAN, "2", max_runtime=300)
+    gang = await rig.submit("user2", PLAN, "4", max_runtime=60)
+    await rig.cycle()
+    await rig.sched.queue.refresh()
+    views = rig.sched.queue.views()
+    t0 = started(rig, big)
+    estimates = {job: views[job]["estimate"] for job in (waiting, gang)}
+    assert all(e["exact"] and "none" not in e["assumption"] for e in estimates.values())
+    assert estimates[waiting]["start"] == pytest.approx(t0 + 600)  # under its share: at once
+    for step in (600, 300, 60):
+        rig.clock.offset += step
+        for _ in range(4):
+            await rig.cycle()
+        if step == 600:
+            assert rig.state(big) == "TIMEOUT"
+    for job in (waiting, gang):
+        first = next(t.at for t in rig.store.transitions(job) if t.event == "started")
+        assert first == pytest.approx(estimates[job]["start"], abs=2.0), job
