@@ -17,12 +17,13 @@ minutes, 1, 2, 3, 4, 6, 8, 12, 16 hours, 1, 1.5, 2, 3, 4, 5, 7, 10, 14 days. A j
 is below its duration is killed at its limit (it runs for its limit in the replay).
 
 At each submission, after the cycle that sees it, the forward run gets the replay's live state
-(the core's jobs, the plans, the reservation) and, as the service builds them
-(extension/service/queue.py ``_times``): a running job ends at its start plus its limit, or
-without one plus the median runtime of that user's last 20 finished jobs in that plan, else
-the plan's last 20, else 1 hour, and never before now + the grace; a terminating job ends at
-now + the grace; a pending job runs its limit or that estimate (the service reads the medians
-again every minute; here they are always up to date). A second forward run at the same instant
+(the core's jobs, the plans, the reservation) and the inputs the service gives it
+(extension/sim/runtimes.py ``forward_inputs``, the same function): a running job ends at its
+start plus its limit, or without one plus the median runtime of that user's last 20 finished
+jobs in that plan, else the plan's last 20, else 1 hour; one past that guess runs as long again
+as it has so far (within its limit); nothing ends before now + the grace; a pending job runs
+its limit or that guess (the service reads the history again every minute; here it is always up
+to date). A second forward run at the same instant
 gets the true inputs (each running job's real end, each pending job's real runtime: what the
 replay's fake backend knows), so what error is left there is the forward run's own and that
 of its no-arrivals assumption. Each forward run has the service's default budget (0.15 s).
@@ -50,7 +51,7 @@ import random
 import statistics
 import sys
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
@@ -62,6 +63,7 @@ from extension.scheduler import JobState, Preempt, Snapshot, Start  # noqa: E402
 from extension.sim.estimate import estimate_starts  # noqa: E402
 from extension.sim.policies import Wmla  # noqa: E402
 from extension.sim.replay import Replay  # noqa: E402
+from extension.sim.runtimes import HISTORY, RunHistory, forward_inputs  # noqa: E402
 from extension.sim.trace import (  # noqa: E402
     TraceOptions,
     TraceRow,
@@ -82,7 +84,6 @@ LIMIT_FACTOR = (0.9, 1.5)
 MINUTE, HOUR, DAY = 60, 3600, 86400
 LADDER = [m * MINUTE for m in (5, 15, 30)] + [h * HOUR for h in (1, 2, 3, 4, 6, 8, 12, 16)]
 LADDER += [d * DAY for d in (1, 1.5, 2, 3, 4, 5, 7, 10, 14)]
-HISTORY = 20  # finished runtimes per user and plan, as the service's default
 DEFAULT_RUNTIME = 3600.0  # the service's default_runtime
 GOAL_RELATIVE = 0.25  # median error over the actual wait, jobs with limits
 GOAL_BASELINE = 0.75  # jobs without: median error at most this share of the baseline's
@@ -137,8 +138,7 @@ class Estimating(Wmla):
         super().__init__()
         self.limits = limits
         self.fresh: list[str] = []
-        self.by_user: dict[tuple, deque] = defaultdict(lambda: deque(maxlen=HISTORY))
-        self.by_plan: dict[str, deque] = defaultdict(lambda: deque(maxlen=HISTORY))
+        self.history = RunHistory(HISTORY)
         self.waits: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # sum, count
         self.release_at: dict[str, float] = {}  # victims: when their grace ends
         self.records: dict[str, dict] = {}
@@ -151,8 +151,7 @@ class Estimating(Wmla):
     def finished(self, job, now: float) -> None:
         started = job.core.started
         if started is not None:  # the runtime of its last run, as the service stores it
-            self.by_user[(job.core.user, job.core.plan)].append(now - started)
-            self.by_plan[job.core.plan].append(now - started)
+            self.history.add(job.core.user, job.core.plan, "train", now - started)
         super().finished(job, now)
 
     def cycle(self, now: float):
@@ -177,27 +176,14 @@ class Estimating(Wmla):
         if waiting:
             self._estimate(now, waiting)
 
-    def runtime(self, job) -> float:
-        """The job's limit, else the median of its user's, else its plan's, else the default."""
-        limit = self.limits.get(job.id)
-        if limit is not None:
-            return limit
-        runs = self.by_user.get((job.user, job.plan)) or self.by_plan.get(job.plan)
-        return statistics.median(runs) if runs else DEFAULT_RUNTIME
-
     def service_inputs(self, now: float) -> tuple[dict, dict]:
         """Each running job's end and each pending job's runtime, as the service builds them
-        (extension/service/queue.py ``_times``)."""
+        (extension/sim/runtimes.py ``forward_inputs``, called by extension/service/queue.py)."""
+        jobs = (live.core for live in self.live.values())
         grace = self.config.grace
-        ends, runtimes = {}, {}
-        for job_id, live in self.live.items():
-            job = live.core
-            if job.state is JobState.PENDING:
-                runtimes[job_id] = self.runtime(job)
-            elif job.terminating:
-                ends[job_id] = now + grace
-            else:
-                ends[job_id] = max(job.started + self.runtime(job), now + grace)
+        ends, runtimes, _ = forward_inputs(
+            jobs, now, grace, self.limits, {}, self.history, DEFAULT_RUNTIME
+        )
         return ends, runtimes
 
     def true_inputs(self, now: float) -> tuple[dict, dict]:

@@ -2,12 +2,13 @@
 (docs/service.md "Why a job waits, and until when").
 
 After a cycle that leaves jobs pending, the line is worked out again off the scheduling loop:
-the live jobs are copied, each running job's end and each pending job's runtime are set (its
-runtime limit; without one, the median runtime of that user's last jobs of the same kind in the
-same plan that ran their course (finished, reached their limit, a notebook its user stopped),
-else the plan's, else ``default_runtime``: an estimate, and the assumption says so), and the
-real core is run forward in simulated time with no new submissions
-(``extension/sim/estimate.py``) in a child process, so the loop's decisions never wait for it.
+the live jobs are copied, each running job's end and each pending job's runtime are set by
+``extension/sim/runtimes.py`` (its runtime limit; without one, the median runtime of that
+user's last jobs of its kind that ran their course in its plan (finished, reached their limit,
+a notebook its user stopped), else the plan's, else ``default_runtime``: a guess, and the
+assumption says so; a running job past its guess runs as long again), and the real core is run
+forward in simulated time with no new submissions (``extension/sim/estimate.py``) in a child
+process, so the loop's decisions never wait for it.
 The places in line are the order in which that forward run starts the jobs: the line is the
 core's own fair order played out, not a second ordering that could disagree with it. At most
 one forward run is under way; the next starts ``interval`` seconds after the last at the
@@ -23,9 +24,7 @@ import contextlib
 import copy
 import logging
 import multiprocessing
-import statistics
 import time
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import and_, or_, select
@@ -33,6 +32,7 @@ from sqlalchemy import and_, or_, select
 from extension.queue_text import ordinal
 from extension.scheduler import JobState, Snapshot
 from extension.scheduler.resources import format_amount
+from extension.sim.runtimes import RunHistory, forward_inputs
 
 from .rows import JobRow
 
@@ -62,7 +62,7 @@ class WaitingLine:
         self.in_process = in_process
         self.log: logging.Logger = getattr(sched, "log", logging.getLogger("wmla.service"))
         self._views: dict[str, dict] = {}
-        self._medians: dict[tuple, float] = {}
+        self._history = RunHistory(history)
         self._history_at = -HISTORY_SECONDS
         self._pool: concurrent.futures.Executor | None = None
         self._running: asyncio.Task | None = None
@@ -132,9 +132,11 @@ class WaitingLine:
         snapshot = Snapshot(sched.plans, sched.instance, jobs, sched.config, sched.reserved)
         limits = dict(getattr(sched, "runtimes", {}))  # live job id -> its runtime limit
         if now - self._history_at >= HISTORY_SECONDS:
-            self._medians = await sched.db.read(self._medians_now)
+            self._history = await sched.db.read(self._history_now)
             self._history_at = now
-        ends, runtimes, guessed = self._times(jobs, now, sched.kinds, limits)
+        ends, runtimes, guessed = forward_inputs(
+            jobs, now, sched.config.grace, limits, sched.kinds, self._history, self.default_runtime
+        )
         loop = asyncio.get_running_loop()
         pool = self._executor()
         args = (snapshot, now, ends, runtimes)
@@ -147,13 +149,12 @@ class WaitingLine:
         self.last_cost = estimates.seconds
         self._views = self._build(jobs, estimates, now, guessed)
 
-    def _medians_now(self) -> dict[tuple, float]:
-        """In a store thread: the median runtimes of the jobs that ran their course lately,
-        per (user, plan, kind) and per (plan, kind)."""
+    def _history_now(self) -> RunHistory:
+        """In a store thread: the runtimes of the jobs that ran their course lately."""
         store = self.sched.store
         # how jobs end when they ran their course: training jobs finish (or reach their
         # limit), notebook servers are stopped by their users (the spawner cancels the job)
-        ended = [JobState.FINISHED.value, "TIMEOUT"]
+        ended = [JobState.FINISHED.value, JobState.TIMEOUT.value]
         ran_out = or_(
             JobRow.state.in_(ended),
             and_(JobRow.kind == "notebook", JobRow.state == JobState.CANCELLED.value),
@@ -164,45 +165,13 @@ class WaitingLine:
             .order_by(JobRow.ended.desc())
             .limit(HISTORY_ROWS)
         )
-        by_user: dict[tuple, list[float]] = {}
-        by_plan: dict[tuple, list[float]] = {}
+        history = RunHistory(self.history)
         with store.session() as s:
-            for user, plan, kind, started, ended in s.execute(query):
-                if ended is None or ended < started:
-                    continue
-                for key, into in (((user, plan, kind), by_user), ((plan, kind), by_plan)):
-                    runs = into.setdefault(key, [])
-                    if len(runs) < self.history:  # the most recent ones (ended desc)
-                        runs.append(ended - started)
-        return {k: statistics.median(v) for k, v in (*by_user.items(), *by_plan.items())}
-
-    def _times(
-        self, jobs: Iterable, now: float, kinds: Mapping[str, str], limits: Mapping[str, float]
-    ) -> tuple[dict[str, float], dict[str, float], set[str]]:
-        """Each running job's end and each pending job's runtime; ``guessed``: the jobs whose
-        figure is an estimate from history (no runtime limit)."""
-        ends: dict[str, float] = {}
-        runtimes: dict[str, float] = {}
-        guessed: set[str] = set()
-        grace = self.sched.config.grace
-        for job in jobs:
-            limit = limits.get(job.id)
-            if limit is None:
-                kind = kinds.get(job.id, "train")
-                limit = self._medians.get((job.user, job.plan, kind))
-                if limit is None:
-                    limit = self._medians.get((job.plan, kind), self.default_runtime)
-                guessed.add(job.id)
-            if job.state is JobState.PENDING:
-                runtimes[job.id] = limit
-            elif job.terminating:
-                ends[job.id] = now + grace
-            else:
-                started = job.started if job.started is not None else now
-                # past its end and still running: being stopped now (a limit), or longer
-                # than its history says: assume it ends after a grace period
-                ends[job.id] = max(started + limit, now + (grace if limit else 0.0))
-        return ends, runtimes, guessed
+            rows = list(s.execute(query))
+        for user, plan, kind, started, end in reversed(rows):  # the most recent last
+            if end is not None and end >= started:
+                history.add(user, plan, kind, end - started)
+        return history
 
     def _executor(self) -> concurrent.futures.Executor:
         if self._pool is None:

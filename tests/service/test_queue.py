@@ -128,7 +128,7 @@ async def test_a_running_job_ends_at_its_users_median_runtime_in_that_plan(rig: 
     estimate = rig.sched.queue.views()[waiting]["estimate"]
     assert estimate["start"] == pytest.approx(started(rig, big) + 200.0)
     # a user without history in the plan gets the plan's median (the same two jobs here)
-    assert rig.sched.queue._medians[(PLAN, "train")] == pytest.approx(200.0)
+    assert rig.sched.queue._history.median("nobody", PLAN, "train") == pytest.approx(200.0)
 
 
 async def test_jobs_that_started_or_arrived_since_the_last_estimate(rig: Rig) -> None:
