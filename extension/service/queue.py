@@ -286,13 +286,23 @@ def _assumption(unlimited: int, exact: bool) -> str:
     return text
 
 
+def _no_start(estimates: Any, now: float) -> str:
+    """Why a job got no start: beyond what the budget let the forward run reach, or never
+    under the assumptions (nothing that holds what it needs ever ends)."""
+    ahead = estimates.horizon - now
+    if estimates.exact:
+        return "no start in sight: what it waits for does not end under these assumptions"
+    if ahead < 60:
+        return "not estimated: too many jobs to look ahead within the estimate's budget"
+    return f"not within the next {duration_words(ahead)}"
+
+
 def _estimate(start: float | None, now: float, estimates: Any, assumption: str) -> dict:
     if start is None:
-        ahead = max(0.0, estimates.horizon - now)
         return {
             "start": None,
             "in_seconds": None,
-            "text": f"not within the next {duration_words(ahead)}",
+            "text": _no_start(estimates, now),
             "assumption": assumption,
             "exact": False,
         }

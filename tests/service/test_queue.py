@@ -275,3 +275,26 @@ async def test_with_runtime_limits_the_estimate_is_the_real_start(rig: Rig) -> N
     for job in (waiting, gang):
         first = next(t.at for t in rig.store.transitions(job) if t.event == "started")
         assert first == pytest.approx(estimates[job]["start"], abs=2.0), job
+
+
+@pytest.mark.parametrize(
+    ("exact", "horizon", "text"),
+    [
+        (False, 5.0, "not estimated: too many jobs to look ahead within the estimate's budget"),
+        (False, 6 * 3600.0, "not within the next 6 hours"),
+        (True, 0.0, "no start in sight: what it waits for does not end under these assumptions"),
+    ],
+)
+def test_a_job_without_a_start_says_why(exact: bool, horizon: float, text: str) -> None:
+    from extension.service.queue import _estimate
+    from extension.sim.estimate import Estimates
+
+    estimates = Estimates({}, cycles=1, exact=exact, horizon=horizon, seconds=0.1)
+    view = _estimate(None, 0.0, estimates, "no new submissions")
+    assert view == {
+        "start": None,
+        "in_seconds": None,
+        "text": text,
+        "assumption": "no new submissions",
+        "exact": False,
+    }
