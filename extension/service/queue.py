@@ -8,12 +8,12 @@ user's last jobs of its kind that ran their course in its plan (finished, reache
 a notebook its user stopped), else the plan's, else ``default_runtime``: a guess, and the
 assumption says so; a running job past its guess runs as long again), and the real core is run
 forward in simulated time with no new submissions (``extension/sim/estimate.py``) in a child
-process, so the loop's decisions never wait for it.
-The places in line are the order in which that forward run starts the jobs: the line is the
+process, so the loop's decisions never wait for it. The places in line are the order in which that forward run starts the jobs: the line is the
 core's own fair order played out, not a second ordering that could disagree with it. At most
 one forward run is under way; the next starts ``interval`` seconds after the last at the
-earliest, and each is cut at ``budget`` seconds of work (later starts are binned, then left
-unestimated).
+earliest, and no sooner than ``DUTY`` times as long as the last took (a tenth of a core at
+most, whatever the instance's size); each is cut at ``budget`` seconds of work (later starts
+are binned, then left unestimated).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from .rows import JobRow
 HISTORY_SECONDS = 60.0  # finished jobs' runtimes are read again at most this often
 HISTORY_ROWS = 5000  # the most recent finished jobs they are read from
 SETTLE = 2  # cycles the loop runs on a decision's backend events at the same instant
+DUTY = 10  # a refresh waits at least this many times as long as the last one took
 
 
 class WaitingLine:
@@ -71,6 +72,7 @@ class WaitingLine:
         self._closed = False
         self.runs = 0  # forward runs done (tests, /health)
         self.last_cost: float | None = None  # seconds the last forward run took, in the child
+        self.last_wall: float | None = None  # seconds the last refresh took, start to views
 
     def attach(self) -> WaitingLine:
         self.sched.queue = self
@@ -103,7 +105,9 @@ class WaitingLine:
             return
         if self._running is not None or self._again is not None:
             return
-        wait = self._last + self.interval - time.monotonic()
+        # at most one run in DUTY's worth of time: a big instance's long runs come less often
+        spacing = max(self.interval, DUTY * (self.last_wall or 0.0))
+        wait = self._last + spacing - time.monotonic()
         if wait > 0:
             loop = asyncio.get_running_loop()
             self._again = loop.call_later(wait, self._start_again)
@@ -148,6 +152,7 @@ class WaitingLine:
         self.runs += 1
         self.last_cost = estimates.seconds
         self._views = self._build(jobs, estimates, now, guessed)
+        self.last_wall = time.monotonic() - self._last
 
     def _history_now(self) -> RunHistory:
         """In a store thread: the runtimes of the jobs that ran their course lately."""
