@@ -239,21 +239,83 @@ def held_back(state: CycleState, leaf: PlanNode) -> str | None:
 
 def worth_reserving(state: CycleState, job: Job, leaf: PlanNode) -> bool:
     """Admission 4, the carried holder re-validated: it goes before the fair order only when
-    it would stay within its plans' deserved shares (as a reclaimer does), or when it is a
-    gang that smaller work could overtake: its minimum gang asks for more of its main
-    resource than the smallest pending gang or elastic growth step of the cycle. A one-GPU
-    job that would make its plan a borrower gains nothing there the fair order would not give
-    it, and going first would make a borrower that others then reclaim from (the cascade of
-    issue 18: two preemptions where starting the other plan's job was enough)."""
+    it would stay within its plans' deserved shares (as a reclaimer does: no reclaim can ever
+    stop it), or when it is a gang that smaller work could overtake
+    (``overtaken_by_smaller``), no plan below it in the fair order waits (``below_it``) and
+    the next cycle's reclaim would not stop it (``reclaimed_next``). Going first is for the
+    tie-break only: capacity freed after it blocked goes to it although the tie-break would now
+    favour another plan, never to a start that borrows what the fair order owes a plan first
+    or that a reclaim then undoes (the cascades of issue 18)."""
     w, n = job.per_worker, job.min_workers
     _, height = within_deserved(state.ledger.promised, leaf, w, n, n)
     if height == len(leaf.chain) - 1:  # every plan on its path, the root aside (Reclaim 1)
         return True
+    return (
+        overtaken_by_smaller(state, w, n)
+        and not below_it(leaf)
+        and not reclaimed_next(state, job, leaf)
+    )
+
+
+def overtaken_by_smaller(state: CycleState, w: tuple, n: int) -> bool:
+    """Admission 4: the gang asks for more of its main resource than the smallest pending
+    gang or elastic growth step of the cycle. A one-GPU job that would make its plan a
+    borrower gains nothing by going first that the fair order would not give it."""
     main = 0 if w[0] else (1 if w[1] else 2)
     smallest = state.smallest
     if smallest is None:
         smallest = state.smallest = _smallest_gangs(state)
     return w[main] * n > smallest[main] + EPS
+
+
+def below_it(leaf: PlanNode) -> bool:
+    """Admission 4: at some level of ``leaf``'s path a sibling with a job to try has a
+    strictly lower dominant ratio (rounded as Admission 1 rounds it): the fair order serves
+    that plan first on its merits, not by the tie-break, so what was freed is not the
+    holder's to take (a borrowing holder that took it would be reclaimed by that plan)."""
+    for plan in leaf.chain:
+        parent = plan.parent
+        if parent is None:
+            break
+        mine = round(plan.ratio, 9)
+        for sibling in parent.children:
+            if sibling is not plan and sibling.active and round(sibling.ratio, 9) < mine:
+                return True
+    return False
+
+
+def reclaimed_next(state: CycleState, job: Job, leaf: PlanNode) -> bool:
+    """Admission 4 and Reclaim 6 (no start that the next cycle undoes): with the holder's
+    minimum gang running, the next cycle's reclaim could stop it: it is preemptible,
+    ``min_runtime`` (0) does not shield it, and a pending job of another leaf stays within its
+    deserved share (Reclaim 1) at a level where the holder's side would then borrow a resource
+    that job needs (Reclaim 3)."""
+    if not job.preemptible or state.config.min_runtime > 0:
+        return False
+    w, n = job.per_worker, job.min_workers
+    req = (w[0] * n, w[1] * n, w[2] * n)
+    side_under = {id(p.parent): p for p in leaf.chain if p.parent is not None}
+    ledger = state.ledger
+    for other in state.bottom_up:
+        if not other.pending or other is leaf:
+            continue
+        for (ow, on, _), jobs in other.buckets.items():
+            if not jobs:
+                continue
+            _, height = within_deserved(ledger.promised, other, ow, on, on)
+            for mine in other.chain[:height]:
+                side = side_under.get(id(mine.parent))
+                if side is None:
+                    continue  # the holder is not under this parent
+                if side is mine:
+                    break  # a plan above both: no level left where they are siblings
+                if any(
+                    ow[r] and ledger.alloc(side, r) + req[r] > side.deserved[r] + EPS
+                    for r in range(3)
+                ):
+                    return True
+                break  # the one level where the two are siblings
+    return False
 
 
 def _smallest_gangs(state: CycleState) -> tuple:
