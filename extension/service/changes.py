@@ -144,11 +144,16 @@ FOLDS: dict[EventKind, Callable[[Any, Job, FoldFacts, BackendEvent], Change | No
 
 # -- runtime limits (docs/runtime.md "Runtime limits") ---------------------------------------
 def _limited(sched: Any) -> list[tuple[Job, float]]:
-    """Running jobs with a runtime limit whose stop has not been asked for, and their deadline."""
+    """Running jobs with a runtime limit whose stop has not been asked for, and their deadline.
+    A job being shrunk waits for its ``resized`` (that event brings the cycle that judges it):
+    counted here, a deadline passed during the shrink's grace would spin the loop."""
     out = []
+    stopping, shrinking = sched.limits.stopping, sched._resize_to
     for job_id, limit in sched.limits.jobs.items():
         job = sched.jobs.get(job_id)
-        if job is None or job.state is not JobState.RUNNING or job_id in sched.limits.stopping:
+        if job is None or job.state is not JobState.RUNNING or job_id in stopping:
+            continue
+        if job_id in shrinking:
             continue
         due = deadline(job.started, limit)
         if due is not None:
@@ -170,7 +175,7 @@ def due_timeouts(sched: Any, now: float) -> list[tuple[str, dict, str | None, st
     way is waited for: its ``resized`` event brings a cycle that judges the job again."""
     changes = []
     for job, due in _limited(sched):
-        if now < due or job.id in sched._resize_to:
+        if now < due:
             continue
         limit = sched.limits.jobs[job.id]
         reason = timeout_reason(limit, job.started)

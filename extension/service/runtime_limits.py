@@ -2,9 +2,10 @@
 consistent, and what the service says when it stops a job at its limit (docs/runtime.md
 "Runtime limits").
 
-Pure: the plans' settings come in as a mapping ``path -> (runtime_default, runtime_max)``
-(seconds or None), the Scheduler keeps it next to the plan tree (the core knows nothing of
-runtimes). A job's path is its user leaf and every plan above it up to the root:
+Pure functions over the plans' settings, a mapping ``path -> (runtime_default, runtime_max)``
+(seconds or None) that the Scheduler keeps in a ``Limits`` next to the plan tree, with each live
+job's limit (the core knows nothing of runtimes; changes.py stops the jobs at their deadline).
+A job's path is its user leaf and every plan above it up to the root:
 
 - its **default** is the nearest ``runtime_default`` from the leaf up, capped at the maximum;
 - its **maximum** is the smallest ``runtime_max`` on the path (each plan admin's ceiling holds

@@ -277,8 +277,9 @@ class Scheduler(Actions):
     async def _run(self) -> None:
         while not self._stopping:
             # while the store is down, try again every second (kept events wait to be stored)
-            wait = self.tick if self.db.up and not self._stale else min(self.tick, 1.0)
-            due = next_deadline(self)
+            up = self.db.up and not self._stale
+            wait = self.tick if up else min(self.tick, 1.0)
+            due = next_deadline(self) if up else None  # (down: a try every second anyway)
             if due is not None:  # a runtime limit is reached at its time, not the next tick
                 wait = min(wait, max(0.0, due - self.clock()) + 0.01)
             try:

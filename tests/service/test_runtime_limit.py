@@ -653,3 +653,33 @@ def test_the_openapi_document_describes_the_runtime_fields(hub: Hub) -> None:
     check({"path": "/x", "runtime_default": "90m", "runtime_max": None}, "PlanInput")
     with pytest.raises(jsonschema.ValidationError):
         check({**ended, "state": "EXPIRED"}, "Job")
+
+
+async def test_a_deadline_during_a_shrink_waits_for_its_end_without_spinning_the_loop(
+    tmp_path: Path,
+) -> None:
+    """A shrink's grace may outlast the deadline: the loop neither sleeps until a deadline
+    already past (it would wake every 10 ms) nor stops the job mid-resize; once resized, the
+    next cycle stops it."""
+    from extension.service.changes import due_timeouts, next_deadline
+
+    from .test_scheduling import Rig
+
+    rig = Rig(tmp_path)
+    await rig.start()
+    try:
+        job = await rig.submit("user1", "/sample-project/training", "1", max_runtime=60)
+        await rig.cycle()
+        running = rig.sched.jobs[job]
+        assert next_deadline(rig.sched) == pytest.approx(running.started + 60)
+        rig.sched._resize_to[job] = ("local",)  # a shrink under way
+        now = running.started + 61
+        assert next_deadline(rig.sched) is None and due_timeouts(rig.sched, now) == []
+        del rig.sched._resize_to[job]
+        [(job_id, values, event, reason)] = due_timeouts(rig.sched, now)
+        assert (job_id, event, values["timeout_requested"]) == (job, "timing-out", True)
+        assert reason.startswith("runtime limit of 1m reached") and next_deadline(rig.sched) is None
+    finally:
+        rig.sched._calls.clear()  # the queued stop is not carried out here
+        await rig.sched.stop()
+        rig.store.close()
