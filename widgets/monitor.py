@@ -105,6 +105,7 @@ class JobMonitor(w.VBox):
             "FAILED": "danger",
             "REJECTED": "danger",
             "CANCELLED": "warning",
+            "TIMEOUT": "warning",
         }.get(state, "info")
         self._show_cancel()
         if logs != self.logs.value:

@@ -1,19 +1,19 @@
 """The waiting line: every pending job's place in line, why it waits, and its estimated start
 (docs/service.md "Why a job waits, and until when").
 
-After a cycle that leaves jobs pending, the line is worked out again off the scheduling loop:
-the live jobs are copied, each running job's end and each pending job's runtime are set by
-``extension/sim/runtimes.py`` (its runtime limit; without one, the median runtime of that
-user's last jobs of its kind that ran their course in its plan (finished, reached their limit,
-a notebook its user stopped), else the plan's, else ``default_runtime``: a guess, and the
-assumption says so; a running job past its guess runs as long again), and the real core is run
-forward in simulated time with no new submissions (``extension/sim/estimate.py``) in a child
-process, so the loop's decisions never wait for it. The places in line are the order in which that forward run starts the jobs: the line is the
-core's own fair order played out, not a second ordering that could disagree with it. At most
-one forward run is under way; the next starts ``interval`` seconds after the last at the
-earliest, and no sooner than ``DUTY`` times as long as the last took (a tenth of a core at
-most, whatever the instance's size); each is cut at ``budget`` seconds of work (later starts
-are binned, then left unestimated).
+After a cycle that leaves jobs pending, the line is worked out again off the scheduling loop: the
+live jobs are copied, each running job's end and each pending job's runtime are set by
+``extension/sim/runtimes.py`` (its runtime limit; without one, the median runtime of that user's
+last jobs of its kind that ran their course in its plan (finished, reached their limit, a notebook
+its user stopped), else the plan's, else ``default_runtime``: a guess, and the assumption says so; a
+running job past its guess runs as long again), and the real core is run forward in simulated time
+with no new submissions (``extension/sim/estimate.py``) in a child process, so the loop's decisions
+never wait for it. The places in line are the order in which that forward run starts the jobs: the
+line is the core's own fair order played out, not a second ordering that could disagree with it. At
+most one forward run is under way; the next starts ``interval`` seconds after the last at the
+earliest, and no sooner than ``DUTY`` times as long as the last took (a tenth of a core at most,
+whatever the instance's size); each is cut at ``budget`` seconds of work (later starts are binned,
+then left unestimated).
 """
 
 from __future__ import annotations

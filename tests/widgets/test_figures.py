@@ -203,3 +203,12 @@ def test_an_empty_or_odd_usage_answer_gives_an_empty_chart() -> None:
 def test_plan_options_are_sorted_paths() -> None:
     tree = {"plans": [{"path": "/b"}, {"path": "/a"}, {"path": "/a/x"}]}
     assert figures.plan_options(tree) == ["/a", "/a/x", "/b"]
+
+
+def test_every_state_a_job_can_be_in_has_a_colour() -> None:
+    """A new state (TIMEOUT came with runtime limits) is drawn in its own colour, not missing."""
+    from extension.scheduler import JobState
+    from widgets.figures.common import STATE_COLOURS
+
+    assert set(STATE_COLOURS) == {state.value for state in JobState}
+    assert len(set(STATE_COLOURS.values())) >= len(STATE_COLOURS) - 1  # FAILED ~ REJECTED

@@ -18,6 +18,7 @@ STATE_COLOURS = {
     "FAILED": "#c62828",
     "REJECTED": "#c62828",
     "CANCELLED": "#6c757d",
+    "TIMEOUT": "#ef6c00",  # stopped at its runtime limit: resumable, not a failure
 }
 
 
