@@ -100,6 +100,8 @@ def test_the_spawn_page_of_a_notebook_that_must_wait_shows_its_position_and_an_e
             page.fill("input[name=username]", "user1")
             page.fill("input[name=password]", hub.password)
             page.click("input[type=submit], button[type=submit]")
+            page.wait_for_url(re.compile(r".*/hub/spawn.*"))  # the form, or the pending page
+            page.wait_for_load_state()  # under load the form is not there yet otherwise
             if page.locator("#spawn_form").count():  # the profile form, when the hub shows it
                 page.click("#spawn_form input[type=submit], #spawn_form button[type=submit]")
             page.wait_for_url(re.compile(r".*/hub/spawn-pending/user1.*"))
