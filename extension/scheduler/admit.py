@@ -44,7 +44,12 @@ def in_order(jobs: list[Job]) -> list[Job]:
 
 def admit(state: CycleState) -> None:
     """The reservation holder first (Admission 4: what was freed since it blocked goes to it),
-    then every leaf's turn in fair order until no plan has a job left to try."""
+    then every leaf's turn in fair order until no plan has a job left to try. With
+    ``min_runtime`` 0 in two rounds (Admission 1, within-share starts first): the first defers
+    every preemptible job whose start would make a plan on its path borrow, the second walks
+    the same fair order over what the first deferred. Without ``min_runtime`` nothing shields
+    a new borrower: started before a job within its share that then finds no room, the next
+    cycle's reclaim would stop it for that job (Reclaim 6)."""
     _activate(state)
     holder = state.holder
     if holder is not None and not worth_reserving(state, holder[0], holder[1]):
@@ -52,6 +57,21 @@ def admit(state: CycleState) -> None:
     held, held_leaf = (None, None) if holder is None else holder
     if holder is not None:
         try_start(state, held, held_leaf)
+    state.defer = state.config.min_runtime <= 0  # Admission 1: within-share starts first
+    _walk(state, held, held_leaf)
+    state.defer = False
+    late = state.unplaced
+    if late is not None and state.reserved_for is None and any(late.per_worker):
+        state.waits[late.id] = capacity_reason(state, late.per_worker, late.min_workers)
+        _reserve(state, late)
+    if state.deferred:
+        _second_round(state)
+        _walk(state, held, held_leaf)
+    state.ledger.fits = {}  # free rows change again in reclaim and grow: not kept in step there
+
+
+def _walk(state: CycleState, held: Job | None, held_leaf: PlanNode | None) -> None:
+    """Every active leaf's turn in fair order until no plan has a job left to try."""
     root, failed, blocked = state.index.root, state.failed_shapes, state.blocked
     quick_ok = state.snapshot.instance.max_jobs is None  # no job cap: only capacity blocks
     while root.active:
@@ -61,17 +81,39 @@ def admit(state: CycleState) -> None:
             if _pass_over(leaf, failed, blocked):
                 continue
         _turn(state, leaf, quick, held)
-    state.ledger.fits = {}  # free rows change again in reclaim and grow: not kept in step there
 
 
 def _activate(state: CycleState) -> None:
     """Mark the leaves with pending jobs and their ancestors active; heapify each parent's
     order of its active children at once."""
-    bottom_up = state.bottom_up
-    for plan in bottom_up:
+    for plan in state.bottom_up:
         if plan.pending:
             plan.active = 1
             plan.heads = None  # built on the leaf's first turn, if it needs them
+    _heapify_active(state)
+
+
+def _second_round(state: CycleState) -> None:
+    """Admission 1, the second round: only the buckets deferred in the first, each from the
+    job it was deferred at, in the same fair order (ratios as the first round left them)."""
+    for plan in state.bottom_up:
+        plan.active = 0
+        plan.heap.clear()
+    for leaf, entries in state.deferred.values():
+        heads = [
+            (-jobs[i].priority, jobs[i].submitted, jobs[i].id, seq, jobs, i)
+            for seq, jobs, i in entries
+        ]
+        heapq.heapify(heads)
+        leaf.heads, leaf.active = heads, 1
+    state.deferred = {}
+    _heapify_active(state)
+
+
+def _heapify_active(state: CycleState) -> None:
+    """Count each parent's active children and heapify its order of them at once."""
+    bottom_up = state.bottom_up
+    for plan in bottom_up:
         if plan.active and plan.parent is not None:
             plan.parent.active += 1
     for plan in bottom_up:
@@ -116,6 +158,21 @@ def _turn(state: CycleState, leaf: PlanNode, quick: bool, held: Job | None) -> N
                 blocked[id(jobs)] = job
             heappop(heads)  # the rest of the bucket has the same shape
             continue
+        if (
+            state.defer
+            and job is not held
+            and job.preemptible
+            and not keeps_within(state, leaf, job)
+        ):
+            # Admission 1: it would borrow, and so would the rest of its bucket (same leaf
+            # and shape): the bucket waits for the second round from this job on, unless it
+            # finds no room either way (free capacity only shrinks)
+            if quick and _no_room(state, job):
+                _blocked_borrower(state, jobs, job, leaf)
+            else:
+                state.deferred.setdefault(id(leaf), (leaf, []))[1].append((seq, jobs, i))
+            heappop(heads)
+            continue
         if i + 1 < len(jobs):
             after = jobs[i + 1]
             heapreplace(heads, (-after.priority, after.submitted, after.id, seq, jobs, i + 1))
@@ -127,6 +184,28 @@ def _turn(state: CycleState, leaf: PlanNode, quick: bool, held: Job | None) -> N
             break
     if not heads:
         _deactivate(leaf)
+
+
+def _no_room(state: CycleState, job: Job) -> bool:
+    """The job's minimum gang does not fit in what is free in all, or its shape already found
+    no room: it waits for capacity in either round."""
+    w, n = job.per_worker, job.min_workers
+    if (w, n) in state.failed_shapes:
+        return True
+    tf = state.ledger.total_free
+    return w[0] * n > tf[0] or w[1] * n > tf[1] or w[2] * n > tf[2]
+
+
+def _blocked_borrower(state: CycleState, jobs: list[Job], job: Job, leaf: PlanNode) -> None:
+    """A job the first round would defer that finds no room now: blocked by capacity at once,
+    as ``try_start`` would mark it (no bucket kept for the second round, so a busy cycle stays
+    as cheap as before), and the first such job is the reservation's candidate after the
+    second round, where it would have been tried (Admission 4)."""
+    shape, failed = (job.per_worker, job.min_workers), state.failed_shapes
+    if state.unplaced is None and shape not in failed and not held_back(state, leaf):
+        state.unplaced = job  # a shape that failed before is passed over, never reserved for
+    failed.add(shape)
+    state.blocked.setdefault(id(jobs), job)
 
 
 def _heads(leaf: PlanNode) -> list:
@@ -237,6 +316,15 @@ def held_back(state: CycleState, leaf: PlanNode) -> str | None:
     return leaf.first_in(state.hold_back)
 
 
+def keeps_within(state: CycleState, leaf: PlanNode, job: Job) -> bool:
+    """Reclaim 1's test on every plan of ``leaf``'s path, the root aside: with ``job``'s
+    minimum gang running each holds at most its deserved share of every resource the job
+    asks for, so no reclaim could ever stop it (Admission 1's first round, Admission 4)."""
+    n = job.min_workers
+    _, height = within_deserved(state.ledger.promised, leaf, job.per_worker, n, n)
+    return height == len(leaf.chain) - 1
+
+
 def worth_reserving(state: CycleState, job: Job, leaf: PlanNode) -> bool:
     """Admission 4, the carried holder re-validated: it goes before the fair order only when
     it would stay within its plans' deserved shares (as a reclaimer does: no reclaim can ever
@@ -246,12 +334,10 @@ def worth_reserving(state: CycleState, job: Job, leaf: PlanNode) -> bool:
     tie-break only: capacity freed after it blocked goes to it although the tie-break would now
     favour another plan, never to a start that borrows what the fair order owes a plan first
     or that a reclaim then undoes (the cascades of issue 18)."""
-    w, n = job.per_worker, job.min_workers
-    _, height = within_deserved(state.ledger.promised, leaf, w, n, n)
-    if height == len(leaf.chain) - 1:  # every plan on its path, the root aside (Reclaim 1)
+    if keeps_within(state, leaf, job):
         return True
     return (
-        overtaken_by_smaller(state, w, n)
+        overtaken_by_smaller(state, job.per_worker, job.min_workers)
         and not below_it(leaf)
         and not reclaimed_next(state, job, leaf)
     )

@@ -50,6 +50,11 @@ class CycleState:
     # stands for its first job until reclaim needs to know which that is
     blocked: dict[int, Job | list[Job]] = field(default_factory=dict)
     failed_shapes: set[tuple] = field(default_factory=set)  # (worker, count) with no room
+    # Admission 1, within-share starts first (min_runtime 0): whether the walk defers a start
+    # that would borrow, and the buckets it deferred: id(leaf) -> (leaf, [(seq, jobs, index)])
+    defer: bool = False
+    deferred: dict[int, tuple[PlanNode, list[tuple]]] = field(default_factory=dict)
+    unplaced: Job | None = None  # the first of them that found no room (admit._blocked_borrower)
     reserved_for: str | None = None  # Admission 4: the job holding the reservation
     reservation: str = ""  # and what its status says about it
     # 6. reclaim: jobs chosen as victims this cycle -----------------------------------------

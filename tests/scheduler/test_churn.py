@@ -97,7 +97,7 @@ class Holder:
     plans: dict
     nodes: tuple
     jobs: list
-    reserved: str
+    reserved: str  # "": none
     starts: set  # the jobs the cycle starts
     reserved_after: str | None  # the holder it carries to the next cycle
     next_at: float  # when the next cycle runs: it preempts none of the jobs started
@@ -174,6 +174,61 @@ HOLDERS = {
 def test_the_carried_holder_goes_first_only_when_no_reclaim_would_undo_it(case: Holder):
     plans = tree(case.plans)
     first = run_cycle(plans, case.nodes, case.jobs, now=NOW, reserved=case.reserved, **case.config)
+    assert set(starts(first)) == case.starts
+    assert first.reserved == case.reserved_after
+    jobs = carried_out(case.jobs, first, NOW)
+    later = run_cycle(
+        plans, case.nodes, jobs, now=case.next_at, reserved=first.reserved, **case.config
+    )
+    assert not [p.job_id for p in later.of(Preempt) if p.job_id in case.starts]
+
+
+TWO_ON_8 = [  # /a and /b deserve 4 each of 8; /a (1 of 4) is first in the fair order
+    running("a1", "/a", ("n1",), started=0),
+    running("b1", "/b", ("n1",) * 3, user="u2", started=0),
+    pending("gang", "/a", workers=4, submitted=0),
+    pending("b2", "/b", user="u2", submitted=1),
+]
+ROUNDS = {
+    # Admission 1, within-share starts first (min_runtime 0): /a's gang would take /a to 5 of
+    # its 4; before this change it took the 4 free GPUs first and the next cycle /b's b2
+    # (within its share, no room) reclaimed it. Now b2 starts in the first round and the gang,
+    # tried in the second, holds the reservation with the 3 left
+    "a-start-that-would-borrow-waits-for-the-jobs-within-their-share": Holder(
+        TWO_PLANS, nodes(1, gpu=8), TWO_ON_8, "", {"b2"}, "gang", NOW + 1
+    ),
+    # min_runtime shields the young borrower: one walk in fair order, as before
+    "with-min-runtime-the-fair-order-stands": Holder(
+        TWO_PLANS,
+        nodes(1, gpu=8),
+        TWO_ON_8,
+        "",
+        {"gang"},
+        "b2",
+        NOW + 59,
+        {"min_runtime": 60},
+    ),
+    # a borrower that finds no room still holds the reservation when nothing within its
+    # share is blocked (the 8-GPU gang of tests/scenarios/reservation_stream.yaml)
+    "a-borrower-without-room-still-holds-the-reservation": Holder(
+        TWO_PLANS,
+        nodes(1, gpu=8),
+        [
+            running("b1", "/b", ("n1",) * 2, user="u2", started=0),
+            pending("big", "/a", gpu=8, submitted=0),
+        ],
+        "",
+        set(),
+        "big",
+        NOW + 1,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ROUNDS.values()), ids=list(ROUNDS))
+def test_with_min_runtime_0_jobs_within_their_share_start_before_borrowers(case: Holder):
+    plans = tree(case.plans)
+    first = run_cycle(plans, case.nodes, case.jobs, now=NOW, **case.config)
     assert set(starts(first)) == case.starts
     assert first.reserved == case.reserved_after
     jobs = carried_out(case.jobs, first, NOW)
