@@ -3,10 +3,10 @@
 Everything under ``<storage_root>/<user>`` is the user's to change at any moment: any name there
 may become a symbolic link, a FIFO or a hard link while we look. So the service never opens,
 creates, follows or lists those paths itself when it runs as root. It runs the operations of
-this module in a short-lived helper process that has already dropped to the user's uid, gid and
-groups (``userfs.UserFiles``), where following a link reaches only what the user could reach
-anyway. When the service does not run as root, they run in-process (the user's files are then
-the service's own, and the API is the only wall).
+this module in a helper process that has already dropped to the user's uid, gid and groups
+(``userfs.UserFiles``), where following a link reaches only what the user could reach anyway.
+When the service does not run as root, they run in-process (the user's files are then the
+service's own, and the API is the only wall).
 
 Either way, a file is only ever read through ``open_own_file``: ``O_NOFOLLOW`` (a link is
 refused, not followed), ``O_NONBLOCK`` (a FIFO cannot hang the reader), and on the open file
@@ -14,9 +14,13 @@ descriptor a check that it is a regular file owned by the reader. That last chec
 a hard link to someone else's file (where ``fs.protected_hardlinks`` is off) out.
 
 Standard library only, and no import of the project: the helper runs this file with
-``python -I -S -c <this source>`` under an interpreter the account can execute, which may not
-be the service's. Requests come as one JSON object on stdin (``{"op": ..., "args": {...}}``) and
-the answer is one JSON object on stdout (``{"ok": value}`` or ``{"error": message}``).
+``python -I -S -c <this source> serve <idle seconds>`` under an interpreter the account can
+execute, which may not be the service's. It then answers requests one at a time until its
+stdin closes (the service closed it, or died) or none came for ``<idle seconds>``: each is a
+frame, 8 bytes of length (big-endian) then that many bytes of JSON, both ways. A request is
+``{"id": n, "op": ..., "args": {...}}``; its answer ``{"id": n, "ok": value}`` or
+``{"id": n, "error": message}``, at most ``MAX_ANSWER`` bytes (a larger one is answered with an
+error instead, so an honest helper is never killed for its size).
 """
 
 from __future__ import annotations
@@ -24,12 +28,16 @@ from __future__ import annotations
 import errno
 import json
 import os
+import select
 import shutil
 import stat
 import sys
 from typing import Any
 
 MAX_READ = 16 * 1024 * 1024  # the most of one file a read returns (its end: logs grow there)
+MAX_ANSWER = 4 * MAX_READ  # bytes of JSON one answer may have (the service refuses more)
+MAX_REQUEST = 64 * 1024 * 1024  # bytes of one request (they come from the service: a sanity cap)
+FRAME = 8  # bytes of the length before each message
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
@@ -260,12 +268,69 @@ def run(request: dict) -> dict:
         return {"error": f"{err.filename or request['op']}: {err.strerror}"}
 
 
-def main() -> int:
-    request = json.loads(sys.stdin.read())
+def _read_exact(fd: int, size: int) -> bytes | None:
+    """``size`` bytes from ``fd``, or None at end of file (the service closed our stdin)."""
+    chunks, left = [], size
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def answer_bytes(request: Any) -> bytes:
+    """The framed answer to one decoded request (what ``serve`` writes)."""
+    ident = request.get("id") if isinstance(request, dict) else None
+    try:
+        answer = run(request)
+    except Exception as err:  # a bad request or a bug: say so, and stay up for the next one
+        answer = {"error": f"the helper failed: {type(err).__name__}: {err}"}
+    answer["id"] = ident
+    data = json.dumps(answer).encode()
+    if len(data) > MAX_ANSWER:
+        op = request.get("op") if isinstance(request, dict) else None
+        error = f"the answer for {op} was over {MAX_ANSWER} bytes"
+        data = json.dumps({"id": ident, "error": error}).encode()
+    return len(data).to_bytes(FRAME, "big") + data
+
+
+def serve(idle: float) -> int:
+    """Answer framed requests on stdin until it closes or ``idle`` seconds pass without one."""
     os.umask(0o077)
-    sys.stdout.write(json.dumps(run(request)))
-    return 0
+    while True:
+        # the service kills helpers idle for its own limit; this one (longer) is for a service
+        # that stopped without closing our stdin, e.g. stopped itself (SIGSTOP)
+        ready, _, _ = select.select([0], [], [], idle)
+        if not ready:
+            return 0
+        header = _read_exact(0, FRAME)
+        if header is None:
+            return 0
+        size = int.from_bytes(header, "big")
+        if size > MAX_REQUEST:
+            return 2
+        body = _read_exact(0, size)
+        if body is None:
+            return 0
+        try:
+            request = json.loads(body)
+        except ValueError:
+            request = None
+        _write_all(1, answer_bytes(request))
+
+
+def main(argv: list[str]) -> int:
+    idle = float(argv[2]) if len(argv) > 2 and argv[1] == "serve" else 120.0
+    return serve(idle)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv))
