@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+from collections.abc import Callable
 
 from . import messages
 from .model import Instance, Job
@@ -20,6 +21,7 @@ from .plans import ROOT, PlanError, PlanTree, leaf_path
 from .resources import UNLIMITED, Resources
 
 INF = float("inf")
+SHAPES_KEPT = 64  # a leaf with more bucket shapes starts the next cycle with none
 
 
 class PlanNode:
@@ -126,6 +128,19 @@ class NodeFigures:
         return fits
 
 
+class PlanMark:
+    """``PlanIndex.mark``'s answer: per plan, in ``plans`` order, its allocation (three
+    numbers each), ratio and job counts."""
+
+    __slots__ = ("plans", "alloc", "ratios", "pending", "running")
+
+    plans: list[PlanNode]
+    alloc: list[float]
+    ratios: list[float]
+    pending: list[int]
+    running: list[int]
+
+
 def _path_of(plan: PlanNode) -> str:
     return plan.path
 
@@ -219,8 +234,53 @@ class PlanIndex:
             if p.buckets:
                 for jobs in p.buckets.values():
                     jobs.clear()
-                if len(p.buckets) > 64:  # shapes nobody asks for any more
+                if len(p.buckets) > SHAPES_KEPT:  # shapes nobody asks for any more
                     p.buckets.clear()
+
+    def mark(self) -> PlanMark:
+        """What admission and reclaim change in the per-cycle figures, as phases 1-4 left
+        them, for ``rewind`` (Reclaim 6's reruns start from here). Flat lists of numbers:
+        cheap to take every cycle, and nothing for the garbage collector to walk."""
+        plans = list(self.plans.values())
+        mark = PlanMark()
+        mark.plans = plans
+        mark.alloc = [v for p in plans for v in p.alloc]
+        mark.ratios = [p.ratio for p in plans]
+        mark.pending = [p.pending for p in plans]
+        mark.running = [p.running for p in plans]
+        return mark
+
+    def rewind(self, mark: PlanMark, intake_order: Callable[[Job], int]) -> None:
+        """Back to the figures ``mark`` took: allocations, ratios and job counts as phases 1-4
+        left them; the walk's heaps, the victim lists and the shields as ``reset`` does; and
+        every bucket in the order intake filled it (``intake_order``: a job's place in the
+        snapshot). Admission sorts buckets in place, and the waiting reasons list their jobs
+        in bucket order."""
+        alloc, ratios, pending, running = mark.alloc, mark.ratios, mark.pending, mark.running
+        for n, p in enumerate(mark.plans):
+            p.alloc[:] = alloc[3 * n : 3 * n + 3]
+            p.ratio = ratios[n]
+            p.pending, p.running = pending[n], running[n]
+            p.active = 0
+            p.heads = None
+            if p.heap:
+                p.heap.clear()
+            if p.under:
+                p.under.clear()
+            p.shield = INF
+            if p.pending:
+                for jobs in p.buckets.values():
+                    if len(jobs) > 1:
+                        jobs.sort(key=intake_order)
+
+    def rewinds_as_reset(self) -> bool:
+        """Whether ``rewind`` leaves every leaf's buckets as a ``reset`` and intake now would:
+        unless a reset would drop a leaf's shapes and let intake add them again in another
+        order (the order a walk passes over a leaf's buckets in, and sums its demand in), or
+        hand the cycle a new index (``stale``)."""
+        if self.stale():
+            return False
+        return all(len(p.buckets) <= SHAPES_KEPT for p in self.plans.values())
 
     def stale(self) -> bool:
         """Made-up leaves whose jobs are all gone cost every cycle a little: start afresh when

@@ -81,6 +81,27 @@ class Ledger:
             used = nodes.machines[r] - total[r]
             total[r] = min(total[r], nodes.total[r] - used)
 
+    def mark(self) -> tuple[list, list, list, list]:
+        """The rows and totals as ``hold`` left them, for ``rewind`` (Reclaim 6's reruns):
+        flat lists of numbers, three per node."""
+        free = [v for row in self.free for v in row]
+        incoming = [v for row in self.incoming for v in row]
+        return free, incoming, self.total_free[:], self.total_incoming[:]
+
+    def rewind(self, mark: tuple[list, list, list, list]) -> None:
+        """Back to ``mark``: what admission took, reserved and claimed and what reclaim
+        released is undone whole, and nothing is promised. The pool needs no undoing: reclaim
+        fills it (``open_pool``) before it reads it."""
+        free, incoming, total_free, total_incoming = mark
+        for n, row in enumerate(self.free):
+            row[:] = free[3 * n : 3 * n + 3]
+        for n, row in enumerate(self.incoming):
+            row[:] = incoming[3 * n : 3 * n + 3]
+        self.total_free[:], self.total_incoming[:] = total_free, total_incoming
+        self.promised = {}
+        self.fits = {}
+        self._rooms = {}
+
     # admission and growth -----------------------------------------------------------------
     def take(self, placement: list[int], w: tuple) -> None:
         """A gang (or a grown worker) starts on ``placement``: one worker per entry."""

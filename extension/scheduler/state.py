@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .decisions import Decision
-from .index import IndexCache, NodeFigures, PlanIndex, PlanNode
+from .index import IndexCache, NodeFigures, PlanIndex, PlanMark, PlanNode
 from .ledger import Ledger
 from .model import Job, SchedulerConfig, Snapshot
 
@@ -65,19 +65,66 @@ class CycleState:
     grown: dict[str, tuple[Job, list[int]]] = field(default_factory=dict)
 
 
-def open_cycle(
-    snapshot: Snapshot,
-    now: float,
-    cache: IndexCache,
-    hold_back: frozenset[str] = frozenset(),
-    spare: frozenset[str] = frozenset(),
-) -> CycleState:
+def open_cycle(snapshot: Snapshot, now: float, cache: IndexCache) -> CycleState:
     """A cycle's state over a kept (or new) plan index, its per-cycle figures zeroed."""
     inst = snapshot.instance
     nodes = cache.nodes(inst)
     index = cache.checkout(snapshot.plans, inst)
     index.reset()
     ledger = Ledger(nodes, index.free, index.incoming, index.pool)
-    state = CycleState(snapshot, now, snapshot.config, index, nodes, ledger)
-    state.hold_back, state.spare = hold_back, spare
-    return state
+    return CycleState(snapshot, now, snapshot.config, index, nodes, ledger)
+
+
+@dataclass(slots=True, eq=False)
+class PhaseMark:
+    """What phases 1-4 left that admission and reclaim change (``mark``), so that a rerun
+    of phases 5-6 starts from exactly there (``rerun``)."""
+
+    plans: PlanMark
+    ledger: tuple
+    decisions: list[Decision]  # the Rejects of intake
+    holder: tuple[Job, PlanNode] | None  # admit may drop it
+    running_jobs: int  # admit counts its starts on it
+    place: dict[int, int] | None = None  # id(job) -> its index in the snapshot, for rerun
+
+
+def mark(state: CycleState) -> PhaseMark:
+    """Taken once per cycle, after phase 4 (deserved)."""
+    return PhaseMark(
+        state.index.mark(),
+        state.ledger.mark(),
+        list(state.decisions),
+        state.holder,
+        state.running_jobs,
+    )
+
+
+def rerun(
+    state: CycleState, at: PhaseMark, hold_back: frozenset[str], spare: frozenset[str]
+) -> CycleState:
+    """A fresh state for phases 5-6 again (Reclaim 6), with ``hold_back`` and ``spare``:
+    the plan figures and the ledger rewound to ``at``, and what phases 1-4 wrote carried
+    over (none of them reads ``hold_back`` or ``spare``, so they would write the same
+    again); every field of phases 5-7 starts empty, as in a new state."""
+    if at.place is None:  # the first rerun of the cycle: a job's place in the snapshot
+        at.place = {id(job): n for n, job in enumerate(state.snapshot.jobs)}
+    place = at.place
+    state.index.rewind(at.plans, lambda job: place[id(job)])
+    state.ledger.rewind(at.ledger)
+    return CycleState(
+        state.snapshot,
+        state.now,
+        state.config,
+        state.index,
+        state.nodes,
+        state.ledger,
+        running=state.running,
+        running_leaves=state.running_leaves,
+        elastic=state.elastic,
+        holder=at.holder,
+        running_jobs=at.running_jobs,
+        decisions=list(at.decisions),
+        bottom_up=state.bottom_up,
+        hold_back=hold_back,
+        spare=spare,
+    )
