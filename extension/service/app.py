@@ -24,6 +24,7 @@ from traitlets import Bool, Dict, Float, Int, TraitError, Unicode, default, vali
 from traitlets.config import Application, Config
 
 from extension.backends.capacity import detect_nodes
+from extension.backends.userfs import close_helpers
 from extension.scheduler import UNLIMITED, Resources, SchedulerConfig
 
 from .lease import Lease, LeaseHeld, watch
@@ -261,8 +262,7 @@ class WmlaService(Application):
     default_runtime = Float(
         3600.0,
         config=True,
-        help="""Seconds a job without a runtime limit is assumed to run when its user and its
-        plan have no finished job of its kind yet to estimate from (estimates only).
+        help="""Seconds a job without a limit is assumed to run, lacking any history (estimates).
 
         c.WmlaService.default_runtime = 3600
         """,
@@ -501,6 +501,7 @@ class WmlaService(Application):
         self.log.info("wmla service stopping")
         self.http.stop()
         await self.scheduler.stop()
+        close_helpers()  # the users' pooled file helpers (atexit would too, but later)
         watcher.cancel()
         self.lease.release()
         self.store.close()

@@ -28,7 +28,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from extension.backends import userfs, userfs_ops
+from extension.backends import userfs_ops
+from extension.backends import userfs_pool as userfs
 from extension.backends.accounts import Account, create_account, ensure_folder
 from extension.backends.userfs import HELPER_ENV, HelperPool, UserFileError, UserFiles
 
