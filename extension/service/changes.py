@@ -59,16 +59,21 @@ def on_ended(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change:
         state, reason = JobState.CANCELLED, row.reason or "cancelled"
     elif row.timeout_requested and ev.kind is not EventKind.FINISHED:
         state, reason = JobState.TIMEOUT, timeout_reason(row.max_runtime, row.started)
+    values = _ended(sched, job, state, ev, reason)
+    values["exit_code"] = ev.exit_code
+    return values, "timed-out" if state is JobState.TIMEOUT else ev.kind.value, reason
+
+
+def _ended(sched: Any, job: Job, state: JobState, ev: BackendEvent, reason: str) -> dict:
+    """The job is over (``state``): out of the live jobs; the store's columns for it."""
     sched._end(job, state)
-    values = {
+    return {
         "state": state.value,
         "placement": [],
         "terminating": False,
         "ended": ev.at or sched.clock(),
-        "exit_code": ev.exit_code,
         "reason": reason,
     }
-    return values, "timed-out" if state is JobState.TIMEOUT else ev.kind.value, reason
 
 
 def on_released(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change:
@@ -76,27 +81,11 @@ def on_released(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Chang
     came during a preemption's grace), or preempted and back to the queue (it resumes from its
     checkpoint when started again)."""
     if row.timeout_requested and not row.cancel_requested:
-        sched._end(job, JobState.TIMEOUT)
         reason = timeout_reason(row.max_runtime, row.started)
-        values = {
-            "state": JobState.TIMEOUT.value,
-            "placement": [],
-            "terminating": False,
-            "ended": ev.at or sched.clock(),
-            "reason": reason,
-        }
-        return values, "timed-out", reason
+        return _ended(sched, job, JobState.TIMEOUT, ev, reason), "timed-out", reason
     if row.cancel_requested:
-        sched._end(job, JobState.CANCELLED)
         reason = row.reason or "cancelled"
-        values = {
-            "state": JobState.CANCELLED.value,
-            "placement": [],
-            "terminating": False,
-            "ended": ev.at or sched.clock(),
-            "reason": reason,
-        }
-        return values, "cancelled", reason
+        return _ended(sched, job, JobState.CANCELLED, ev, reason), "cancelled", reason
     job.state, job.placement, job.started = JobState.PENDING, (), None
     job.terminating = False
     values = {
