@@ -84,7 +84,8 @@ from extension.scheduler import (
     schedule,
 )
 
-EPS = 1e-9  # event times this close are one instant (the simulator's own tolerance)
+from .metrics import EPS  # event times this close are one instant, as in the simulator
+
 HEADROOM = 3.0  # a later cycle runs only while the budget left covers this many of its price
 _NEVER = math.inf
 
