@@ -14,6 +14,7 @@ import os
 import pytest
 
 from .hub import PROXY, Client, Hub
+from .openapi_schema import schema_checker
 
 pytestmark = pytest.mark.skipif(
     not PROXY.exists(), reason="configurable-http-proxy is missing: run `make install`"
@@ -438,21 +439,7 @@ def test_openapi_schemas_describe_what_the_api_takes_and_gives(hub: Hub) -> None
     import jsonschema
 
     doc = hub.clients["user1"].get("/openapi.json").json()
-
-    def nullable(node):  # OpenAPI 3.0 "nullable" -> JSON Schema
-        if isinstance(node, dict):
-            node = {k: nullable(v) for k, v in node.items()}
-            if node.pop("nullable", False) and "type" in node:
-                node["type"] = [node["type"], "null"]
-        elif isinstance(node, list):
-            node = [nullable(v) for v in node]
-        return node
-
-    components = nullable(doc["components"])
-
-    def check(instance, name):
-        schema = {"$ref": f"#/components/schemas/{name}", "components": components}
-        jsonschema.validate(instance, schema)
+    check = schema_checker(doc)
 
     user1 = hub.clients["user1"]
     body = job_body("/sample-project/training", workers="1:2", name="doc")

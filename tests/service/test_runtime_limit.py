@@ -40,6 +40,7 @@ from extension.service.submission import LimitRange, SubmissionError, parse_subm
 from tests.backends.conftest import kill_everything_under
 
 from .hub import PROXY, Client, Hub
+from .openapi_schema import schema_checker
 
 WAIT = 60.0  # a guard against hangs, not a timing assertion
 
@@ -623,21 +624,7 @@ def test_the_openapi_document_describes_the_runtime_fields(hub: Hub) -> None:
 
     user1 = hub.clients["user1"]
     doc = user1.get("/openapi.json").json()
-
-    def nullable(node):  # OpenAPI 3.0 "nullable" -> JSON Schema (as tests/service/test_api.py)
-        if isinstance(node, dict):
-            node = {k: nullable(v) for k, v in node.items()}
-            if node.pop("nullable", False):
-                node = {"anyOf": [node, {"type": "null"}]}
-        elif isinstance(node, list):
-            node = [nullable(v) for v in node]
-        return node
-
-    components = nullable(doc["components"])
-
-    def check(instance, name):
-        schema = {"$ref": f"#/components/schemas/{name}", "components": components}
-        jsonschema.validate(instance, schema)
+    check = schema_checker(doc)
 
     body = sleeper(max_runtime="2s")
     check(body, "JobInput")
