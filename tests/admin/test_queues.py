@@ -10,6 +10,7 @@ import pytest
 from extension.service.admin.handlers import _env
 from extension.service.admin.queues import queue_tables
 from extension.service.scheduling import Scheduler
+from tests.waiting_line import Line
 
 from . import test_views
 from .test_views import job
@@ -30,18 +31,6 @@ def queue(place: int, leaf: int, instance: int, start: float | None, text: str) 
                      "exact": False},
         "updated": 1000.0,
     }  # fmt: skip
-
-
-class Line:
-    """``sched.queue`` as the page reads it."""
-
-    def __init__(self, views) -> None:
-        self._views = views
-
-    def views(self):
-        if isinstance(self._views, Exception):
-            raise self._views
-        return self._views
 
 
 def with_jobs(sched: Scheduler) -> Scheduler:

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from extension.metering.meter import Metering
 from extension.scheduler import Instance, Snapshot, schedule
 from tests.scheduler.builders import nodes, pending, running, tree
+from tests.waiting_line import Line
 
 NOW = 1000.0
 QA = "/project1/qa-team"
@@ -33,16 +34,6 @@ class EmptyStore:
 
     def transition_facts(self, after: int) -> list:
         return []
-
-
-class Line:
-    def __init__(self, views) -> None:
-        self._views = views
-
-    def views(self):
-        if isinstance(self._views, Exception):
-            raise self._views
-        return self._views
 
 
 def estimate(start, text: str = "in about 12 minutes") -> dict:
