@@ -70,8 +70,7 @@ class WaitingLine:
         self._again: asyncio.TimerHandle | None = None
         self._last = -1e18  # monotonic time the last forward run began
         self._closed = False
-        self.runs = 0  # forward runs done (tests, /health)
-        self.last_cost: float | None = None  # seconds the last forward run took, in the child
+        self.runs = 0  # forward runs done (the tests read it)
         self.last_wall: float | None = None  # seconds the last refresh took, start to views
 
     def attach(self) -> WaitingLine:
@@ -134,7 +133,7 @@ class WaitingLine:
         now = sched.clock()
         jobs = [copy.copy(j) for j in sched.jobs.values()]  # the loop changes the live ones
         snapshot = Snapshot(sched.plans, sched.instance, jobs, sched.config, sched.reserved)
-        limits = dict(getattr(sched, "runtimes", {}))  # live job id -> its runtime limit
+        limits = dict(sched.runtimes)  # live job id -> its runtime limit
         if now - self._history_at >= HISTORY_SECONDS:
             self._history = await sched.db.read(self._history_now)
             self._history_at = now
@@ -150,7 +149,6 @@ class WaitingLine:
             self._pool = None  # the child died (killed, out of memory): a new one next time
             raise
         self.runs += 1
-        self.last_cost = estimates.seconds
         self._views = self._build(jobs, estimates, now, guessed)
         self.last_wall = time.monotonic() - self._last
 
@@ -193,12 +191,12 @@ class WaitingLine:
         """The views of the jobs still pending now, placed in the forward run's start order."""
         sched = self.sched
         live = sched.jobs
+        placed = estimates.jobs
         pending = [
             j
             for j in jobs
-            if j.state is JobState.PENDING and j.id in live and j.id in estimates.jobs
+            if j.id in placed and j.id in live and live[j.id].state is JobState.PENDING
         ]
-        pending = [j for j in pending if live[j.id].state is JobState.PENDING]
         pending.sort(key=lambda j: estimates.jobs[j.id].rank)
         result = sched.result
         waiting = result.waiting if result is not None else {}
