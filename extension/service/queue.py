@@ -214,7 +214,7 @@ class WaitingLine:
                 "position": {"leaf": leaf_place, "plan": plan_place, "instance": place},
                 "plan": job.plan,
                 "reason": waiting_reason(job, plan_place, figures.get(job.plan), reason),
-                "estimate": _estimate(estimates.jobs[job.id].start, now, estimates, assumption),
+                "estimate": _estimate(estimates.jobs[job.id], now, estimates, assumption),
                 "updated": now,
             }
         return views
@@ -276,6 +276,12 @@ def _figure(value: float) -> str:
     return format_amount("gpu", round(value, 1)).split(" ")[0]
 
 
+ROUGH = (
+    "this far down the line the start is rough: counted on the instance's total free "
+    "capacity and the plans' shares, not on nodes"
+)
+
+
 def _assumption(unlimited: int, exact: bool) -> str:
     text = "running jobs end at their runtime limits"
     if unlimited:
@@ -289,23 +295,18 @@ def _assumption(unlimited: int, exact: bool) -> str:
     return text
 
 
-def _no_start(estimates: Any, now: float) -> str:
-    """Why a job got no start: beyond what the budget let the forward run reach, or never
-    under the assumptions (nothing that holds what it needs ever ends)."""
-    ahead = estimates.horizon - now
-    if estimates.exact:
-        return "no start in sight: what it waits for does not end under these assumptions"
-    if ahead < 60:
-        return "not estimated: too many jobs to look ahead within the estimate's budget"
-    return f"not within the next {duration_words(ahead)}"
+NO_START = "no start in sight: what it waits for does not end under these assumptions"
 
 
-def _estimate(start: float | None, now: float, estimates: Any, assumption: str) -> dict:
+def _estimate(estimate: Any, now: float, estimates: Any, assumption: str) -> dict:
+    start = estimate.start
+    if estimate.rough:  # the rough tail's start (extension/sim/tail.py)
+        assumption += "; " + ROUGH
     if start is None:
         return {
             "start": None,
             "in_seconds": None,
-            "text": _no_start(estimates, now),
+            "text": NO_START,  # a cut run's rough tail starts every job anything frees for
             "assumption": assumption,
             "exact": False,
         }

@@ -50,12 +50,15 @@ the most of any resource): a bin that begins ``d`` after ``now`` ends ``d * q`` 
 of its own wait, little near ``now`` and more far away. While the budget allows it every
 event time gets its own cycle: tens of jobs (under a millisecond a cycle) are exact within
 the default budget on an idle machine, and a caller that needs exactness whatever the load
-passes a roomy budget. When the budget runs out, the jobs not started yet get no start
-(``None``) and ``exact`` is False. The first cycle always runs, whatever it costs; a later
-one only while what is left covers ``HEADROOM`` (3) times its price: a cycle after a batch of
-events can start and reclaim far more than the ones it is priced by (at 1,000 pending on 512
-nodes the cycle that takes the first victims back cost 0.5-1 s after a 50-100 ms one), and
-one such overrun misses a 200 ms goal by far.
+passes a roomy budget. The first cycle always runs, whatever it costs; a later one only
+while what is left, less what the rough tail will cost (``TAIL_PER_JOB`` per live job),
+covers ``HEADROOM`` (3) times its price: a cycle after a batch of events can start and
+reclaim far more than the ones it is priced by (at 1,000 pending on 512 nodes the cycle that
+takes the first victims back costs 100-400 ms after a 30-50 ms one), and one such overrun
+misses a 200 ms goal by far. When the budget runs out, ``exact`` is False and the jobs not
+started yet get their starts from the rough tail (tail.py: a capacity model continued from
+where the core stopped, ``Estimate.rough``); a job that gets no start at all (``None``) is
+one that nothing it waits for ever frees, under these assumptions.
 
 Determinism: the same inputs give the same estimates whenever the run is exact; a binned or
 cut run depends on how many cycles the machine affords within the budget.
@@ -85,8 +88,10 @@ from extension.scheduler import (
 )
 
 from .metrics import EPS  # event times this close are one instant, as in the simulator
+from .tail import TailWorld, rough_starts
 
 HEADROOM = 3.0  # a later cycle runs only while the budget left covers this many of its price
+TAIL_PER_JOB = 15e-6  # what the rough tail (tail.py) costs per live job, kept back for it
 _NEVER = math.inf
 
 # event kinds
@@ -105,6 +110,7 @@ class Estimate:
 
     start: float | None
     rank: int
+    rough: bool = False  # the start is the rough tail's (tail.py), not the core's
 
 
 @dataclass
@@ -116,6 +122,7 @@ class Estimates:
     exact: bool  # every distinct event time got its own cycle (no binning, nothing cut)
     horizon: float  # the last simulated time reached
     seconds: float  # wall time spent
+    rough: int = 0  # jobs whose start is the rough tail's (the budget cut the core's run)
 
 
 def estimate_starts(
@@ -172,6 +179,7 @@ class _Forward:
         self.costs: list[float] = []  # wall seconds of the recent cycles (the price of the next)
         self.settle = 0  # more cycles at an instant after one that decided (estimate_starts)
         self.decided = False  # the last cycle made a decision
+        self.tail: dict[str, float] = {}  # the rough tail's starts (tail.py), after a cut
         for job in snapshot.jobs:
             if job.state is JobState.PENDING:
                 mine = self._copy(job)
@@ -205,9 +213,10 @@ class _Forward:
             if nxt is None:
                 return  # nothing more happens: the rest never start under these assumptions
             price = self._price()
-            left = deadline - time.perf_counter()
+            left = deadline - time.perf_counter() - TAIL_PER_JOB * len(self.jobs)
             if left < HEADROOM * price:
-                self.exact = False  # cut by the budget
+                self.exact = False  # cut by the budget: the rest get the rough tail's starts
+                self.tail = rough_starts(self._tail_world(), self.waiting)
                 return
             batch = self._due(self._bin_end(nxt, int(left / price)))
             self._apply(batch)
@@ -374,14 +383,39 @@ class _Forward:
         del self.jobs[d.job_id]
         self.waiting.pop(d.job_id, None)
 
+    def _tail_world(self) -> TailWorld:
+        """Where the core stopped, for the rough tail: what each running job gives back
+        when, from the events still to come (a shrink's workers leave its end's count)."""
+        world = TailWorld(
+            self.t, self.snapshot.instance.capacity, self.snapshot.plans, self.jobs, dict(self.left)
+        )
+        shrunk: dict[str, int] = {}
+        ends = []
+        for event in self.events:
+            t, _, kind, job_id, _, payload = event
+            if kind == _WAKE or not self._counts(event):
+                continue
+            if kind == _SHRUNK:
+                shrunk[job_id] = shrunk.get(job_id, 0) + len(payload)
+                world.gives.append((t, job_id, len(payload), None))
+            else:
+                ends.append((t, job_id, payload if kind == _RELEASE else None))
+        for t, job_id, back in ends:
+            workers = self.jobs[job_id].workers - shrunk.get(job_id, 0)
+            world.gives.append((t, job_id, workers, back))
+        return world
+
     # the answer ------------------------------------------------------------------------------
     def estimates(self, seconds: float) -> Estimates:
         starts = self.starts
         out = {job_id: Estimate(starts[job_id], rank) for rank, job_id in enumerate(self.order)}
+        tail = sorted(self.tail, key=lambda job_id: (self.tail[job_id], job_id))
+        for rank, job_id in enumerate(tail, len(out)):
+            out[job_id] = Estimate(self.tail[job_id], rank, rough=True)
         rest = sorted(
             (j for j in self.pending if j.id not in out),
             key=lambda j: (-j.priority, j.submitted, j.id),
         )
         for rank, job in enumerate(rest, len(out)):
             out[job.id] = Estimate(None, rank)
-        return Estimates(out, self.cycles, self.exact, self.t, seconds)
+        return Estimates(out, self.cycles, self.exact, self.t, seconds, len(tail))

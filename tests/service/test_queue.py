@@ -277,24 +277,24 @@ async def test_with_runtime_limits_the_estimate_is_the_real_start(rig: Rig) -> N
         assert first == pytest.approx(estimates[job]["start"], abs=2.0), job
 
 
-@pytest.mark.parametrize(
-    ("exact", "horizon", "text"),
-    [
-        (False, 5.0, "not estimated: too many jobs to look ahead within the estimate's budget"),
-        (False, 6 * 3600.0, "not within the next 6 hours"),
-        (True, 0.0, "no start in sight: what it waits for does not end under these assumptions"),
-    ],
-)
-def test_a_job_without_a_start_says_why(exact: bool, horizon: float, text: str) -> None:
-    from extension.service.queue import _estimate
-    from extension.sim.estimate import Estimates
+def test_a_job_without_a_start_says_why_and_a_rough_one_says_so() -> None:
+    from extension.service.queue import NO_START, ROUGH, _estimate
+    from extension.sim.estimate import Estimate, Estimates
 
-    estimates = Estimates({}, cycles=1, exact=exact, horizon=horizon, seconds=0.1)
-    view = _estimate(None, 0.0, estimates, "no new submissions")
+    estimates = Estimates({}, cycles=1, exact=False, horizon=5.0, seconds=0.1)
+    view = _estimate(Estimate(None, 3), 0.0, estimates, "no new submissions")
     assert view == {
         "start": None,
         "in_seconds": None,
-        "text": text,
+        "text": NO_START,
         "assumption": "no new submissions",
+        "exact": False,
+    }
+    view = _estimate(Estimate(7200.0, 4, rough=True), 0.0, estimates, "no new submissions")
+    assert view == {
+        "start": 7200.0,
+        "in_seconds": 7200,
+        "text": "in about 2 hours",
+        "assumption": f"no new submissions; {ROUGH}",
         "exact": False,
     }
