@@ -32,7 +32,7 @@ class Waiting:
     reason: str = ""
     estimated: bool = False  # an estimate was made (its start may still be beyond reach)
     start: float | None = None  # epoch seconds
-    when: str = ""  # "in about 12 minutes", "not within the next 12 hours"
+    when: str = ""  # "in about 12 minutes", "no start in sight: ..."
     assumption: str = ""
     exact: bool = False
 
@@ -101,12 +101,12 @@ def reason_text(w: Waiting) -> str:
 
 
 def starts_text(w: Waiting) -> str:
-    """``starts in about 12 minutes``, ``starts within a minute``, ``not within the next 12
-    hours`` (no start reached), ``""`` when nothing was estimated yet."""
+    """``starts in about 12 minutes``, ``starts within a minute``, ``no start in sight: ...``
+    (no start), ``""`` when nothing was estimated yet."""
     if not w.when:
         return ""
     if w.start is None:
-        return w.when  # "not within the next ...": no verb reads right before it
+        return w.when  # "no start in sight: ...": no verb reads right before it
     return f"starts {w.when}"
 
 
@@ -118,8 +118,8 @@ def utc_minute(t: float | None) -> str:
 
 
 def estimate_text(w: Waiting) -> str:
-    """``2026-12-02 12:30 UTC (in about 12 minutes; assumes ...)``, ``not within the next 12
-    hours (assumes ...)``, ``not estimated yet``: the CLI's ``estimated start`` line."""
+    """``2026-12-02 12:30 UTC (in about 12 minutes; assumes ...)``, ``no start in sight: ...
+    (assumes ...)``, ``not estimated yet``: the CLI's ``estimated start`` line."""
     if not w.estimated:
         return "not estimated yet"
     head = utc_minute(w.start) if w.start is not None else (w.when or "not known")

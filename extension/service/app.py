@@ -253,8 +253,8 @@ class WmlaService(Application):
     estimate_budget = Float(
         0.15,
         config=True,
-        help="""Seconds of work one estimate of the waiting line may take; beyond it later
-        events are grouped and then left unestimated ("not within the next ...").
+        help="""Seconds of work one estimate of the waiting line may take; beyond it events
+        are grouped, then the jobs not reached get a rough start (docs/simulate.md).
 
         c.WmlaService.estimate_budget = 0.15
         """,

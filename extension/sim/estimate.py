@@ -91,6 +91,7 @@ from .metrics import EPS  # event times this close are one instant, as in the si
 from .tail import TailWorld, rough_starts
 
 HEADROOM = 3.0  # a later cycle runs only while the budget left covers this many of its price
+BATCH_SCALE = 10.0  # the most a batch of events scales a cycle's price by (_Forward._scale)
 TAIL_PER_JOB = 15e-6  # what the rough tail (tail.py) costs per live job, kept back for it
 _NEVER = math.inf
 
@@ -177,6 +178,7 @@ class _Forward:
         self.cycles = 0
         self.exact = True
         self.costs: list[float] = []  # wall seconds of the recent cycles (the price of the next)
+        self.batches: list[int] = []  # how many events each cycle after the first took
         self.settle = 0  # more cycles at an instant after one that decided (estimate_starts)
         self.decided = False  # the last cycle made a decision
         self.tail: dict[str, float] = {}  # the rough tail's starts (tail.py), after a cut
@@ -205,7 +207,9 @@ class _Forward:
 
     # the loop --------------------------------------------------------------------------------
     def until_started(self, deadline: float) -> None:
-        self._apply(self._due(self.now))
+        first = self._due(self.now)
+        self.batches.append(len(first))
+        self._apply(first)
         self._cycle(self.now)  # always, whatever it costs: the starts now and the order
         self._settle(self.now, deadline)
         while self.waiting:
@@ -214,11 +218,13 @@ class _Forward:
                 return  # nothing more happens: the rest never start under these assumptions
             price = self._price()
             left = deadline - time.perf_counter() - TAIL_PER_JOB * len(self.jobs)
-            if left < HEADROOM * price:
+            until = self._bin_end(nxt, int(left / price)) if left >= HEADROOM * price else nxt
+            if left < HEADROOM * price * self._scale(until):
                 self.exact = False  # cut by the budget: the rest get the rough tail's starts
                 self.tail = rough_starts(self._tail_world(), self.waiting)
                 return
-            batch = self._due(self._bin_end(nxt, int(left / price)))
+            batch = self._due(until)
+            self.batches.append(len(batch))
             self._apply(batch)
             self._cycle(self.t)
             self._settle(self.t, deadline)
@@ -228,6 +234,15 @@ class _Forward:
         machine, or the first one building the plan index, does not bin a whole run)."""
         recent = sorted(self.costs[-5:])
         return max(recent[len(recent) // 2], 1e-6)
+
+    def _scale(self, until: float) -> float:
+        """How many times its price the cycle that takes the events up to ``until`` may cost:
+        the events it takes over the usual batch of the recent cycles, at most ``BATCH_SCALE``
+        (the victims of a reclaim coming back at once start a cycle of hundreds of starts)."""
+        taken = sum(1 for e in self.events if e[0] <= until + EPS and self._counts(e))
+        recent = sorted(self.batches[-5:])
+        usual = max(recent[len(recent) // 2], 1)
+        return min(max(taken / usual, 1.0), BATCH_SCALE)
 
     def _bin_end(self, nxt: float, affordable: int) -> float:
         """The last time the next cycle takes events up to: ``nxt`` itself while every event
