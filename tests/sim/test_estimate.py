@@ -352,3 +352,17 @@ def test_the_estimate_assumes_nobody_else_comes():
     # b1 (/b under its share) reclaimed one of /a's GPUs at 5 and a3 waits behind it
     assert crowded.next_start("b1", 0.0) < crowded.next_start("a3", 0.0)
     assert crowded.next_start("a3", 0.0) > 10.0
+
+
+def test_a_batch_of_many_events_scales_the_price_of_its_cycle():
+    # 64 running jobs ending at 10 s apart; after batches of 2 events a cycle taking 8 may cost
+    # 4 times as much, one taking all of them at most BATCH_SCALE times
+    snap, ends, runtimes = busy()
+    ends = {f"r{i}": 100.0 + 10 * (i // 2) for i in range(64)}
+    run = estimate._Forward(snap, 0.0, ends, runtimes, estimate.IndexCache())
+    run.batches = [2, 2, 2]
+    assert run._scale(100.0) == 1.0  # 2 events, as usual
+    assert run._scale(130.0) == 4.0  # 8 events
+    assert run._scale(1e9) == estimate.BATCH_SCALE  # 64
+    run.batches = [64]
+    assert run._scale(1e9) == 1.0
