@@ -66,9 +66,11 @@ def rough_starts(world: TailWorld, wanted: Iterable[str]) -> dict[str, float]:
     starts: dict[str, float] = {}
     t = world.t
     while order.queued:
+        blocked = None
         while (leaf := order.lowest()) is not None:
             job = order.head(leaf)
             if not _fits(free, job.per_worker, job.min_workers):
+                blocked = leaf
                 break  # strict: nothing passes a head that does not fit
             order.pop(leaf)
             _take(free, job.per_worker, job.min_workers)
@@ -80,7 +82,10 @@ def rough_starts(world: TailWorld, wanted: Iterable[str]) -> dict[str, float]:
                 seq += 1
                 heapq.heappush(events, (t + runtime, seq, job.id, job.min_workers, None))
         if not events:
-            break  # what the rest wait for never ends
+            if blocked is None:
+                break
+            order.pop(blocked)  # nothing more frees: it never starts, the ones behind it may
+            continue
         t = events[0][0]
         while events and events[0][0] <= t:
             _, _, job_id, workers, back = heapq.heappop(events)

@@ -62,9 +62,14 @@ def test_a_victim_gives_back_then_comes_back_with_its_runtime_left():
     assert got == {"b1": 5.0, "v": 35.0}
 
 
-def test_a_wait_that_never_ends_gets_no_start():
+def test_a_wait_that_never_ends_gets_no_start_and_holds_up_no_one_behind_it():
     jobs = [running("r1", "/a", ("n1",) * 4), pending("p1", "/b")]
     assert rough_starts(world(jobs, [], {"p1": 10.0}), ["p1"]) == {}
+    # r1 holds 2 of 4 GPUs for good: /b's 4-GPU head never starts, /a's job behind it does
+    jobs = [running("r1", "/a", ("n1",) * 2), pending("b4", "/b", user="u2", workers=4)]
+    jobs.append(pending("a1", "/a", submitted=1.0))
+    left = {"b4": 10.0, "a1": 10.0}
+    assert rough_starts(world(jobs, [], left), left) == {"a1": 0.0}
 
 
 def test_a_cut_run_gives_every_job_a_start_near_the_real_cores():
