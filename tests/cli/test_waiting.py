@@ -64,9 +64,9 @@ def test_exec_get_of_a_pending_job_says_its_place_reason_and_estimated_start(wml
              "estimated start": "not estimated yet"},
         ),
         (
-            {**QUEUE, "estimate": {"start": None, "text": "not within the next 12 hours",
+            {**QUEUE, "estimate": {"start": None, "text": "no start in sight",
                                    "assumption": "no new submissions"}},
-            {"estimated start": "not within the next 12 hours (assumes no new submissions)"},
+            {"estimated start": "no start in sight (assumes no new submissions)"},
         ),
         (
             {"position": None, "plan": QA, "reason": "waiting for capacity", "estimate": None},

@@ -95,7 +95,7 @@ def test_the_longest_estimated_wait_per_plan() -> None:
         "a1": estimate(NOW + 120),
         "a2": estimate(NOW + 720),
         "b1": estimate(NOW - 5, "within a minute"),  # due already: no negative wait
-        "d1": {**estimate(None, "not within the next 12 hours"), "plan": DEV},
+        "d1": {**estimate(None, "no start in sight"), "plan": DEV},
         "r1": estimate(NOW + 9999),  # started since the forward run: not waiting
         "gone": estimate(NOW + 9999),  # ended since: no live job
     }

@@ -159,9 +159,9 @@ async def test_the_spawn_page_follows_the_place_and_the_estimate_as_they_change(
             f"{CORE}",
         ),
         (
-            job(queue={**queue(4), "estimate": {"start": None, "text": "not within the next "
-                                                "12 hours", "assumption": ASSUMES}}),
-            f"4th in line in {PLAN} (1st for you) — not within the next 12 hours (estimate: "
+            job(queue={**queue(4), "estimate": {"start": None, "text": "no start in sight",
+                                                "assumption": ASSUMES}}),
+            f"4th in line in {PLAN} (1st for you) — no start in sight (estimate: "
             f"assumes {ASSUMES}) — dev-team holds 2 of its 2 deserved GPUs; {CORE}",
         ),
         (

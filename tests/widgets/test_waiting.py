@@ -58,9 +58,9 @@ def test_the_state_line_says_the_place_the_estimate_and_the_reason() -> None:
             "waiting for capacity",
         ),
         (
-            with_queue(estimate={"start": None, "text": "not within the next 12 hours"}),
+            with_queue(estimate={"start": None, "text": "no start in sight"}),
             f"3rd in line in {QA} (1st of yours, 12th overall) &mdash; "
-            '<span class="wmla-estimate">not within the next 12 hours</span> &mdash; '
+            '<span class="wmla-estimate">no start in sight</span> &mdash; '
             "qa-team holds 8 of its 8 deserved GPUs; waiting for capacity: needs 1 worker x 4 "
             "gpu, each worker on one node; room now for 0",
         ),
