@@ -178,7 +178,7 @@ class _Forward:
         self.cycles = 0
         self.exact = True
         self.costs: list[float] = []  # wall seconds of the recent cycles (the price of the next)
-        self.batches: list[int] = []  # how many events each cycle after the first took
+        self.batches: list[int] = []  # how many events each cycle took (settling ones: none)
         self.settle = 0  # more cycles at an instant after one that decided (estimate_starts)
         self.decided = False  # the last cycle made a decision
         self.tail: dict[str, float] = {}  # the rough tail's starts (tail.py), after a cut
