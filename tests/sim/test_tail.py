@@ -6,7 +6,10 @@ state, a cut run's tail against an uncut run of the real core.
 
 from __future__ import annotations
 
+import random
 import statistics
+
+import pytest
 
 from extension.scheduler import Resources
 from extension.sim.estimate import estimate_starts
@@ -83,3 +86,45 @@ def test_a_cut_run_gives_every_job_a_start_near_the_real_cores():
     assert statistics.median(errors) < 0.35  # measured 0.1-0.2 on these seeds
     ranks = sorted(cut.jobs, key=lambda k: cut.jobs[k].rank)
     assert [cut.jobs[k].start for k in ranks] == sorted(cut.jobs[k].start for k in ranks)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_tail_never_holds_more_than_the_capacity(seed: int) -> None:
+    # random plans, running jobs ending at random times or never, victims coming back, pending
+    # gangs with random runtimes: at every instant what is held fits the pool
+    rng = random.Random(seed)
+    plans = tree({f"/t{i}": (rng.choice((1, 2, 4)), None) for i in range(4)})
+    gpus = 16
+    jobs, gives, left, held = [], [], {}, 0
+    for i in range(rng.randrange(1, 6)):
+        workers = rng.choice((1, 2, 4))
+        job = running(f"r{i}", f"/t{i % 4}", ("n1",) * workers, user=f"u{i % 2}")
+        jobs.append(job)
+        held += workers
+        if rng.random() < 0.8:
+            back = rng.uniform(1, 50) if rng.random() < 0.3 else None
+            gives.append((rng.uniform(0, 100), job.id, workers, back))
+            if back is not None:
+                left[job.id] = back
+    for i in range(rng.randrange(5, 30)):
+        job = pending(
+            f"p{i}",
+            f"/t{rng.randrange(4)}",
+            f"u{rng.randrange(2)}",
+            workers=rng.choice((1, 1, 2, 4, 8)),
+            submitted=float(i),
+        )
+        jobs.append(job)
+        left[job.id] = rng.uniform(1, 100)
+    runtimes = dict(left)
+    by_id = {j.id: j for j in jobs}
+    starts = rough_starts(world(jobs, gives, dict(left), plans, gpus), by_id)
+    changes = [(t, -w) for t, _, w, _ in gives]
+    for job_id, start in starts.items():
+        assert start >= 0.0
+        job = by_id[job_id]
+        changes.append((start, job.min_workers))
+        changes.append((start + runtimes[job_id], -job.min_workers))
+    for t, change in sorted(changes, key=lambda c: (c[0], c[1])):  # frees before takes
+        held += change
+        assert held <= gpus + 1e-9, (seed, t)
