@@ -401,9 +401,9 @@ class _Forward:
     def _tail_world(self) -> TailWorld:
         """Where the core stopped, for the rough tail: what each running job gives back
         when, from the events still to come (a shrink's workers leave its end's count)."""
-        world = TailWorld(
-            self.t, self.snapshot.instance.capacity, self.snapshot.plans, self.jobs, dict(self.left)
-        )
+        s = self.snapshot
+        world = TailWorld(self.t, s.instance.capacity, s.plans, self.jobs, dict(self.left))
+        world.min_runtime = self.min_runtime
         shrunk: dict[str, int] = {}
         ends = []
         for event in self.events:

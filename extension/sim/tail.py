@@ -13,16 +13,17 @@ capacity model continued from where the core stopped, in about 30 ms:
   down, the child whose holding over its weight is lowest (the most of any resource over the
   capacity; at a tie the bigger weight), down to a leaf, whose head (priority, then submission,
   as the core) goes next. A plan's weight is its share among the siblings that have jobs,
-  multiplied down the tree: the deserved shares when every plan wants more than there is;
+  multiplied down the tree: the deserved shares when every plan wants more than there is.
+  At ``min_runtime`` 0, as the core's two rounds there (Admission 1), heads that keep their
+  leaf within its share go before any that would borrow: the descent then only takes
+  subtrees that hold such a head (a count per plan, kept as holdings and heads change);
 - strict: nothing starts past a head that does not fit (the core lets smaller jobs past under
   its reservation); limits, the instance's job count and reclaim are not modelled: a borrower
-  holds on to its end, so a job the core would start by reclaim errs late (at 1,000 pending
-  on 512 nodes the 1-GPU jobs the core starts within their shares in the first half hour
-  start about 40 minutes late in the tail).
+  holds on to its end, so a job the core would start by reclaim errs late.
 
 So a tail start is rough: the estimate says so (``Estimate.rough``), and
 benchmarks/bench_estimate.py measures it against a forward run of the core with a roomy
-budget (median error about a quarter of the wait at 1,000 pending on 512 nodes).
+budget (median error about a tenth of the wait at 1,000 pending on 512 nodes).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class TailWorld:
     jobs: dict[str, Job]
     left: dict[str, float]  # pending job -> how long it runs once started
     gives: list[tuple[float, str, int, float | None]] = field(default_factory=list)
+    min_runtime: float = 0.0  # the core's: at 0 its admission runs in two rounds (Admission 1)
 
 
 def rough_starts(world: TailWorld, wanted: Iterable[str]) -> dict[str, float]:
@@ -55,6 +57,7 @@ def rough_starts(world: TailWorld, wanted: Iterable[str]) -> dict[str, float]:
     job it never reaches (what it waits for never ends) is left out."""
     wanted = set(wanted)
     order = _FairOrder(world.plans, world.jobs.values(), world.capacity)
+    order.two_rounds = world.min_runtime <= 0
     free = list(world.capacity)
     for job in world.jobs.values():
         if job.state is JobState.RUNNING:
@@ -124,6 +127,11 @@ class _FairOrder:
         self.ready[ROOT] = 0
         self.queues: dict[str, list] = {}
         self.count = 0  # jobs queued
+        # leaves whose head stays within the leaf's share, per subtree: those go first
+        self.within: dict[str, int] = dict.fromkeys(self.parent, 0)
+        self.within[ROOT] = 0
+        self.head_within: dict[str, bool] = {}
+        self.two_rounds = True  # rough_starts sets it from the world's min_runtime
 
     @property
     def queued(self) -> bool:
@@ -135,6 +143,7 @@ class _FairOrder:
             self._ready(job.leaf, 1)
         heapq.heappush(queue, (-job.priority, job.submitted, job.id, job))
         self.count += 1
+        self._judge(job.leaf)
 
     def head(self, leaf: str) -> Job:
         return self.queues[leaf][0][3]
@@ -145,6 +154,7 @@ class _FairOrder:
         self.count -= 1
         if not queue:
             self._ready(leaf, -1)
+        self._judge(leaf)
 
     def hold(self, leaf: str, per_worker: Resources, workers: int) -> None:
         path, scale = leaf, self.scale
@@ -155,13 +165,35 @@ class _FairOrder:
             dominant = max(held[0] * scale[0], held[1] * scale[1], held[2] * scale[2])
             self.ratio[path] = (dominant / self.weight[path], -self.weight[path], path)
             path = self.parent[path]
+        self._judge(leaf)
+
+    def _judge(self, leaf: str) -> None:
+        """Whether the leaf's head would keep it within its share, kept in the counts up."""
+        queue = self.queues.get(leaf)
+        now = False
+        if queue and self.two_rounds:
+            job, held, scale = queue[0][3], self.held[leaf], self.scale
+            after = [(h + a * job.min_workers) * s for h, a, s in zip(held, job.per_worker, scale)]
+            now = max(after) <= self.weight[leaf] + 1e-12
+        if now != self.head_within.get(leaf, False):
+            self.head_within[leaf] = now
+            change, path = (1 if now else -1), leaf
+            while True:
+                self.within[path] += change
+                if path == ROOT:
+                    break
+                path = self.parent[path]
 
     def lowest(self) -> str | None:
         if self.ready[ROOT] <= 0:
             return None
-        path, ready, ratio = ROOT, self.ready, self.ratio
+        path, ready, ratio, within = ROOT, self.ready, self.ratio, self.within
+        first = within[ROOT] > 0  # a head within its leaf's share goes before any borrower
         while path in self.children:
-            path = min(ratio[c] for c in self.children[path] if ready[c] > 0)[2]
+            kids = [c for c in self.children[path] if ready[c] > 0]
+            if first:
+                kids = [c for c in kids if within[c] > 0]
+            path = min(ratio[c] for c in kids)[2]
         return path
 
     def _ready(self, leaf: str, change: int) -> None:

@@ -44,15 +44,21 @@ def test_the_fair_order_follows_the_shares_down_the_tree():
     assert sorted(k for k, t in got.items() if t == 0.0) == ["a0", "a1", "a2", "b0"]
 
 
-def test_heads_are_strict_and_priority_goes_first_within_a_leaf():
-    # 2 GPUs free; /a's head asks 4 (priority 1), so /b's small job behind it in the fair order
-    # waits too, until the 2 held GPUs come back at 50
+def test_heads_are_strict_and_at_min_runtime_0_one_within_its_share_goes_before_borrowers():
+    # 2 of 4 GPUs free, both leaves' shares are 2. /a's head asks 4 (priority 1, so before
+    # its own a-low), /b's b1 asks 1 on top of the 2 it holds: both would borrow, so the fair
+    # order stands (/a holds less) and strictly: b1 fits but does not pass a-big. At 50 r1
+    # gives back: b1 is now within /b's share and goes first; a-big waits for b1's end
     jobs = [running("r1", "/b", ("n1", "n1"), user="u2")]
     jobs += [pending("a-low", "/a", submitted=0.0), pending("a-big", "/a", workers=4, priority=1)]
     jobs.append(pending("b1", "/b", user="u2", submitted=1.0))
     left = {"a-low": 10.0, "a-big": 10.0, "b1": 10.0}
     got = rough_starts(world(jobs, [(50.0, "r1", 2, None)], left), left)
-    assert got == {"a-big": 50.0, "a-low": 60.0, "b1": 60.0}
+    assert got == {"b1": 50.0, "a-big": 60.0, "a-low": 70.0}
+    # with a min_runtime the core walks once in its fair order, and so does the tail
+    one_round = world(jobs, [(50.0, "r1", 2, None)], left)
+    one_round.min_runtime = 60.0
+    assert rough_starts(one_round, left) == {"a-big": 50.0, "a-low": 60.0, "b1": 60.0}
 
 
 def test_a_victim_gives_back_then_comes_back_with_its_runtime_left():
