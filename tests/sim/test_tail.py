@@ -89,7 +89,7 @@ def test_a_cut_run_gives_every_job_a_start_near_the_real_cores():
     assert all(e.start is not None and e.rough for e in cut.jobs.values())
     assert whole.exact and whole.rough == 0
     errors = [abs(e.start - whole.jobs[k].start) / whole.jobs[k].start for k, e in cut.jobs.items()]
-    assert statistics.median(errors) < 0.35  # measured 0.1-0.2 on these seeds
+    assert statistics.median(errors) < 0.35  # measured 0.23
     ranks = sorted(cut.jobs, key=lambda k: cut.jobs[k].rank)
     assert [cut.jobs[k].start for k in ranks] == sorted(cut.jobs[k].start for k in ranks)
 
