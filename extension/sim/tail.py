@@ -107,7 +107,8 @@ def rough_starts(world: TailWorld, wanted: Iterable[str]) -> dict[str, float]:
 class _FairOrder:
     """The fair order of the rough tail: from the top down, the child with the lowest holding
     over its weight (the most of any resource, over the capacity) among those with a job
-    queued, to a leaf; its head job next (priority, then submission)."""
+    queued (with ``two_rounds``, among those holding a head within its leaf's share while there
+    is one), to a leaf; its head job next (priority, then submission)."""
 
     def __init__(self, plans: PlanTree, jobs: Iterable[Job], capacity: Resources) -> None:
         self.children: dict[str, list[str]] = {}
