@@ -305,7 +305,8 @@ def cost(repeats: int, reference_s: float) -> dict:
             runtimes[job.id] = rng.uniform(30 * MINUTE, 4 * HOUR)
     runs = [estimate_starts(snap, now, ends, runtimes) for _ in range(repeats)]
     ms = [1000 * r.seconds for r in runs]
-    # the reference: the core alone as far as a roomy budget takes it (binned, no tail)
+    # the reference: the core as far as a roomy budget takes it (binned; its own rough starts,
+    # if any, are left out of the comparison)
     ref = estimate_starts(snap, now, ends, runtimes, budget_s=reference_s)
     errors = []  # the rough tail's starts against the reference's core's
     for job_id, e in runs[-1].jobs.items():

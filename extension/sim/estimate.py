@@ -402,8 +402,14 @@ class _Forward:
         """Where the core stopped, for the rough tail: what each running job gives back
         when, from the events still to come (a shrink's workers leave its end's count)."""
         s = self.snapshot
-        world = TailWorld(self.t, s.instance.capacity, s.plans, self.jobs, dict(self.left))
-        world.min_runtime = self.min_runtime
+        world = TailWorld(
+            self.t,
+            s.instance.capacity,
+            s.plans,
+            self.jobs,
+            dict(self.left),
+            min_runtime=self.min_runtime,
+        )
         shrunk: dict[str, int] = {}
         ends = []
         for event in self.events:

@@ -56,8 +56,8 @@ def rough_starts(world: TailWorld, wanted: Iterable[str]) -> dict[str, float]:
     """The capacity model's start of each job of ``wanted`` it reaches (module docstring); a
     job it never reaches (what it waits for never ends) is left out."""
     wanted = set(wanted)
-    order = _FairOrder(world.plans, world.jobs.values(), world.capacity)
-    order.two_rounds = world.min_runtime <= 0
+    two_rounds = world.min_runtime <= 0
+    order = _FairOrder(world.plans, world.jobs.values(), world.capacity, two_rounds)
     free = list(world.capacity)
     for job in world.jobs.values():
         if job.state is JobState.RUNNING:
@@ -110,7 +110,9 @@ class _FairOrder:
     queued (with ``two_rounds``, among those holding a head within its leaf's share while there
     is one), to a leaf; its head job next (priority, then submission)."""
 
-    def __init__(self, plans: PlanTree, jobs: Iterable[Job], capacity: Resources) -> None:
+    def __init__(
+        self, plans: PlanTree, jobs: Iterable[Job], capacity: Resources, two_rounds: bool
+    ) -> None:
         self.children: dict[str, list[str]] = {}
         self.parent: dict[str, str] = {}
         for job in jobs:
@@ -127,23 +129,21 @@ class _FairOrder:
         self.ready: dict[str, int] = dict.fromkeys(self.parent, 0)  # leaves with a job queued
         self.ready[ROOT] = 0
         self.queues: dict[str, list] = {}
-        self.count = 0  # jobs queued
         # leaves whose head stays within the leaf's share, per subtree: those go first
         self.within: dict[str, int] = dict.fromkeys(self.parent, 0)
         self.within[ROOT] = 0
         self.head_within: dict[str, bool] = {}
-        self.two_rounds = True  # rough_starts sets it from the world's min_runtime
+        self.two_rounds = two_rounds
 
     @property
     def queued(self) -> bool:
-        return self.count > 0
+        return self.ready[ROOT] > 0  # some leaf has a job queued
 
     def queue(self, job: Job) -> None:
         queue = self.queues.setdefault(job.leaf, [])
         if not queue:
-            self._ready(job.leaf, 1)
+            self._add_up(self.ready, job.leaf, 1)
         heapq.heappush(queue, (-job.priority, job.submitted, job.id, job))
-        self.count += 1
         self._judge(job.leaf)
 
     def head(self, leaf: str) -> Job:
@@ -152,9 +152,8 @@ class _FairOrder:
     def pop(self, leaf: str) -> None:
         queue = self.queues[leaf]
         heapq.heappop(queue)
-        self.count -= 1
         if not queue:
-            self._ready(leaf, -1)
+            self._add_up(self.ready, leaf, -1)
         self._judge(leaf)
 
     def hold(self, leaf: str, per_worker: Resources, workers: int) -> None:
@@ -178,15 +177,10 @@ class _FairOrder:
             now = max(after) <= self.weight[leaf] + 1e-12
         if now != self.head_within.get(leaf, False):
             self.head_within[leaf] = now
-            change, path = (1 if now else -1), leaf
-            while True:
-                self.within[path] += change
-                if path == ROOT:
-                    break
-                path = self.parent[path]
+            self._add_up(self.within, leaf, 1 if now else -1)
 
     def lowest(self) -> str | None:
-        if self.ready[ROOT] <= 0:
+        if not self.queued:
             return None
         path, ready, ratio, within = ROOT, self.ready, self.ratio, self.within
         first = within[ROOT] > 0  # a head within its leaf's share goes before any borrower
@@ -197,10 +191,11 @@ class _FairOrder:
             path = min(ratio[c] for c in kids)[2]
         return path
 
-    def _ready(self, leaf: str, change: int) -> None:
+    def _add_up(self, counts: dict[str, int], leaf: str, change: int) -> None:
+        """``change`` to ``counts`` of ``leaf`` and of every plan above it, the top included."""
         path = leaf
         while True:
-            self.ready[path] += change
+            counts[path] += change
             if path == ROOT:
                 return
             path = self.parent[path]
