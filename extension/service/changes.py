@@ -26,7 +26,7 @@ from extension.scheduler import (
 )
 
 from .runtime_limits import deadline, timeout_reason
-from .store import FoldFacts
+from .store import FoldFacts, JobRow
 
 # a job's change for the store: ({column: value}, transition event or None, reason)
 Change = tuple[dict[str, Any], str | None, str]
@@ -274,3 +274,20 @@ def _without(placement: tuple[str, ...], release: tuple[str, ...]) -> tuple[str,
                 del out[i]
                 break
     return tuple(out)
+
+
+def resume_under_way(sched: Any, running: list[JobRow]) -> None:
+    """At a restart, what was under way for the re-adopted ``running`` jobs when the service
+    went away: a stop is sent again (one at the runtime limit too: it still ends TIMEOUT), a
+    shrink is forgotten (the next cycle decides again at today's figures)."""
+    for row in running:
+        if not (row.cancel_requested or row.terminating or row.timeout_requested):
+            continue
+        events = sched.store.transitions(row.id)
+        stopping = row.cancel_requested or row.timeout_requested
+        if stopping or (events and events[-1].event == "preempting"):
+            reason = row.reason or "stop resumed after restart"
+            sched._queue_stop(row.id, sched.config.grace, reason, now=True)
+        else:
+            sched.jobs[row.id].terminating = False
+            sched.store.update_jobs([(row.id, {"terminating": False}, None, "")], sched.clock())

@@ -4,12 +4,13 @@ One task runs cycles, so everything it does is serialized: a cycle (1) folds in 
 backend emitted, (2) runs ``schedule(snapshot, now)`` on the plans and live jobs, (3) writes what
 the events and the decisions change to the store in one transaction, one transition row per
 change of state or of workers held, and only then (4) carries the decisions out through the
-backend protocol. The store is called from threads (storecalls.py), never on the event loop; a
-cycle whose write fails carries out nothing, keeps its events for the next cycle and takes the
-jobs back as the store has them. Decisions are never
-made while a backend call is in progress; what a backend reports arrives as events for the next
-cycle. Cycles run on every submission, cancel, plan change and backend event, and on a steady
-tick (``tick`` seconds) so waiting reasons and reservations stay current.
+backend protocol. The store is called from threads (storecalls.py; the loop blocks on the
+cycle's own read and write for 50 ms at most, on no other call); a cycle whose write fails
+carries out nothing, keeps its events for the next cycle and takes the jobs back as the store
+has them. Decisions are never made while a backend call is in progress; what a backend reports
+arrives as events for the next cycle. Cycles run on every submission, cancel, plan change and
+backend event (at most one per ``CYCLE_GAP``), and on a steady tick (``tick`` seconds) so
+waiting reasons and reservations stay current.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -57,7 +59,7 @@ from .actions import (  # noqa: F401 - re-exported: the handlers import them her
     new_job_id,
     plans_after,
 )
-from .changes import FOLDS, CarryOut, Change, due_timeouts, next_deadline
+from .changes import FOLDS, CarryOut, Change, due_timeouts, next_deadline, resume_under_way
 from .jobrows import core_job as _core_job
 from .jobrows import job_spec as _spec
 from .queue import WaitingLine
@@ -66,6 +68,10 @@ from .store import FoldFacts, JobRow, PlanRecord, Store
 from .storecalls import StoreCalls, StoreUnavailable
 
 LIVE = (JobState.PENDING.value, JobState.RUNNING.value)
+# the least time from one cycle's start to the next one's: under a stream of submissions a
+# cycle takes a batch of them (one transaction) instead of one cycle per few; an idle loop
+# starts at once (docs/service.md "The scheduling loop")
+CYCLE_GAP = 0.05
 Clock = Callable[[], float]
 
 
@@ -185,20 +191,7 @@ class Scheduler(Actions):
         ]
         if running:
             await backend.recover([_spec(r) for r in running])
-            for row in running:  # what was under way when the service went away
-                if not (row.cancel_requested or row.terminating or row.timeout_requested):
-                    continue
-                events = self.store.transitions(row.id)
-                # a stop at the runtime limit is sent again too: it still ends TIMEOUT
-                stopping = row.cancel_requested or row.timeout_requested
-                if stopping or (events and events[-1].event == "preempting"):
-                    reason = row.reason or "stop resumed after restart"
-                    self._queue_stop(row.id, self.config.grace, reason, now=True)
-                else:  # a shrink: forget it; the next cycle decides again at today's figures
-                    self.jobs[row.id].terminating = False
-                    self.store.update_jobs(
-                        [(row.id, {"terminating": False}, None, "")], self.clock()
-                    )
+            resume_under_way(self, running)
         if run_loop:
             self._task = asyncio.ensure_future(self._run())
 
@@ -275,6 +268,7 @@ class Scheduler(Actions):
 
     # -- the loop -----------------------------------------------------------------------
     async def _run(self) -> None:
+        began = -math.inf  # the last cycle's start (perf_counter), for CYCLE_GAP
         while not self._stopping:
             # while the store is down, try again every second (kept events wait to be stored)
             up = self.db.up and not self._stale
@@ -286,6 +280,10 @@ class Scheduler(Actions):
                 await asyncio.wait_for(self._wake.wait(), wait)
             except asyncio.TimeoutError:
                 pass
+            rest = CYCLE_GAP - (time.perf_counter() - began)
+            if rest > 0:  # what arrives meanwhile joins this cycle
+                await asyncio.sleep(rest)
+            began = time.perf_counter()
             self._wake.clear()
             waiters, self._waiters = self._waiters, []
             await self.run_cycle()
@@ -358,7 +356,7 @@ class Scheduler(Actions):
         the result and the decisions stored."""
         facts = {}
         if events:
-            facts = await self.db.read(self.store.fold_facts, {e.job_id for e in events})
+            facts = await self.db.cycle_read(self.store.fold_facts, {e.job_id for e in events})
         folded = self._fold_events(events, facts, now)
         # before the core: a job stopping at its limit is terminating (its resources on their
         # way back, never a victim), a notebook ended there frees its resources in this cycle
@@ -371,9 +369,7 @@ class Scheduler(Actions):
         changes, log = self._apply(result.decisions, result.waiting, now)
         changes[:0] = timeouts
         if folded or changes or log or new_rows:
-            await self.db.write(
-                self.store.commit_cycle, folded, changes, now, log, new_rows, probe=True
-            )
+            await self.db.cycle_write(self.store.commit_cycle, folded, changes, now, log, new_rows)
         elif not self.db.up:  # nothing to store: find out whether the store is back
             await self.db.write(self.store.set_meta, "probe", repr(now), probe=True)
         return result, log

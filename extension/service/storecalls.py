@@ -1,9 +1,11 @@
 """Store calls off the event loop, and what the service does while the database is unavailable.
 
-The loop never waits on the database: every store call runs in a thread. Writes go through one
-writer thread (SQLite has one writer anyway, and one order of writes keeps the history in the
-order it happened); reads through a small pool (SQLite's WAL readers are not blocked by a
-writer, PostgreSQL serves them concurrently).
+Every store call runs in a thread. Writes go through one writer thread (SQLite has one writer
+anyway, and one order of writes keeps the history in the order it happened); reads through a
+small pool (SQLite's WAL readers are not blocked by a writer, PostgreSQL serves them
+concurrently). The loop awaits them, except the scheduling cycle's own read and write: while
+the store is up the loop's thread blocks on those for ``HOLD`` (50 ms) at most, then awaits
+(``StoreCalls._held``), so a locked or slow store holds the loop up for no longer than that.
 
 A database that is locked by another process, read-only, full or unreachable makes a call fail
 with ``StoreUnavailable`` (the REST API answers 503 JSON with ``Retry-After``). From then on the
@@ -19,7 +21,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
 from sqlalchemy import exc
@@ -32,6 +34,9 @@ log = logging.getLogger(__name__)
 # what a database says when it cannot serve now (locked, read-only, disk I/O, connection lost,
 # pool exhausted); an IntegrityError or a programming error is not among them
 UNAVAILABLE = (exc.OperationalError, exc.InterfaceError, exc.TimeoutError, exc.DisconnectionError)
+# the longest the loop's thread blocks on a scheduling cycle's store call (``_held``): several
+# times a cycle's writes at 500 submissions/s (5-15 ms)
+HOLD = 0.05
 
 
 class StoreUnavailable(Unavailable):
@@ -84,6 +89,28 @@ class StoreCalls:
             raise self.unavailable()
         call = functools.partial(self._call, True, not probe, fn, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._writer, call)
+
+    async def cycle_read(self, fn: Callable[..., T], *args: Any) -> T:
+        """The scheduling cycle's read: in the writer thread (in the readers' pool it would
+        queue behind the requests' reads, one per submission), held (``_held``)."""
+        return await self._held(functools.partial(self._call, False, False, fn, *args))
+
+    async def cycle_write(self, fn: Callable[..., T], *args: Any) -> T:
+        """The scheduling cycle's write: a probe (``write``), held (``_held``)."""
+        return await self._held(functools.partial(self._call, True, False, fn, *args))
+
+    async def _held(self, call: Callable[[], T]) -> T:
+        """``call`` in the writer thread; while the store is up the loop's thread blocks on it
+        for ``HOLD`` seconds at most before it awaits it. Why: a call in a thread takes the GIL
+        back after every row it steps, and while request handlers hold it each take waits up to
+        the interpreter's switch interval (5 ms), and an awaited result then queues behind every
+        callback ready: under 450 submissions/s the cycle's store calls took 3 to 10 times their
+        own CPU (loop p99 124-144 ms; held: 34-40 ms, benchmarks/bench_service.py). Past
+        ``HOLD`` (a locked or slow store) the loop goes back to serving requests."""
+        future = self._writer.submit(call)
+        if self.up and wait([future], timeout=HOLD).done:
+            return future.result()  # not awaited: see above
+        return await asyncio.wrap_future(future)
 
     def _call(
         self, write: bool, fail_fast: bool, fn: Callable[..., T], *args: Any, **kwargs: Any
