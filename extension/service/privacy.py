@@ -180,6 +180,27 @@ class TreeFix:
     kept_out: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
 
+    def warnings(self, top: str) -> list[str]:
+        """What an operator should hear of it (``top``: the tree it was run on)."""
+        out = []
+        if self.fixed:
+            out.append(
+                f"wmla: {len(self.fixed)} path(s) in the state directory {top} were open to "
+                "other accounts; now private (directories 0700, files 0600): "
+                + ", ".join(self.fixed[:5])
+            )
+        out += [
+            f"wmla: {link} is a symbolic link; neither it nor its target was made private: "
+            "make sure only this account can read what it points to"
+            for link in self.symlinks
+        ]
+        out += [f"wmla: cannot make {failure} private" for failure in self.failed]
+        out += [
+            f"wmla: the storage root {kept} lies in the state directory; it was left as it is"
+            for kept in self.kept_out
+        ]
+        return out
+
 
 def privatize_tree(top: str | os.PathLike, keep_out: Iterable[str | os.PathLike] = ()) -> TreeFix:
     """Make directory ``top`` 0700 and everything under it private where looser: directories
