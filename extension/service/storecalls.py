@@ -63,6 +63,7 @@ class StoreCalls:
         self.reset = reset
         self.down_since: float | None = None  # monotonic time of the first failure in a row
         self.error: str | None = None  # the database's words, while down
+        self.held_took = 0.0  # seconds the last held call took in its thread (``_held``)
 
     @property
     def up(self) -> bool:
@@ -106,9 +107,20 @@ class StoreCalls:
         the interpreter's switch interval (5 ms), and an awaited result then queues behind every
         callback ready: under 450 submissions/s the cycle's store calls took 3 to 10 times their
         own CPU (loop p99 124-144 ms; held: 34-40 ms, benchmarks/bench_service.py). Past
-        ``HOLD`` (a locked or slow store) the loop goes back to serving requests."""
-        future = self._writer.submit(call)
-        if self.up and wait([future], timeout=HOLD).done:
+        ``HOLD`` (a locked or slow store) the loop goes back to serving requests, and holds
+        none until one takes less than ``HOLD`` again (a remote database that answers slowly
+        but answers)."""
+
+        def timed() -> T:
+            began = time.perf_counter()
+            try:
+                return call()
+            finally:
+                self.held_took = time.perf_counter() - began
+
+        hold = self.up and self.held_took < HOLD
+        future = self._writer.submit(timed)
+        if hold and wait([future], timeout=HOLD).done:
             return future.result()  # not awaited: see above
         return await asyncio.wrap_future(future)
 

@@ -80,6 +80,16 @@ async def test_a_slow_store_holds_the_loop_up_for_hold_at_most(calls, monkeypatc
     assert 0.15 <= late < 1.0  # held for HOLD, then the loop went back to its work
 
 
+async def test_a_store_slower_than_hold_is_not_held_until_it_is_fast_again(
+    calls, monkeypatch
+) -> None:
+    monkeypatch.setattr(storecalls, "HOLD", 0.2)
+    await calls.cycle_write(time.sleep, 0.3)  # answers, but slower than HOLD
+    assert await _lateness(calls, 5.0) < 0.1  # not held: the loop went on at once
+    # that call took a moment in its thread (released at once): the next is held again
+    assert 0.15 <= await _lateness(calls, 5.0) < 1.0
+
+
 async def test_while_the_store_is_down_the_loop_is_not_held(calls, monkeypatch) -> None:
     monkeypatch.setattr(storecalls, "HOLD", 5.0)
     calls.down_since = calls.clock()
