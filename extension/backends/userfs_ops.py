@@ -191,10 +191,11 @@ def check_runnable(program: str, script: str = "", path: str = "/usr/bin:/bin") 
     return ""
 
 
-def _inside(root: str, relative: str, what: str) -> str:
-    """``relative`` resolved against ``root`` (links followed), refused when it escapes."""
+def _inside(root: str, relative: str, what: str, real_root: str | None = None) -> str:
+    """``relative`` resolved against ``root`` (links followed), refused when it escapes.
+    ``real_root``: ``root`` already resolved (each resolution stats every component)."""
     path = os.path.realpath(os.path.join(root, relative))
-    real_root = os.path.realpath(root)
+    real_root = os.path.realpath(root) if real_root is None else real_root
     if path != real_root and not path.startswith(real_root.rstrip(os.sep) + os.sep):
         raise Refused(
             f"{what} {relative!r} is outside your folder {real_root}; use a path inside it"
@@ -204,14 +205,14 @@ def _inside(root: str, relative: str, what: str) -> str:
 
 def resolve_command(root: str, model_dir: str, model_main: str) -> list[str]:
     """[model_dir, model_main] as real paths inside ``root``, the user's folder."""
-    folder = _inside(root, model_dir, "command.model_dir")
+    real_root = os.path.realpath(root)
+    folder = _inside(root, model_dir, "command.model_dir", real_root)
     if not os.path.isdir(folder):
         raise Refused(
             f"command.model_dir {model_dir!r} is not a folder in {root}; "
             "upload the model code there first"
         )
-    script = _inside(folder, model_main, "command.model_main")
-    real_root = os.path.realpath(root)
+    script = _inside(folder, model_main, "command.model_main", folder)  # folder: a real path
     if not script.startswith(real_root.rstrip(os.sep) + os.sep):
         raise Refused(f"command.model_main {model_main!r} is outside your folder {root}")
     if not os.path.isfile(script):
