@@ -58,10 +58,8 @@ def rough_starts(world: TailWorld, wanted: Iterable[str]) -> dict[str, float]:
     wanted = set(wanted)
     two_rounds = world.min_runtime <= 0
     order = _FairOrder(world.plans, world.jobs.values(), world.capacity, two_rounds)
-    free = list(world.capacity)
     for job in world.jobs.values():
         if job.state is JobState.RUNNING:
-            _take(free, job.per_worker, job.workers)
             order.hold(job.leaf, job.per_worker, job.workers)
     for job in world.jobs.values():
         if job.state is JobState.PENDING:
@@ -75,11 +73,10 @@ def rough_starts(world: TailWorld, wanted: Iterable[str]) -> dict[str, float]:
         blocked = None
         while (leaf := order.lowest()) is not None:
             job = order.head(leaf)
-            if not _fits(free, job.per_worker, job.min_workers):
+            if not _fits(order.free, job.per_worker, job.min_workers):
                 blocked = leaf
                 break  # strict: nothing passes a head that does not fit
             order.pop(leaf)
-            _take(free, job.per_worker, job.min_workers)
             order.hold(leaf, job.per_worker, job.min_workers)
             if job.id in wanted:
                 starts[job.id] = t
@@ -96,7 +93,6 @@ def rough_starts(world: TailWorld, wanted: Iterable[str]) -> dict[str, float]:
         while events and events[0][0] <= t:
             _, _, job_id, workers, back = heapq.heappop(events)
             job = world.jobs[job_id]
-            _take(free, job.per_worker, -workers)
             order.hold(job.leaf, job.per_worker, -workers)
             if back is not None:  # a victim: pending again with its runtime left
                 world.left[job_id] = back
@@ -125,6 +121,7 @@ class _FairOrder:
         # holding over weight; at a tie the bigger weight (the most unmet), then the path
         self.ratio = {p: (0.0, -self.weight[p], p) for p in self.parent}
         self.scale = [1.0 / c if c > 0 and math.isfinite(c) else 0.0 for c in capacity]
+        self.free = list(capacity)  # the pool's, less what every plan holds
         self.held: dict[str, list[float]] = {p: [0.0, 0.0, 0.0] for p in self.parent}
         self.ready: dict[str, int] = dict.fromkeys(self.parent, 0)  # leaves with a job queued
         self.ready[ROOT] = 0
@@ -157,6 +154,10 @@ class _FairOrder:
         self._judge(leaf)
 
     def hold(self, leaf: str, per_worker: Resources, workers: int) -> None:
+        """``workers`` more of ``per_worker`` held by ``leaf`` (fewer when negative): taken
+        from the pool, counted in the holdings up the tree."""
+        for r, amount in enumerate(per_worker):
+            self.free[r] -= amount * workers
         path, scale = leaf, self.scale
         while path != ROOT:
             held = self.held[path]
@@ -222,8 +223,3 @@ def _weights(plans: PlanTree, children: dict[str, list[str]]) -> dict[str, float
 
 def _fits(free: list[float], per_worker: Resources, workers: int) -> bool:
     return all(f + 1e-9 >= a * workers for f, a in zip(free, per_worker))
-
-
-def _take(free: list[float], per_worker: Resources, workers: int) -> None:
-    for r, amount in enumerate(per_worker):
-        free[r] -= amount * workers
