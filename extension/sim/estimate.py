@@ -407,7 +407,7 @@ class _Forward:
             s.instance.capacity,
             s.plans,
             self.jobs,
-            dict(self.left),
+            self.left,
             min_runtime=self.min_runtime,
         )
         shrunk: dict[str, int] = {}

@@ -56,6 +56,7 @@ def rough_starts(world: TailWorld, wanted: Iterable[str]) -> dict[str, float]:
     """The capacity model's start of each job of ``wanted`` it reaches (module docstring); a
     job it never reaches (what it waits for never ends) is left out."""
     wanted = set(wanted)
+    left = dict(world.left)  # a victim's runtime left is written in: the caller's stays
     two_rounds = world.min_runtime <= 0
     order = _FairOrder(world.plans, world.jobs.values(), world.capacity, two_rounds)
     for job in world.jobs.values():
@@ -80,7 +81,7 @@ def rough_starts(world: TailWorld, wanted: Iterable[str]) -> dict[str, float]:
             order.hold(leaf, job.per_worker, job.min_workers)
             if job.id in wanted:
                 starts[job.id] = t
-            runtime = world.left.get(job.id, math.inf)
+            runtime = left.get(job.id, math.inf)
             if math.isfinite(runtime):
                 seq += 1
                 heapq.heappush(events, (t + runtime, seq, job.id, job.min_workers, None))
@@ -95,7 +96,7 @@ def rough_starts(world: TailWorld, wanted: Iterable[str]) -> dict[str, float]:
             job = world.jobs[job_id]
             order.hold(job.leaf, job.per_worker, -workers)
             if back is not None:  # a victim: pending again with its runtime left
-                world.left[job_id] = back
+                left[job_id] = back
                 order.queue(job)
     return starts
 
