@@ -8,7 +8,10 @@ is a JSON file in the backend's private state directory (read, then removed: it 
     {"argv": [...], "env": {...}, "cwd": "<job dir>", "log": "<job dir>/logs/worker-0.log",
      "header": "==== wmla: ...", "exit_file": "...", "uid": 1001, "gid": 1001, "groups": [...]}
 
-It forks the worker. The child gives up root first (setgroups, setgid, setuid, then checks that
+It forks the worker. The child first joins the worker's cgroup (``cgroup_procs``: the
+``cgroup.procs`` file of each hierarchy, made by the backend with the worker's grant) and sets
+its ``oom_score_adj``, so not one instruction of the user's runs outside the grant. It gives up
+root next (setgroups, setgid, setuid, then checks that
 root cannot be taken back), and only then touches the user's folder: it enters ``cwd``, opens
 the log (``O_NOFOLLOW``; it must be a regular file of the user's), writes the header, and
 executes ``argv`` with ``env``. So nothing of the job, neither its paths nor its environment
@@ -102,9 +105,30 @@ def open_log(path: str) -> int:
     return fd
 
 
+def enter_cgroup(spec: dict) -> None:
+    """Join the worker's cgroup (each hierarchy's ``cgroup.procs``, made by the backend as
+    root) and become the OOM killer's early choice: still root, before any of the user's code.
+    The paths are the backend's, under the cgroup mount; nothing of the job names them."""
+    pid = str(os.getpid()).encode()
+    for path in spec.get("cgroup_procs") or ():
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+        try:
+            os.write(fd, pid)
+        finally:
+            os.close(fd)
+    if spec.get("oom_score_adj") is not None:
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        try:
+            os.write(fd, str(int(spec["oom_score_adj"])).encode())
+        finally:
+            os.close(fd)
+
+
 def _child(spec: dict, report: int, channel: socket.socket | None) -> None:
-    """In the forked child: drop, then enter the job's world and exec. Never returns."""
+    """In the forked child: enter the cgroup, drop, then enter the job's world and exec.
+    Never returns."""
     try:
+        enter_cgroup(spec)
         if spec.get("uid") is not None:
             drop_privileges(int(spec["uid"]), int(spec["gid"]), [int(g) for g in spec["groups"]])
         os.umask(0o077)

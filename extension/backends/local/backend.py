@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import sys
@@ -14,9 +15,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from extension.backends.accounts import MIN_UID
 from extension.backends.base import BackendEvent, Emit, JobSpec
 from extension.backends.userfs import off_loop
+from extension.confine import (
+    DEFAULT_GPU_TEMPLATE,
+    DEFAULT_PIDS,
+    Usage,
+    detect,
+    users_memory_default,
+)
 from extension.scheduler import Node
 
 from .allocation import _Allocation, _device_table
+from .confining import WorkerCgroups
 from .launching import DEFAULT_ENV_KEEP, PROJECT_ROOT, StartError, _Launching
 from .records import _Gang, _private_dirs, _Records
 from .recovery import _Recovery
@@ -60,6 +69,15 @@ class LocalBackend(_Launching, _Allocation, _Supervision, _Recovery, _Records, _
       default) is the system Python of the same major.minor; "" never falls back.
     - ``stop_orphans``: in ``recover``, stop gangs on record that the service did not list
       (nothing would account for their devices otherwise).
+    - ``gpu_device_template``: the device node of GPU index ``i`` (default ``/dev/nvidia{index}``);
+      a worker's cgroup may open its own GPUs' nodes and the NVIDIA control nodes beside them,
+      no other GPU node.
+    - ``pids_limit``: processes and threads per worker (default 1024).
+    - ``users_memory_limit``: bytes all users' work may hold together (the parent cgroup's
+      limit), so the OOM killer never has to choose the hub, the proxy or the service; None
+      (default) is the machine's memory less 1 GiB (and at least a tenth), 0 no cap.
+    - ``cgroups``: the workers' cgroups (``confining.WorkerCgroups``); default: detected from
+      this machine (cgroup v1 or v2; none when the service is not root, said in the report).
 
     Its parts: ``_Launching`` (launching.py: prepare as the user, start the workers),
     ``_Allocation`` (allocation.py: devices and rendezvous ports), ``_Supervision``
@@ -91,6 +109,10 @@ class LocalBackend(_Launching, _Allocation, _Supervision, _Recovery, _Records, _
         account_template: str = "{username}",
         create_accounts: bool = True,
         min_uid: int = MIN_UID,
+        gpu_device_template: str = DEFAULT_GPU_TEMPLATE,
+        pids_limit: int = DEFAULT_PIDS,
+        users_memory_limit: int | None = None,
+        cgroups: WorkerCgroups | None = None,
     ) -> None:
         self._nodes = _checked_nodes(nodes)
         self._emit_fn = emit
@@ -121,6 +143,14 @@ class LocalBackend(_Launching, _Allocation, _Supervision, _Recovery, _Records, _
         self.pythonpath = pythonpath
         self.stop_orphans = stop_orphans
         self.port_range = _checked_port_range(port_range)
+        if cgroups is None:
+            cap = users_memory_default() if users_memory_limit is None else int(users_memory_limit)
+            cgroups = WorkerCgroups(
+                detect(jobs_scope(self.state_dir), users_memory=cap),
+                gpu_device_template,
+                pids_limit,
+            )
+        self.cgroups = cgroups
         self._devices = _device_table(self._nodes)
         self._start_empty()
         _private_dirs(self._jobs_dir())
@@ -235,6 +265,15 @@ class LocalBackend(_Launching, _Allocation, _Supervision, _Recovery, _Records, _
         gang = self._gangs.get(job_id)
         return [w.pid for w in gang.workers] if gang else []
 
+    def job_usage(self, job_id: str) -> Usage | None:
+        """What the kernel counted for the gang's workers (their cgroups), or None."""
+        gang = self._gangs.get(job_id)
+        return self.cgroups.usage([w.cgroup for w in gang.workers]) if gang else None
+
+    def worker_cgroups(self, job_id: str) -> list[str]:
+        gang = self._gangs.get(job_id)
+        return [w.cgroup for w in gang.workers] if gang else []
+
     # helpers -----------------------------------------------------------------------------------
     def _emit(
         self,
@@ -256,6 +295,13 @@ class LocalBackend(_Launching, _Allocation, _Supervision, _Recovery, _Records, _
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this LocalBackend is closed; make a new one over the state_dir")
+
+
+def jobs_scope(state_dir: str) -> str:
+    """The cgroup folder of one backend's workers: one per state directory, so that two
+    services on a machine (or two tests) never sweep each other's."""
+    digest = hashlib.sha256(os.path.abspath(state_dir).encode()).hexdigest()[:10]
+    return f"jobs-{digest}"
 
 
 def _checked_nodes(nodes: Sequence[Node]) -> list[Node]:

@@ -31,7 +31,9 @@ import psutil
 from extension.backends.accounts import Account, AccountError, account_python, unreachable
 from extension.backends.base import JobSpec
 from extension.backends.userfs import UserFileError, UserFiles
+from extension.confine import ConfineError
 
+from .confining import WorkerCgroups
 from .records import _Gang, _private_dirs, _report_file, _rmtree, _Worker
 from .supervision import _kill_group
 
@@ -92,6 +94,7 @@ class _Launching:
     env_keep: tuple[str, ...]
     extra_env: dict[str, str]
     pythonpath: str | None
+    cgroups: WorkerCgroups
     _used: dict[str, set[int]]
     _gangs: dict[str, _Gang]
 
@@ -151,6 +154,10 @@ class _Launching:
             self._undo_launch(spec, placement, devices, workers)
             if isinstance(err, StartError):
                 raise
+            if isinstance(err, ConfineError):
+                raise StartError(
+                    f"job {spec.id}: cannot hold its workers to their grant: {err}"
+                ) from err
             if isinstance(err, OSError):
                 raise StartError(f"job {spec.id}: cannot start its workers: {err}") from err
             raise
@@ -244,6 +251,7 @@ class _Launching:
             if worker.proc is not None:
                 with contextlib.suppress(Exception):
                     worker.proc.wait(timeout=self.kill_wait)
+        self.cgroups.remove([w.cgroup for w in workers])
         self._free(placement, devices)
         with contextlib.suppress(OSError):
             _rmtree(self._job_dir(spec.id))
@@ -277,13 +285,30 @@ class _Launching:
         if account is not None:
             groups = os.getgrouplist(account.name, account.gid)
             launch.update(uid=account.uid, gid=account.gid, groups=groups)
+        launch_id = os.path.basename(exit_dir)
+        cgroup = self.cgroups.create(spec, launch_id, rank, tuple(devices))
+        try:
+            launch.update(self.cgroups.launch_spec(cgroup))
+            proc = self._start_launcher(exit_dir, rank, launch)
+        except BaseException:
+            self.cgroups.remove([cgroup])
+            raise
+        try:
+            create_time = psutil.Process(proc.pid).create_time()
+        except psutil.Error:  # already gone: poll() will tell how
+            create_time = 0.0
+        return _Worker(
+            rank, node, tuple(devices), proc.pid, create_time, exit_file, proc=proc, cgroup=cgroup
+        )
+
+    def _start_launcher(self, exit_dir: str, rank: int, launch: dict) -> subprocess.Popen:
         # The job's env travels in a file of the backend's private state directory, not in the
         # launcher's environment: nothing of it may reach a process still running as root.
         spec_file = os.path.join(exit_dir, f"worker-{rank}.json")
         fd = os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             json.dump(launch, out)
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-I", LAUNCHER, spec_file],
             cwd="/",
             env=LAUNCHER_ENV,
@@ -293,11 +318,6 @@ class _Launching:
             start_new_session=True,  # own session: survives the service, one group to signal
             close_fds=True,
         )
-        try:
-            create_time = psutil.Process(proc.pid).create_time()
-        except psutil.Error:  # already gone: poll() will tell how
-            create_time = 0.0
-        return _Worker(rank, node, tuple(devices), proc.pid, create_time, exit_file, proc=proc)
 
     def _python_for(self, account: Account, command: list[str]) -> tuple[list[str], list[str]]:
         """The command with an interpreter the account can run, and the hub's package folders

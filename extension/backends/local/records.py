@@ -38,6 +38,7 @@ class _Worker:
     exited_at: float | None = None
     done: bool = False
     vanished: bool = False  # gone without an exit status (SIGKILL, reboot)
+    cgroup: str = ""  # the name of its cgroup (confining.py); "" where none is made
 
     def record(self) -> dict[str, Any]:
         return {
@@ -47,6 +48,7 @@ class _Worker:
             "pid": self.pid,
             "create_time": self.create_time,
             "exit_file": self.exit_file,
+            "cgroup": self.cgroup,
         }
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from extension.backends.base import JobSpec
 
+from .confining import WorkerCgroups
 from .records import _check_worker, _Gang, _Worker
 
 log = logging.getLogger("wmla.backends.local")
@@ -24,6 +25,7 @@ class _Recovery:
     """
 
     state_dir: str
+    cgroups: WorkerCgroups
     stop_orphans: bool
     failure_grace: float
     _used: dict[str, set[int]]
@@ -66,6 +68,9 @@ class _Recovery:
                     gang.state = "stopping"
                     await self._terminate(gang, self.failure_grace)
                     self._forget(gang, "orphan")
+        keep = {w.cgroup for gang in self._gangs.values() for w in gang.workers}
+        for name in self.cgroups.sweep(keep):
+            log.warning("cgroup %s belonged to no gang on record: removed with its processes", name)
         self._ensure_monitor()
 
     def _adopt(self, rec: dict[str, Any], quiet: bool = False) -> _Gang | None:
@@ -79,6 +84,7 @@ class _Recovery:
                     pid=int(w["pid"]),
                     create_time=float(w["create_time"]),
                     exit_file=str(w["exit_file"]),
+                    cgroup=str(w.get("cgroup", "")),
                 )
                 for w in rec["workers"]
             ]

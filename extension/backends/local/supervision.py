@@ -20,6 +20,7 @@ import psutil
 from extension.backends.accounts import AccountError
 from extension.backends.userfs import UserFileError, off_loop
 
+from .confining import WorkerCgroups
 from .records import (
     _check_worker,
     _ended_at,
@@ -46,6 +47,7 @@ class _Supervision:
     ``files_for`` users.py's.
     """
 
+    cgroups: WorkerCgroups
     poll_interval: float
     failure_grace: float
     kill_wait: float
@@ -141,6 +143,9 @@ class _Supervision:
             )
         else:
             why = f"worker {worker.rank} exited with code {worker.exit_code}"
+        memory = self.cgroups.memory_reason(worker.cgroup, worker.rank)
+        if memory:  # the kernel killed it (or one of its processes) at its memory limit
+            why = memory if worker.exit_code == -signal.SIGKILL else f"{why}: {memory}"
         error = _exit_record(worker.exit_file).get("error")
         if error:  # the launcher could not even start it (its log may not exist)
             why = f"{why}: it could not be started: {error}"
@@ -210,6 +215,7 @@ class _Supervision:
         A process is taken for the gang's only when its group is one of the gang's and its
         environment names the job: a group id recycled by an unrelated process is left alone.
         """
+        self.cgroups.kill([w.cgroup for w in gang.workers])
         pgids = {w.pid for w in gang.workers}
         for proc in psutil.process_iter():
             try:
@@ -226,6 +232,7 @@ class _Supervision:
         gang.state = "done"
         gang.outcome = outcome
         self._free(gang.placement, [w.devices for w in gang.workers])
+        self.cgroups.remove([w.cgroup for w in gang.workers])
         if self._gangs.get(gang.job_id) is gang:
             del self._gangs[gang.job_id]
         with contextlib.suppress(OSError):

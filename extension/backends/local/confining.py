@@ -1,0 +1,151 @@
+"""Each worker's cgroup: made with the worker's grant before its launcher starts, named in the
+launch spec so the launcher's child enters it before dropping to the user, read for metering and
+for the reason of a death by memory, removed (with whatever is left in it) when the gang ends.
+
+A collaborator of ``LocalBackend``, passed in: ``WorkerCgroups(confinement, ...)``."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+
+from extension.backends.base import JobSpec
+from extension.confine import (
+    DEFAULT_GPU_TEMPLATE,
+    DEFAULT_PIDS,
+    USER_OOM_SCORE_ADJ,
+    ConfineError,
+    Confinement,
+    Report,
+    Usage,
+    check_template,
+    gpu_grant,
+)
+
+log = logging.getLogger("wmla.backends.local")
+
+
+class WorkerCgroups:
+    """Makes, reads and removes the cgroups of the workers (scope ``jobs``).
+
+    ``enforce`` false (the service is not root, or the machine has no cgroups): no cgroup is
+    made and ``report`` says what is not enforced; a machine that has them but refuses one makes
+    the start fail instead, so a worker never runs outside its grant by accident."""
+
+    def __init__(
+        self,
+        confinement: Confinement,
+        gpu_device_template: str = DEFAULT_GPU_TEMPLATE,
+        pids_limit: int = DEFAULT_PIDS,
+    ) -> None:
+        self.confinement = confinement
+        self.gpu_device_template = check_template(gpu_device_template)
+        if int(pids_limit) < 1:
+            raise ValueError(f"pids_limit must be 1 or more, got {pids_limit}")
+        self.pids_limit = int(pids_limit)
+
+    @property
+    def report(self) -> Report:
+        return self.confinement.report
+
+    @property
+    def enforce(self) -> bool:
+        return self.report.mechanism != "none"
+
+    @staticmethod
+    def name(job_id: str, launch: str, rank: int) -> str:
+        return f"{job_id}-{launch}-w{rank}"
+
+    def create(self, spec: JobSpec, launch: str, rank: int, devices: tuple[int, ...]) -> str:
+        """The worker's cgroup, made with its grant; its name ("" when nothing is enforced).
+        Raises ConfineError when it cannot be made."""
+        if not self.enforce:
+            return ""
+        grant = gpu_grant(
+            int(spec.per_worker.cpu),
+            int(spec.per_worker.memory),
+            self.pids_limit,
+            self.gpu_device_template,
+            tuple(devices),
+        )
+        name = self.name(spec.id, launch, rank)
+        self.confinement.create(name, grant)
+        return name
+
+    def launch_spec(self, name: str) -> dict[str, object]:
+        """What the launcher's child needs to enter the cgroup (local_launch.py)."""
+        if not name:
+            return {}
+        group = self.confinement.open(name)
+        if group is None:
+            raise ConfineError(f"cgroup {name} vanished before its worker started")
+        return {"cgroup_procs": list(group.enter_files()), "oom_score_adj": USER_OOM_SCORE_ADJ}
+
+    def usage(self, names: list[str]) -> Usage | None:
+        """The workers' cgroups added up; None when none of them exists."""
+        total, found = Usage(), False
+        for name in names:
+            group = self.confinement.open(name) if name else None
+            if group is not None:
+                total, found = total.plus(group.usage()), True
+        return total if found else None
+
+    def memory_reason(self, name: str, rank: int) -> str:
+        """ "worker 0 was killed for using more than its 256 MiB ..." when the kernel killed a
+        process of this worker's cgroup for memory; "" otherwise."""
+        group = self.confinement.open(name) if name else None
+        if group is None:
+            return ""
+        usage = group.usage()
+        if not usage.oom_kills:
+            return ""
+        memory = usage.memory_limit_bytes
+        peak = max(usage.memory_peak_bytes, memory)
+        if not memory:
+            return (
+                f"worker {rank} was killed for memory when all users' work together reached "
+                f"the machine's cap for it (peak {mib(peak)}); ask for memory of its own with "
+                "--memory"
+            )
+        return (
+            f"worker {rank} was killed for using more than its {mib(memory)} of memory "
+            f"(peak {mib(peak)}); ask for more with --memory "
+            '(or "resources": {"memory": ...} in the job)'
+        )
+
+    def remove(self, names: list[str], wait: float = 5.0) -> None:
+        """Kill what is left in the cgroups and remove them."""
+        for name in names:
+            group = self.confinement.open(name) if name else None
+            if group is not None and not group.remove(wait):
+                log.error("cgroup %s: processes still there after %.0fs; left in place", name, wait)
+        if names and not self.confinement.names():
+            self.confinement.prune()
+
+    def kill(self, names: list[str]) -> None:
+        """SIGKILL every process still in the cgroups (the cgroup stays, for its figures)."""
+        for name in names:
+            group = self.confinement.open(name) if name else None
+            if group is not None:
+                for pid in group.pids():
+                    _kill(pid)
+
+    def sweep(self, keep: set[str]) -> list[str]:
+        """Remove the cgroups of gangs no record names (left by a crash); their names."""
+        gone = [n for n in self.confinement.names() if n not in keep]
+        self.remove(gone, wait=2.0)
+        return gone
+
+
+def mib(amount: int) -> str:
+    """Bytes as people read them: "256 MiB", "1.5 GiB"."""
+    if amount >= 1 << 30:
+        return f"{amount / (1 << 30):.3g} GiB"
+    return f"{amount / (1 << 20):.4g} MiB"
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
