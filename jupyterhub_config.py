@@ -111,6 +111,12 @@ service_config = {
 for env, trait in (("WMLA_DEVICE_LAYOUT", "device_layout"), ("WMLA_BACKEND", "backend_class")):
     if os.environ.get(env):
         service_config[trait] = os.environ[env]
+# the device node of GPU i, which a job's or notebook's cgroup may open when it holds GPU i
+# (docs/security.md "Grants held by the kernel"); default /dev/nvidia{index}
+GPU_DEVICE_TEMPLATE = os.environ.get("WMLA_GPU_DEVICE_TEMPLATE", "/dev/nvidia{index}")
+if "kubernetes" not in service_config.get("backend_class", ""):  # the local backend's option
+    service_config["backend_options"]["gpu_device_template"] = GPU_DEVICE_TEMPLATE
+c.WmlaLocalSpawner.gpu_device_template = GPU_DEVICE_TEMPLATE
 c.JupyterHub.services = services(
     port=int(os.environ.get("WMLA_SERVICE_PORT", "10101")),
     config={"WmlaService": service_config},

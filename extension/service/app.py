@@ -130,6 +130,22 @@ class WmlaService(Application):
         c.WmlaService.cpu_oversubscription = 2.0
         """,
     )
+    max_pending_per_user = Int(
+        1000,
+        config=True,
+        help="""Most jobs one user may have pending at once (Slurm's MaxSubmitJobs): one more
+        is answered 429 with the figure, and nothing is stored. 0: no cap.
+
+        c.WmlaService.max_pending_per_user = 200
+        """,
+    )
+
+    @validate("max_pending_per_user")
+    def _check_max_pending(self, proposal: dict) -> int:
+        if proposal["value"] < 0:
+            raise TraitError("c.WmlaService.max_pending_per_user must be 0 (no cap) or more")
+        return proposal["value"]
+
     quota = Dict(
         config=True,
         help="""Instance quota capping the root plan, as a ResourceQuota: gpu, cpu, memory and
@@ -430,6 +446,7 @@ class WmlaService(Application):
             python=self.python,
             tick=self.tick,
             log=self.log,
+            max_pending_per_user=self.max_pending_per_user,
         )
         self.scheduler.limits.notebooks = self.notebook_runtime_limit
         # before anything is read or recovered: a second service on this database waits, then

@@ -30,6 +30,7 @@ from extension.webapi import (  # noqa: F401 - re-exported: the admin pages impo
 
 from . import runtime_limits
 from .openapi import openapi_document
+from .pending_cap import TooManyPending
 from .scheduling import Conflict, Forbidden, KeyReused, NotFound, Scheduler
 from .store import JobRow, PlanRecord
 from .submission import Rejected, Submission, SubmissionError, parse_submission
@@ -63,6 +64,8 @@ def _errors(fn):
             raise APIError(409, str(err)) from None
         except KeyReused as err:
             raise APIError(422, str(err)) from None
+        except TooManyPending as err:
+            raise APIError(429, str(err)) from None
 
     return wrapper
 

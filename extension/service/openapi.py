@@ -465,6 +465,10 @@ def _job_paths(job_ref: dict) -> dict[str, Any]:
                         "rejected: it can never run as asked; the message names the plan, "
                         "the resource, the limit and the request"
                     ),
+                    "429": _error(
+                        "the user already has c.WmlaService.max_pending_per_user pending jobs; "
+                        "nothing was stored"
+                    ),
                 },
             },
         },

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from extension.confine import Control
+
 PRIVATE_UMASK = 0o077
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
@@ -387,11 +389,30 @@ def security_report(state_dir: str, storage_root: str, backend: Any) -> dict[str
             "environment) is open to other accounts, a symbolic link, or not this "
             "account's: make it a directory of this account with mode 0700"
         )
+    enforcement = enforcement_of(backend)
+    warnings += enforcement.get("warnings", [])
     return {
         "runs_as_root": root,
         "proc_hidepid": hidepid,
         "state_dir_private": private,
         "storage_root_safe": storage_safe,
         "jobs_run_as": "the service's account" if as_service or not root else "their users",
+        "grants_enforced_by": enforcement["mechanism"],
+        "enforced": enforcement["enforced"],
         "warnings": warnings,
     }
+
+
+def enforcement_of(backend: Any) -> dict[str, Any]:
+    """What holds a job to its grant: the backend's ``enforcement`` (a confine.Report: cgroups
+    on this machine, the kubelet's container limits on Kubernetes), with a warning for each
+    control that is not enforced; nothing at all for a backend that says nothing."""
+    report = getattr(backend, "enforcement", None)
+    if report is None:
+        why = "this backend does not say how grants are enforced"
+        return {
+            "mechanism": "none",
+            "enforced": {c.value: {"enforced": False, "how": why} for c in Control},
+            "warnings": [f"grants are not enforced: {why}"] if backend is not None else [],
+        }
+    return {**report.as_dict(), "warnings": report.warnings()}

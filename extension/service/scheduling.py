@@ -62,6 +62,7 @@ from .actions import (  # noqa: F401 - re-exported: the handlers import them her
 from .changes import FOLDS, CarryOut, Change, due_timeouts, next_deadline, resume_under_way
 from .jobrows import core_job as _core_job
 from .jobrows import job_spec as _spec
+from .pending_cap import PendingCap
 from .queue import WaitingLine
 from .runtime_limits import Limits
 from .store import FoldFacts, JobRow, PlanRecord, Store
@@ -88,6 +89,7 @@ class Scheduler(Actions):
         tick: float = 5.0,
         clock: Clock = time.time,
         log: logging.Logger | None = None,
+        max_pending_per_user: int = 0,
     ) -> None:
         self.store = store
         # every store call of the running service goes through it, in threads
@@ -105,6 +107,9 @@ class Scheduler(Actions):
         self.members: dict[str, tuple[list[str], list[str]]] = {}
         self.limits = Limits()  # runtime limits of plans and live jobs (runtime_limits.py)
         self.jobs: dict[str, Job] = {}  # live (pending and running) jobs, in the core's terms
+        self.pending_cap = PendingCap(
+            max_pending_per_user, lambda: self.jobs.values(), lambda: self.cycles
+        )
         self.index_cache = IndexCache()  # ours, kept between cycles (docs/scheduling.md "Cost")
         self.result: CycleResult | None = None  # the last cycle's
         self.reserved: str | None = None  # CycleResult.reserved, passed to the next cycle

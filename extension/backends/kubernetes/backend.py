@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from extension.confine import Control, Enforced, Report
 from extension.scheduler import Node
 
 from .. import manifests as m
@@ -35,6 +36,18 @@ from .watch import _Watching
 
 log = logging.getLogger("extension.backends.kubernetes")
 
+# Every worker pod gets limits equal to its requests (admission.pod_ask), which the kubelet
+# turns into the container's cgroup; GPUs come through the device plugin, one device per unit.
+ENFORCEMENT = Report(
+    "kubernetes",
+    {
+        Control.CPU: Enforced(True, "container limits.cpu (the kubelet's CFS quota)"),
+        Control.MEMORY: Enforced(True, "container limits.memory (the kubelet's memory cgroup)"),
+        Control.PIDS: Enforced(True, "the kubelet's podPidsLimit (set by the cluster admin)"),
+        Control.DEVICES: Enforced(True, "the GPU device plugin mounts only the pod's devices"),
+    },
+)
+
 
 class KubernetesBackend(_Watching, _Admission, _Jobs, _Queues, _Events):
     """Runs jobs as PyTorchJobs (or Volcano Jobs) in one namespace; see the package docstring.
@@ -44,6 +57,8 @@ class KubernetesBackend(_Watching, _Admission, _Jobs, _Queues, _Events):
     build_job, start/resize/stop/recover), ``_Queues`` (queues.py: sync_queues), ``_Events``
     (events.py: the events derived from the cache).
     """
+
+    enforcement = ENFORCEMENT
 
     def __init__(
         self,

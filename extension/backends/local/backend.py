@@ -18,6 +18,7 @@ from extension.backends.userfs import off_loop
 from extension.confine import (
     DEFAULT_GPU_TEMPLATE,
     DEFAULT_PIDS,
+    Report,
     Usage,
     detect,
     users_memory_default,
@@ -264,6 +265,11 @@ class LocalBackend(_Launching, _Allocation, _Supervision, _Recovery, _Records, _
     def worker_pids(self, job_id: str) -> list[int]:
         gang = self._gangs.get(job_id)
         return [w.pid for w in gang.workers] if gang else []
+
+    @property
+    def enforcement(self) -> Report:
+        """What holds the workers to their grants on this machine (GET /instance)."""
+        return self.cgroups.report
 
     def job_usage(self, job_id: str) -> Usage | None:
         """What the kernel counted for the gang's workers (their cgroups), or None."""
