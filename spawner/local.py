@@ -21,13 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner, set_user_setuid
-from traitlets import Bool, Dict, Integer, List, TraitError, Unicode, Union, default
+from traitlets import Bool, Dict, Integer, List, TraitError, Unicode, Union, default, validate
 from traitlets import Callable as CallableTrait
 
 from extension.backends.userfs import UserFileError, UserFiles
+from extension.confine import DEFAULT_GPU_TEMPLATE, DEFAULT_PIDS, check_template, enter
 
 from . import profiles as profile_shapes
 from . import storage
+from .confining import ServerCgroup, server_grant
 from .getting_started import MARKER, starter_files
 from .kernel import install_startup
 from .mixin import AdmissionError, WmlaSpawnerMixin
@@ -199,7 +201,34 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         """,
     ).tag(config=True)
 
+    gpu_device_template = Unicode(
+        DEFAULT_GPU_TEMPLATE,
+        help="""The device node of GPU ``{index}``: a server's cgroup may open GPU nodes only
+        when it holds GPUs (the "CPU only" profile opens none). jupyterhub_config.py reads it
+        from $WMLA_GPU_DEVICE_TEMPLATE, like the service's backend.
+
+        c.WmlaLocalSpawner.gpu_device_template = "/dev/nvidia{index}"
+        """,
+    ).tag(config=True)
+
+    @validate("gpu_device_template")
+    def _wmla_check_template(self, proposal: dict) -> str:
+        try:
+            return check_template(proposal["value"])
+        except ValueError as err:
+            raise TraitError(str(err)) from None
+
+    pids_limit = Integer(
+        DEFAULT_PIDS,
+        min=1,
+        help="""Processes and threads one server may run (its cgroup's pids limit).
+
+        c.WmlaLocalSpawner.pids_limit = 2048
+        """,
+    ).tag(config=True)
+
     _wmla_account = None
+    _wmla_cgroup: ServerCgroup | None = None
     _wmla_warned = False
     _wmla_cmd: list | None = None  # the configured cmd (start() may swap the interpreter)
     _wmla_pythonpath = ""
@@ -343,17 +372,61 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
             await self.wmla_admit()
             folder, self._wmla_account = await asyncio.to_thread(self._prepare)
             self._wmla_note(f"your folder: {folder}", 30)
+            self._wmla_cgroup = await asyncio.to_thread(self._wmla_confine)
             return await super().start()
         except BaseException:
+            await asyncio.to_thread(self._wmla_unconfine)
             await self.wmla_release()
             raise
+
+    def _wmla_confine(self) -> ServerCgroup:
+        """The server's cgroup, made with its notebook job's grant before the server starts."""
+        account = self._wmla_account.name if self._wmla_account else self.user.name
+        name = f"{account}-{self.name or 'default'}"
+        grant = server_grant(self.wmla_granted, self.wmla_gpus, self.gpu_device_template,
+                             self.pids_limit)  # fmt: skip
+        return ServerCgroup.create(name, grant, self.log, self._log_name)
+
+    def _wmla_unconfine(self) -> None:
+        if self._wmla_cgroup is not None:
+            self._wmla_cgroup.remove()
+            self._wmla_cgroup = None
+
+    async def poll(self) -> int | None:
+        status = await super().poll()
+        if status is not None and self._wmla_cgroup is not None and not self._wmla_stopping:
+            await asyncio.to_thread(self._wmla_cgroup.say_why_it_died)
+            await asyncio.to_thread(self._wmla_unconfine)
+        return status
+
+    async def stop(self, now: bool = False) -> None:
+        try:
+            await super().stop(now=now)
+        finally:
+            if self._wmla_cgroup is not None:
+                await asyncio.to_thread(self._wmla_cgroup.say_why_it_died)
+            await asyncio.to_thread(self._wmla_unconfine)
+
+    def get_state(self) -> dict:
+        state = super().get_state()
+        if self._wmla_cgroup is not None and self._wmla_cgroup.name:
+            state["wmla_cgroup"] = self._wmla_cgroup.name
+        return state
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        super().load_state(state)
+        if state.get("wmla_cgroup"):
+            self._wmla_cgroup = ServerCgroup(str(state["wmla_cgroup"]), self.log, self._log_name)
 
     def make_preexec_fn(self, name: str) -> Callable[[], None]:
         folder = str(self.wmla_folder)
         account = self._wmla_account
         become = set_user_setuid(account.name, chdir=False) if account else None
+        cgroup = self._wmla_cgroup.enter_files() if self._wmla_cgroup is not None else ()
 
         def preexec() -> None:  # runs in the child between fork and exec
+            if cgroup:  # as root, before the user's code: no window outside the grant
+                enter(cgroup)
             if become is not None:
                 become()
             os.chdir(folder)

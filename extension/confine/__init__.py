@@ -25,6 +25,7 @@ from .records import (
     Usage,
     check_template,
     gpu_grant,
+    mib,
 )
 from .v1 import CgroupV1
 from .v2 import CgroupV2
@@ -46,6 +47,7 @@ __all__ = [
     "detect",
     "enter",
     "gpu_grant",
+    "mib",
     "users_memory_default",
 ]
 

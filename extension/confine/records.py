@@ -178,3 +178,10 @@ def check_template(template: str) -> str:
     except (KeyError, IndexError, ValueError) as err:
         raise ValueError(f"gpu_device_template {template!r}: {err}") from None
     return template
+
+
+def mib(amount: int) -> str:
+    """Bytes as people read them: "256 MiB", "1.5 GiB"."""
+    if amount >= 1 << 30:
+        return f"{amount / (1 << 30):.3g} GiB"
+    return f"{amount / (1 << 20):.4g} MiB"

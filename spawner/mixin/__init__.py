@@ -243,6 +243,7 @@ class WmlaSpawnerMixin(
     wmla_job_id = Unicode("")
     wmla_leaf = Unicode("")
     wmla_gpus = Integer(0)  # GPUs the admitted notebook job holds
+    wmla_granted = Dict()  # {"resources", "limits"} the service admitted the notebook job with
     _wmla_events = List()
     _wmla_changed = AnyTrait(None, allow_none=True)
     _wmla_waiting = AnyTrait(False)

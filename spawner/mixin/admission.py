@@ -31,6 +31,7 @@ class Admission:
     wmla_job_id: str
     wmla_leaf: str
     wmla_gpus: int
+    wmla_granted: dict
     _wmla_events: list[dict]
     _wmla_changed: asyncio.Event | None
     _wmla_waiting: bool
@@ -140,6 +141,12 @@ class Admission:
             if state == "RUNNING":
                 self._wmla_note(f"admitted to {self.wmla_leaf} (job {job['id']})", 20)
                 self.wmla_gpus = int(body["resources"].get("gpu") or 0)
+                # what the service granted (the limit range filled in what the body left out):
+                # the local spawner holds the server to it (spawner/confining.py)
+                self.wmla_granted = {
+                    "resources": job.get("resources") or {},
+                    "limits": job.get("limits") or {},
+                }
                 if self.wmla_gpus:
                     self._wmla_gpu_group(join=True)
                 return plan

@@ -22,6 +22,7 @@ from extension.confine import (
     Usage,
     check_template,
     gpu_grant,
+    mib,
 )
 
 log = logging.getLogger("wmla.backends.local")
@@ -137,13 +138,6 @@ class WorkerCgroups:
         gone = [n for n in self.confinement.names() if n not in keep]
         self.remove(gone, wait=2.0)
         return gone
-
-
-def mib(amount: int) -> str:
-    """Bytes as people read them: "256 MiB", "1.5 GiB"."""
-    if amount >= 1 << 30:
-        return f"{amount / (1 << 30):.3g} GiB"
-    return f"{amount / (1 << 20):.4g} MiB"
 
 
 def _kill(pid: int) -> None:

@@ -1,0 +1,117 @@
+"""A notebook server's cgroup: made by the hub (root) with the server's grant (what the service
+admitted its notebook job with: cpu and memory, its ``cpu_limit``/``mem_limit`` where set, a pids
+limit, and no GPU node for a server without GPUs), entered by the server's process between fork
+and exec before it drops to the user's account, removed with whatever is left in it when the
+server stops. A server the kernel killed for memory says so in the hub's log."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from extension.confine import (
+    DEFAULT_PIDS,
+    ConfineError,
+    Confinement,
+    Grant,
+    Usage,
+    detect,
+    gpu_grant,
+    mib,
+    users_memory_default,
+)
+from extension.scheduler import QuantityError, parse_quantity
+
+_CONFINEMENT: Confinement | None = None
+
+
+def confinement() -> Confinement:
+    """The hub's one confinement of notebook servers (scope ``notebooks``), detected once."""
+    global _CONFINEMENT
+    if _CONFINEMENT is None:
+        _CONFINEMENT = detect("notebooks", users_memory=users_memory_default())
+    return _CONFINEMENT
+
+
+def server_grant(
+    granted: Mapping[str, Any], gpus: int, template: str, pids: int = DEFAULT_PIDS
+) -> Grant:
+    """The grant of a server from its notebook job (``{"resources": .., "limits": ..}`` as the
+    service answered): a limit where the job set one, else its request. A server with GPUs may
+    open the GPU nodes (the service does not pick device indexes for notebooks, so all of the
+    machine's: docs/security.md says so); one without opens none."""
+    resources = dict(granted.get("resources") or {})
+    limits = dict(granted.get("limits") or {})
+
+    def amount(name: str) -> int:
+        value = limits.get(name) or resources.get(name) or 0
+        try:
+            return int(parse_quantity(name, value, where=f"the notebook's {name}"))
+        except QuantityError:
+            return 0
+
+    indexes = tuple(range(gpu_count(template))) if gpus else ()
+    return gpu_grant(amount("cpu"), amount("memory"), pids, template, indexes)
+
+
+def gpu_count(template: str, most: int = 64) -> int:
+    """How many GPU nodes the template names, counting from index 0."""
+    n = 0
+    while n < most and os.path.exists(template.format(index=n)):
+        n += 1
+    return n
+
+
+class ServerCgroup:
+    """The cgroup of one server, by name (kept in the spawner's state across hub restarts)."""
+
+    def __init__(self, name: str, log: logging.Logger, where: str) -> None:
+        self.name = name
+        self.log = log
+        self.where = where
+
+    @classmethod
+    def create(cls, name: str, grant: Grant, log: logging.Logger, where: str) -> ServerCgroup:
+        confine = confinement()
+        for missing in confine.report.missing():
+            log.warning("%s: the server's %s is not enforced: %s", where, missing.value,
+                        confine.report.controls[missing].how)  # fmt: skip
+        if confine.report.mechanism == "none":
+            return cls("", log, where)
+        confine.create(name, grant)
+        return cls(name, log, where)
+
+    def enter_files(self) -> tuple[str, ...]:
+        group = confinement().open(self.name) if self.name else None
+        if self.name and group is None:
+            raise ConfineError(f"cgroup {self.name} is gone before the server started")
+        return group.enter_files() if group is not None else ()
+
+    def usage(self) -> Usage | None:
+        group = confinement().open(self.name) if self.name else None
+        return group.usage() if group is not None else None
+
+    def say_why_it_died(self) -> str:
+        """Log (and return) the memory reason when the kernel killed the server for memory."""
+        usage = self.usage()
+        if usage is None or not usage.oom_kills:
+            return ""
+        limit = usage.memory_limit_bytes
+        message = (
+            f"{self.where}: the notebook server was killed for using more than its "
+            f"{mib(limit)} of memory (peak {mib(max(usage.memory_peak_bytes, limit))}); pick a "
+            "bigger profile or ask your admin for more memory"
+            if limit
+            else f"{self.where}: the notebook server was killed for memory (all users' work "
+            "together reached the machine's cap)"
+        )
+        self.log.error(message)
+        return message
+
+    def remove(self) -> None:
+        group = confinement().open(self.name) if self.name else None
+        if group is not None and not group.remove(5.0):
+            self.log.error("%s: cgroup %s still holds processes; left in place", self.where,
+                           self.name)  # fmt: skip
