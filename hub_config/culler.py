@@ -7,6 +7,9 @@ role's scopes are filtered to that group (``list:users!group=wmla-gpu-notebooks`
 hub lists, reads and stops only those users' servers for it. The other culler sees everyone with
 the longer timeout. See docs/spawner.md "Idle notebooks".
 
+Each culler runs under ``hub_config.pdeath``: the kernel stops it when its hub dies, even by
+``kill -9`` (JupyterHub stops managed services only when it shuts down itself).
+
 Use from a ``jupyterhub_config.py``::
 
     from hub_config import culler_services
@@ -31,6 +34,8 @@ DEFAULT_GPU_TIMEOUT = 900
 # --cull-users, which wmla never passes (hub users are not temporary here)
 CULLER_SCOPES = ("list:users", "read:users:activity", "read:servers", "delete:servers")
 
+PDEATH_MODULE = "hub_config.pdeath"  # ends a culler when its hub dies
+
 
 def culler_scopes(group: str | None = None) -> list[str]:
     """The culler's scopes; with ``group``, filtered to that hub group's members."""
@@ -54,7 +59,8 @@ def culler_services(
     the same for the servers of users in ``gpu_group`` (None or 0: no second culler; it is
     also left out when it is not shorter than ``timeout``). ``cull_every``: seconds between
     looks (0: the culler's default, half its timeout). ``extra_args`` go to both cullers (e.g.
-    ``"--max-age=86400"``).
+    ``"--max-age=86400"``). Each command is ``python -m hub_config.pdeath python -m
+    jupyterhub_idle_culler ...``: the culler ends when its hub dies.
     """
     cullers: list[tuple[str, int, str | None]] = []
     if timeout and timeout > 0:
@@ -66,7 +72,8 @@ def culler_services(
     services: list[dict] = []
     roles: list[dict] = []
     for service_name, seconds, group in cullers:
-        command = [python, "-m", "jupyterhub_idle_culler", f"--timeout={seconds}"]
+        command = [python, "-m", PDEATH_MODULE, python, "-m", "jupyterhub_idle_culler"]
+        command.append(f"--timeout={seconds}")
         if cull_every and cull_every > 0:
             command.append(f"--cull-every={int(cull_every)}")
         command += list(extra_args)
