@@ -83,6 +83,10 @@ c.WmlaLocalSpawner.storage_root = str(STORAGE)
 ACCOUNT_TEMPLATE = os.environ.get("WMLA_ACCOUNT_TEMPLATE", "wmla-{username}")
 c.WmlaLocalSpawner.system_user_template = ACCOUNT_TEMPLATE
 c.WmlaLocalSpawner.start_timeout = 600  # a notebook may wait for room in its plan
+# a server's ceiling, held by its cgroup (KubeSpawner's names; the request, what its plan is
+# charged, stays the limit range's default or the profile's cpu_guarantee / mem_guarantee)
+c.WmlaLocalSpawner.cpu_limit = float(os.environ.get("WMLA_NOTEBOOK_CPU_LIMIT", "2"))
+c.WmlaLocalSpawner.mem_limit = os.environ.get("WMLA_NOTEBOOK_MEM_LIMIT", "4G")
 # the spawn page: a notebook size, and the plans this user may use (plan_choice, on by default);
 # KubeSpawner's profile_list shape, so the same list serves c.KubeSpawner.profile_list
 c.WmlaLocalSpawner.profile_list = [

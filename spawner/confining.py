@@ -7,7 +7,6 @@ server stops. A server the kernel killed for memory says so in the hub's log."""
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,7 +21,6 @@ from extension.confine import (
     mib,
     users_memory_default,
 )
-from extension.scheduler import QuantityError, parse_quantity
 
 _CONFINEMENT: Confinement | None = None
 
@@ -38,30 +36,29 @@ def confinement() -> Confinement:
 def server_grant(
     granted: Mapping[str, Any], gpus: int, template: str, pids: int = DEFAULT_PIDS
 ) -> Grant:
-    """The grant of a server from its notebook job (``{"resources": .., "limits": ..}`` as the
-    service answered): a limit where the job set one, else its request. A server with GPUs may
-    open the GPU nodes (the service does not pick device indexes for notebooks, so all of the
-    machine's: docs/security.md says so); one without opens none."""
+    """The grant of a server from its notebook job (``{"resources", "limits", "devices"}`` as
+    the service answered): a limit where the job set one, else its request; the GPU nodes of
+    the indexes the service holds for it (``devices``), none without."""
     resources = dict(granted.get("resources") or {})
     limits = dict(granted.get("limits") or {})
 
     def amount(name: str) -> int:
+        """The service answers in its units (millicores, bytes); anything else grants 0."""
         value = limits.get(name) or resources.get(name) or 0
-        try:
-            return int(parse_quantity(name, value, where=f"the notebook's {name}"))
-        except QuantityError:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             return 0
+        return int(value)
 
-    indexes = tuple(range(gpu_count(template))) if gpus else ()
+    indexes = server_gpus(granted) if gpus else ()
     return gpu_grant(amount("cpu"), amount("memory"), pids, template, indexes)
 
 
-def gpu_count(template: str, most: int = 64) -> int:
-    """How many GPU nodes the template names, counting from index 0."""
-    n = 0
-    while n < most and os.path.exists(template.format(index=n)):
-        n += 1
-    return n
+def server_gpus(granted: Mapping[str, Any]) -> tuple[int, ...]:
+    """The GPU indexes held for the server (its one worker's), () when none are."""
+    devices = granted.get("devices") or []
+    if not devices or not isinstance(devices[0], list):
+        return ()
+    return tuple(int(i) for i in devices[0])
 
 
 class ServerCgroup:

@@ -29,7 +29,7 @@ from extension.confine import DEFAULT_GPU_TEMPLATE, DEFAULT_PIDS, check_template
 
 from . import profiles as profile_shapes
 from . import storage
-from .confining import ServerCgroup, server_grant
+from .confining import ServerCgroup, server_gpus, server_grant
 from .getting_started import MARKER, starter_files
 from .kernel import install_startup
 from .mixin import AdmissionError, WmlaSpawnerMixin
@@ -385,6 +385,9 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         name = f"{account}-{self.name or 'default'}"
         grant = server_grant(self.wmla_granted, self.wmla_gpus, self.gpu_device_template,
                              self.pids_limit)  # fmt: skip
+        if self.wmla_gpus and not server_gpus(self.wmla_granted):
+            self.log.warning("%s: the service holds no GPU indexes for this server (its backend "
+                             "hands out none): it opens no GPU node", self._log_name)  # fmt: skip
         return ServerCgroup.create(name, grant, self.log, self._log_name)
 
     def _wmla_unconfine(self) -> None:
@@ -452,6 +455,8 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         # PATH may name one the account cannot run), and the shell is not a login shell, whose
         # /etc/profile would reset PATH (spawner/jupyter/jupyter_server_config.json).
         env["WMLA_PYTHON"] = self._wmla_python or sys.executable
+        if self.wmla_gpus:  # the GPUs the service holds for this server, as a job's workers
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, server_gpus(self.wmla_granted)))
         env["PATH"] = os.pathsep.join(p for p in (str(TERMINAL_BIN), env.get("PATH")) if p)
         env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(
             p for p in (str(SERVER_CONFIG), env.get("JUPYTER_CONFIG_PATH")) if p

@@ -165,3 +165,21 @@ class LocalAccounts(Protocol):
 class WorkerPids(Protocol):
     def worker_pids(self, job_id: str) -> list[int]:
         """The job's worker processes on this machine (metering samples their use)."""
+
+
+@runtime_checkable
+class HoldsDevices(Protocol):
+    """Devices for a job whose processes the backend does not run (a notebook server, which
+    the spawner starts): the indexes it may open, kept across service restarts."""
+
+    def hold_devices(self, spec: JobSpec, placement: tuple[str, ...]) -> list[tuple[int, ...]]:
+        """Take devices for each entry of ``placement``; the same answer while held."""
+
+    def release_devices(self, job_id: str) -> None:
+        """Give the job's devices back (nothing when it holds none)."""
+
+    def held_devices(self, job_id: str) -> list[tuple[int, ...]] | None:
+        """The job's devices by worker, or None when it holds none here."""
+
+    def keep_holds(self, job_ids: set[str]) -> None:
+        """After a restart: give back the holds of every job not in ``job_ids``."""

@@ -54,8 +54,9 @@ def safe_name(name: str) -> str:
 
 
 def write(path: str, value: str) -> None:
-    """Write one value to a cgroup file (no O_CREAT: these files are the kernel's)."""
-    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    """Write one value to a cgroup file (no O_CREAT: these files are the kernel's; O_TRUNC, which
+    the kernel ignores there, so a value written over a longer one reads alone anywhere)."""
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
     try:
         os.write(fd, value.encode())
     finally:

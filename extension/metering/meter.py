@@ -221,14 +221,18 @@ class Metering(LoggingConfigurable):
         if self.sampler is None or not isinstance(backend, WorkerPids):
             return  # nothing to sample (e.g. Kubernetes: the workers are not on this machine)
         pids_of = backend.worker_pids
-        jobs = {}
+        usage_of = getattr(backend, "job_usage", None)  # the workers' cgroups, where confined
+        jobs, counted = {}, {}
         for job in list(sched.jobs.values()):
             if job.placement:
                 try:
                     jobs[job.id] = (job.leaf, list(pids_of(job.id)))
+                    usage = usage_of(job.id) if usage_of is not None else None
                 except Exception:
                     continue
-        self.sampler.sample(jobs, now)
+                if usage is not None:
+                    counted[job.id] = usage
+        self.sampler.sample(jobs, now, counted)
 
 
 class _Collector:

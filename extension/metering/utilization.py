@@ -3,8 +3,10 @@
 The ledger counts what the scheduler *gave* a job; this records what the job's processes really
 *used*, where the hardware says so:
 
-- CPU and resident memory of a job's local worker processes and their children, from psutil
-  (``/proc`` on Linux): cores used = CPU seconds consumed between two samples / wall seconds;
+- CPU and memory of a job's local workers from their cgroups' own accounting where the backend
+  confines them (``counted``: CPU seconds of every process that ever ran in it, memory charged
+  now), exact and one read per worker; else from psutil over the worker processes and their
+  children (``/proc``). Cores used = CPU seconds consumed between two samples / wall seconds;
 - GPU, from NVML when ``pynvml`` (the ``nvidia-ml-py`` package) imports and a driver answers:
   the memory each worker process holds on a device and the device's utilization.
 
@@ -14,10 +16,12 @@ Samples are kept per job in a ring buffer (``keep`` samples); nothing is stored 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import psutil
+
+from extension.confine import Usage
 
 
 @dataclass(frozen=True)
@@ -93,20 +97,25 @@ class UtilizationSampler:
                 continue
         return procs
 
-    def sample(self, jobs: dict[str, tuple[str, list[int]]], now: float) -> dict[str, Sample]:
-        """One sample of every job in ``{job_id: (leaf, pids)}``; jobs not listed are dropped."""
+    def sample(
+        self,
+        jobs: dict[str, tuple[str, list[int]]],
+        now: float,
+        counted: Mapping[str, Usage] | None = None,
+    ) -> dict[str, Sample]:
+        """One sample of every job in ``{job_id: (leaf, pids)}``; jobs not listed are dropped.
+        ``counted``: the cgroup figures of the jobs that have them (taken instead of psutil's)."""
         gpu = self.nvml.per_pid() if self.nvml and self.nvml.ok else {}
+        counted = counted or {}
         out: dict[str, Sample] = {}
         for job_id, (leaf, pids) in jobs.items():
-            cpu_seconds, rss, seen = 0.0, 0, []
-            for proc in self._tree(pids):
-                try:
-                    times = proc.cpu_times()
-                    cpu_seconds += times.user + times.system
-                    rss += proc.memory_info().rss
-                    seen.append(proc.pid)
-                except psutil.Error:
-                    continue
+            usage = counted.get(job_id)
+            if usage is not None and not gpu:
+                cpu_seconds, rss, seen = usage.cpu_seconds, usage.memory_bytes, []
+            else:
+                cpu_seconds, rss, seen = self._walk(pids)
+                if usage is not None:
+                    cpu_seconds, rss = usage.cpu_seconds, usage.memory_bytes
             last = self._cpu.get(job_id)
             cores = 0.0
             if last is not None and now > last[0]:
@@ -128,6 +137,19 @@ class UtilizationSampler:
         live = {p.pid for p in self._procs.values() if p.is_running()}
         self._procs = {pid: p for pid, p in self._procs.items() if pid in live}
         return out
+
+    def _walk(self, pids: list[int]) -> tuple[float, int, list[int]]:
+        """CPU seconds and resident memory of the processes and their children, and their pids."""
+        cpu_seconds, rss, seen = 0.0, 0, []
+        for proc in self._tree(pids):
+            try:
+                times = proc.cpu_times()
+                cpu_seconds += times.user + times.system
+                rss += proc.memory_info().rss
+                seen.append(proc.pid)
+            except psutil.Error:
+                continue
+        return cpu_seconds, rss, seen
 
     def latest(self) -> dict[str, Sample]:
         return {job: s[-1] for job, s in self.series.items() if s}

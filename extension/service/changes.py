@@ -213,6 +213,8 @@ class CarryOut:
         self.log.append((job.id, "start", {"placement": list(d.placement)}))
         if self.sched.kinds.get(job.id) != "notebook":  # the spawner runs notebook servers
             self.sched._queue_backend(job.id, "start", tuple(d.placement))
+        else:  # its GPUs, which the spawner fences the server to
+            self.sched.notebook_devices.hold(self.sched.specs[job.id], tuple(d.placement))
 
     def grow(self, d: Grow, job: Job) -> None:
         job.placement = job.placement + d.add

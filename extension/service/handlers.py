@@ -296,9 +296,12 @@ def _one_plan(sched: Scheduler, path: str, viewer: Caller | None = None) -> dict
 
 
 # -- jobs ----------------------------------------------------------------------------------------
-def job_json(row: JobRow, queue: dict | None = None) -> dict:
+def job_json(
+    row: JobRow, queue: dict | None = None, devices: list[list[int]] | None = None
+) -> dict:
     """A job as the API shows it; ``queue``: its place in line, reason and estimated start
-    while pending (``WaitingLine.view``, queue.py)."""
+    while pending (``WaitingLine.view``, queue.py); ``devices``: a running notebook's GPU
+    indexes by worker, where the backend holds them (notebook_devices.py)."""
     placement = list(row.placement or [])
     return {
         "id": row.id,
@@ -328,6 +331,7 @@ def job_json(row: JobRow, queue: dict | None = None) -> dict:
         if row.checkpointed is None
         else {"at": row.checkpointed, "progress": row.checkpoint_progress},
         **runtime_limits.job_json(row),  # max_runtime, deadline
+        "devices": devices,
         "queue": queue,
     }
 
@@ -400,7 +404,8 @@ class JobHandler(APIHandler):
     @_errors
     async def get(self, job_id: str) -> None:
         row = await self.sched.visible_job(self.caller(), job_id)
-        self.reply(job_json(row, self.sched.queue.view(row)))
+        devices = self.sched.notebook_devices.of(row.id) if row.kind == "notebook" else None
+        self.reply(job_json(row, self.sched.queue.view(row), devices))
 
     @_errors
     async def delete(self, job_id: str) -> None:

@@ -265,6 +265,13 @@ def _schemas() -> dict[str, Any]:
                     },
                 },
                 **rt.OPENAPI_JOB,
+                "devices": {
+                    "type": "array",
+                    "nullable": True,
+                    "items": {"type": "array", "items": {"type": "integer"}},
+                    "description": "a running notebook job's GPU indexes by worker, which its "
+                    "server may open (null: none held here)",
+                },
                 "queue": {"$ref": "#/components/schemas/Queue"},
             },
         },

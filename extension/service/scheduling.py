@@ -62,6 +62,7 @@ from .actions import (  # noqa: F401 - re-exported: the handlers import them her
 from .changes import FOLDS, CarryOut, Change, due_timeouts, next_deadline, resume_under_way
 from .jobrows import core_job as _core_job
 from .jobrows import job_spec as _spec
+from .notebook_devices import NotebookDevices
 from .pending_cap import PendingCap
 from .queue import WaitingLine
 from .runtime_limits import Limits
@@ -107,6 +108,7 @@ class Scheduler(Actions):
         self.members: dict[str, tuple[list[str], list[str]]] = {}
         self.limits = Limits()  # runtime limits of plans and live jobs (runtime_limits.py)
         self.jobs: dict[str, Job] = {}  # live (pending and running) jobs, in the core's terms
+        self.notebook_devices = NotebookDevices(lambda: self.backend, self.log)
         self.pending_cap = PendingCap(
             max_pending_per_user, lambda: self.jobs.values(), lambda: self.cycles
         )
@@ -191,9 +193,9 @@ class Scheduler(Actions):
             await backend.open()
         self._refresh_instance()
         self._sync_queues()
-        running = [
-            r for r in self.store.jobs(states=[JobState.RUNNING.value]) if r.kind != "notebook"
-        ]
+        live = self.store.jobs(states=[JobState.RUNNING.value])
+        running = [r for r in live if r.kind != "notebook"]
+        self.notebook_devices.keep({r.id for r in live if r.kind == "notebook"})
         if running:
             await backend.recover([_spec(r) for r in running])
             resume_under_way(self, running)
@@ -455,6 +457,8 @@ class Scheduler(Actions):
         return FOLDS[ev.kind](self, job, row, ev)
 
     def _end(self, job: Job, state: JobState) -> None:
+        if self.kinds.get(job.id) == "notebook":
+            self.notebook_devices.release(job.id)
         job.state = state
         job.placement = ()
         self.jobs.pop(job.id, None)

@@ -146,6 +146,7 @@ class Admission:
                 self.wmla_granted = {
                     "resources": job.get("resources") or {},
                     "limits": job.get("limits") or {},
+                    "devices": await self._wmla_devices(job) if self.wmla_gpus else None,
                 }
                 if self.wmla_gpus:
                     self._wmla_gpu_group(join=True)
@@ -168,6 +169,19 @@ class Admission:
                 job = await self._wmla_call("GET", f"jobs/{job['id']}")
             except WmlaError as err:
                 self.log.warning("%s: looking at job %s: %s", self._log_name, job["id"], err)
+
+    async def _wmla_devices(self, job: Mapping[str, Any]) -> list | None:
+        """The GPU indexes the service holds for the server (the answer to the submission may
+        predate the hold: asked again once)."""
+        from extension.client import WmlaError
+
+        if job.get("devices") is None:
+            try:
+                job = await self._wmla_call("GET", f"jobs/{job['id']}")
+            except WmlaError as err:
+                self.log.warning("%s: the server's GPUs: %s", self._log_name, err)
+                return None
+        return job.get("devices")
 
 
 def waiting_message(job: Mapping[str, Any], plan: str) -> str:

@@ -99,8 +99,19 @@ def hub(tmp_path_factory: pytest.TempPathFactory):
     # jobs run as the same accounts as the notebooks (the backend's and the spawner's templates
     # agree), so a user's job can read the code in the user's own 0700 folder
     traits["backend_options"] = {"account_template": PREFIX + "{username}"}
+    # GPU nodes of the test (NVIDIA's major 195): a server's cgroup may open its own only
+    devices = Path(tempfile.mkdtemp(prefix="wmla-spawner-dev-"))
+    os.chmod(devices, 0o755)
+    if AS_ROOT:
+        for index in range(4):
+            node = devices / f"nvidia{index}"
+            os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(195, index))
+            os.chmod(node, 0o666)
+    traits["backend_options"]["gpu_device_template"] = str(devices / "nvidia{index}")
     hub = Hub(tmp, traits)
     hub.env["WMLA_STORAGE_ROOT"] = str(storage)
+    hub.env["WMLA_GPU_DEVICE_TEMPLATE"] = str(devices / "nvidia{index}")
+    hub.devices = devices
     hub.storage = storage
     hub.os_isolation = AS_ROOT
     with open(hub.config, "a") as f:
@@ -147,6 +158,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory):
         for name in created:
             subprocess.run(["userdel", name], capture_output=True)
         shutil.rmtree(storage, ignore_errors=True)
+        shutil.rmtree(devices, ignore_errors=True)
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -660,3 +672,84 @@ async def test_a_kernel_of_a_spawned_server_trains_with_the_magics_already_loade
     assert model.is_file() and str(model).startswith(str(hub.storage / "user2"))
     if hub.os_isolation:  # the workers ran as user2's account: its files are its own
         assert model.stat().st_uid == pwd.getpwnam(account("user2")).pw_uid
+
+
+# -- grants held by the kernel (issue 27) ------------------------------------------------------
+PROBE = """
+import errno, json, os, sys
+out = {}
+for index in range(4):
+    try:
+        os.close(os.open(sys.argv[1].format(index=index), os.O_RDWR))
+        out[str(index)] = "opened"
+    except OSError as err:
+        out[str(index)] = errno.errorcode[err.errno]
+print(json.dumps(out))
+"""
+
+
+def cgroups_of(pid: int) -> dict[str, str]:
+    """hierarchy -> the process's cgroup path in it (cgroup v1)."""
+    out = {}
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, names, path = line.split(":", 2)
+        for name in names.split(","):
+            out[name] = path
+    return out
+
+
+def probe_in(cgroup_procs: list[str], account_name: str, template: str) -> dict:
+    """What a process of the account opens of the GPU nodes from inside the server's cgroup."""
+    from extension.confine import enter
+
+    entry = pwd.getpwnam(account_name)
+
+    def join_then_drop() -> None:
+        enter(cgroup_procs)
+        os.setgroups([])
+        os.setgid(entry.pw_gid)
+        os.setuid(entry.pw_uid)
+
+    done = subprocess.run(
+        ["/usr/bin/python3", "-I", "-c", PROBE, template],
+        preexec_fn=join_then_drop,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd="/",
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.skipif(
+    not AS_ROOT or not Path("/sys/fs/cgroup/devices").is_dir(),
+    reason="servers are confined by a hub run as root (cgroup v1's devices fence here)",
+)
+@pytest.mark.parametrize("profile, gpus", [("one-gpu", 1), ("cpu", 0)], ids=["1 GPU", "CPU only"])
+def test_a_server_is_held_to_its_grant_by_a_cgroup_of_its_own(hub: Hub, profile, gpus) -> None:
+    if server_model(hub, "user1") is not None:  # an earlier test's server
+        stop(hub, "user1")
+    r = spawn(hub, "user1", profile)
+    assert r.status_code in (201, 202), r.text
+    wait_ready(hub, "user1")
+    server = server_process(hub, "user1")
+    groups = cgroups_of(server.pid)
+    assert "/wmla/notebooks/" in groups["memory"], groups
+    memory = Path(f"/sys/fs/cgroup/memory{groups['memory']}")
+    limit = int((memory / "memory.limit_in_bytes").read_text())
+    assert limit == 4 * 2**30  # mem_limit "4G" of jupyterhub_config.py (JupyterHub: 1024-based)
+    pids = Path(f"/sys/fs/cgroup/pids{groups['pids']}")
+    assert (pids / "pids.max").read_text().strip() == "1024"
+    quota = Path(f"/sys/fs/cgroup/cpu{groups['cpu']}") / "cpu.cfs_quota_us"
+    assert int(quota.read_text()) == 200_000  # cpu_limit 2 of jupyterhub_config.py
+    assert int(Path(f"/proc/{server.pid}/oom_score_adj").read_text()) > 0
+    visible = server.environ().get("CUDA_VISIBLE_DEVICES")
+    procs = [f"/sys/fs/cgroup/{h}{groups[h]}/cgroup.procs" for h in ("devices", "pids")]
+    seen = probe_in(procs, account("user1"), str(hub.devices / "nvidia{index}"))
+    if gpus:
+        assert visible is not None and visible.isdigit(), visible
+        assert seen.pop(visible) == "ENXIO"  # its own: allowed (no driver behind it)
+    assert set(seen.values()) == {"EPERM"}, seen
+    stop(hub, "user1")
+    wait_for(lambda: not memory.exists() and not pids.exists(), "the server's cgroup to go")

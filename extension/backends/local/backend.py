@@ -27,6 +27,7 @@ from extension.scheduler import Node
 
 from .allocation import _Allocation, _device_table
 from .confining import WorkerCgroups
+from .holds import Hold, HoldRecords
 from .launching import DEFAULT_ENV_KEEP, PROJECT_ROOT, StartError, _Launching
 from .records import _Gang, _private_dirs, _Records
 from .recovery import _Recovery
@@ -155,12 +156,18 @@ class LocalBackend(_Launching, _Allocation, _Supervision, _Recovery, _Records, _
         self._devices = _device_table(self._nodes)
         self._start_empty()
         _private_dirs(self._jobs_dir())
+        self.hold_records = HoldRecords(self.state_dir)
+        for hold in self.hold_records.read():  # held before this backend began: still taken
+            self._holds[hold.job_id] = hold
+            for node, devices in zip(hold.placement, hold.devices):
+                self._used.get(node, set()).update(devices)
 
     def _start_empty(self) -> None:
         """The state the parts share, as it is before anything runs: no device or port taken, no
         gang, no monitor. Apart from the options so that one screen shows all of it."""
         self._used: dict[str, set[int]] = {n.name: set() for n in self._nodes}
         self._gangs: dict[str, _Gang] = {}
+        self._holds: dict[str, Hold] = {}  # devices of notebook servers (holds.py)
         self._workdirs: dict[str, tuple[str, str]] = {}  # job id -> (workdir, user)
         self._recent_ports: list[int] = []
         self._monitor: asyncio.Task | None = None
@@ -252,6 +259,35 @@ class LocalBackend(_Launching, _Allocation, _Supervision, _Recovery, _Records, _
         self._monitor = None
         # Dropping the Popen objects hands still-running children to subprocess's own reaping.
         self._gangs.clear()
+
+    # devices for notebook servers (HoldsDevices) ----------------------------------------------
+    def hold_devices(self, spec: JobSpec, placement: tuple[str, ...]) -> list[tuple[int, ...]]:
+        """Take devices for a notebook server the spawner runs: as a gang's, the lowest free
+        indexes of each node, so no job is given the same GPU; kept on record."""
+        held = self._holds.get(spec.id)
+        if held is not None:
+            return list(held.devices)
+        self._check_placement(spec, tuple(placement))
+        devices = self._allocate(spec, tuple(placement))
+        hold = Hold(spec.id, tuple(placement), tuple(tuple(d) for d in devices))
+        self._holds[spec.id] = hold
+        self.hold_records.write(hold)
+        return list(hold.devices)
+
+    def release_devices(self, job_id: str) -> None:
+        hold = self._holds.pop(job_id, None)
+        if hold is not None:
+            self._free(hold.placement, hold.devices)
+            self.hold_records.remove(job_id)
+
+    def held_devices(self, job_id: str) -> list[tuple[int, ...]] | None:
+        hold = self._holds.get(job_id)
+        return list(hold.devices) if hold is not None else None
+
+    def keep_holds(self, job_ids: set[str]) -> None:
+        for job_id in [j for j in self._holds if j not in job_ids]:
+            log.warning("device hold of job %s, which is no longer running: released", job_id)
+            self.release_devices(job_id)
 
     # inspection (tests, the service's status page) ---------------------------------------------
     def devices_in_use(self) -> dict[str, list[int]]:
