@@ -33,7 +33,11 @@ async def test_a_preemption_and_a_resize_take_the_cgroups_with_the_gang(local_ri
     await local_rig.events.wait("victim", "running")
     first = backend.worker_cgroups("victim")
     assert len(first) == 2 and existing(backend, first) == first
-    for launcher, name in zip(backend.worker_pids("victim"), first):
+    launchers = backend.worker_pids("victim")
+    await local_rig.wait_until(
+        lambda: all(psutil.Process(p).children() for p in launchers), "the workers forked"
+    )
+    for launcher, name in zip(launchers, first):
         (worker,) = psutil.Process(launcher).children()  # the launcher itself stays outside
         assert f"/{name}" in Path(f"/proc/{worker.pid}/cgroup").read_text()
         assert f"/{name}" not in Path(f"/proc/{launcher}/cgroup").read_text()
