@@ -14,7 +14,10 @@ Used by ``hub_config.culler.culler_services`` for the idle cullers. Where the ca
 available (not Linux) the command runs without it, with one line on stderr saying so.
 
 The kernel sends the signal when the *thread* that forked the child exits; JupyterHub starts its
-services from its event loop's thread, which lives as long as the hub.
+services from its event loop's thread, which lives as long as the hub. A parent that dies after
+the call is always noticed, and one that died between reading its pid and the call too; one that
+died while this interpreter was still starting (tens of milliseconds after the fork) is not,
+since its pid is then already the reaper's.
 """
 
 from __future__ import annotations
