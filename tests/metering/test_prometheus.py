@@ -22,6 +22,10 @@ A Prometheus value is read at the last scrape before the evaluation time, and th
 computes its figures when it is scraped, so a point must equal the REST figure at some moment
 within the scrape interval (plus one cycle) before it.
 
+The alert rules load into that Prometheus and evaluate without error or alert on the healthy
+run; and with the service's store locked by another process, the store alert's shipped
+expression (its window shortened) returns the target while /metrics still answers.
+
 Queries that may rightly return no series, and why, are printed at the end: GPU utilization
 without NVML. ``wmla_preemptions_total`` is never incremented here (nothing is preempted) but
 is exported at 0 for every plan, so "preemptions per hour" returns zeros, not nothing.
@@ -32,6 +36,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sqlite3
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -449,3 +454,42 @@ def test_the_alert_rules_load_and_stay_quiet_on_a_healthy_run(run) -> None:
     for rule in rules:
         assert rule["health"] == "ok", rule
         assert rule["state"] != "firing", rule
+
+
+def test_a_locked_store_fires_the_store_alerts_expression(run) -> None:
+    """The premise of WmlaStoreUnavailable on the real service: while the store refuses writes,
+    /metrics still answers (up is 1) and the cycle counter stops. The shipped expression, its
+    2-minute window shortened to 3 s, is empty before the lock and returns the target during it."""
+    hub, prometheus, _ = run
+    rules = yaml.safe_load(RULES.read_text())["groups"][0]["rules"]
+    shipped = next(r["expr"] for r in rules if r["alert"] == "WmlaStoreUnavailable")
+    assert "[2m]" in shipped, shipped
+    expr = shipped.replace("[2m]", "[3s]")
+    healthy = time.time()
+    time.sleep(2 * SCRAPE_INTERVAL)
+    assert prometheus.api("query", query=expr, time=healthy)["result"] == []
+    lock = sqlite3.connect(hub.var / "wmla" / "wmla.sqlite", timeout=10)
+    try:
+        lock.execute("BEGIN EXCLUSIVE")  # what another process holding the database does
+        deadline = time.monotonic() + 30
+        health: dict = {}
+        while time.monotonic() < deadline:  # the service finds out at its next write
+            health = requests.get(f"{hub.api}/health", timeout=10).json()
+            if "StoreUnavailable" in health.get("error", ""):
+                break
+            time.sleep(0.3)
+        assert "StoreUnavailable" in health.get("error", ""), health
+        down = time.time()
+        time.sleep(3 + 2 * SCRAPE_INTERVAL)
+        at = down + 3 + SCRAPE_INTERVAL
+        up = prometheus.api("query", query='up{job="wmla"}', time=at)["result"]
+        assert [float(s["value"][1]) for s in up] == [1.0], up  # /metrics still answered
+        fired = prometheus.api("query", query=expr, time=at)["result"]
+        assert [s["metric"]["job"] for s in fired] == ["wmla"], (expr, fired)
+    finally:
+        lock.rollback()
+        lock.close()
+    wait = time.monotonic() + 30
+    while requests.get(f"{hub.api}/health", timeout=10).json().get("status") != "ok":
+        assert time.monotonic() < wait, "the service did not find its store back"
+        time.sleep(0.3)
