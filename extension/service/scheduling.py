@@ -93,8 +93,7 @@ class Scheduler(Actions):
         max_pending_per_user: int = 0,
     ) -> None:
         self.store = store
-        # every store call of the running service goes through it, in threads
-        self.db = StoreCalls(reset=store.engine.dispose)
+        self.db = StoreCalls(reset=store.engine.dispose)  # every store call, in threads
         self.bounds = instance_bounds  # {"quota": Resources, "max_jobs": int | None}
         self.config = config
         self.storage_root = Path(storage_root)
@@ -109,9 +108,7 @@ class Scheduler(Actions):
         self.limits = Limits()  # runtime limits of plans and live jobs (runtime_limits.py)
         self.jobs: dict[str, Job] = {}  # live (pending and running) jobs, in the core's terms
         self.notebook_devices = NotebookDevices(lambda: self.backend, self.log)
-        self.pending_cap = PendingCap(
-            max_pending_per_user, lambda: self.jobs.values(), lambda: self.cycles
-        )
+        self.pending_cap = PendingCap(max_pending_per_user, self.jobs.values, lambda: self.cycles)
         self.index_cache = IndexCache()  # ours, kept between cycles (docs/scheduling.md "Cost")
         self.result: CycleResult | None = None  # the last cycle's
         self.reserved: str | None = None  # CycleResult.reserved, passed to the next cycle
@@ -132,18 +129,16 @@ class Scheduler(Actions):
         self._stale = False  # the last cycle's write failed: reload the jobs from the store
         self.specs: dict[str, JobSpec] = {}  # what the backend runs, per live job
         self._keys: dict[tuple[str, str], asyncio.Future] = {}  # submissions under way
-        # jobs submitted since the last cycle: stored by its transaction (group commit)
+        # submitted since the last cycle: stored by its transaction (group commit)
         self._submitted: list[tuple[JobRow, asyncio.Future]] = []
-        # called as hook(result, now, seconds) after every cycle (metering); must not raise
-        self.cycle_hooks: list[Callable[[Any, float, float], None]] = []
-        # called as hook(decisions, now) with what a cycle stored in ``decisions``, (job id,
-        # kind, detail) each, once it is stored (metering's churn counters); must not raise
+        self.cycle_hooks: list[Callable[[Any, float, float], None]] = []  # (result, now, s)
+        # hook(decisions, now) once a cycle's (job id, kind, detail) are stored (metering's
+        # churn counters); must not raise
         self.decision_hooks: list[Callable[[list[tuple[str, str, dict]], float], None]] = []
         # the latest checkpoint report per job since the last cycle: coalesced, and no cycle
         # of their own (they change the victims' order only; the next cycle folds them)
         self._checkpoints: dict[str, BackendEvent] = {}
-        # every pending job's place in line, reason and estimated start (queue.py), refreshed
-        # off the loop after cycles; the service's traits set its knobs
+        # every pending job's place in line, reason and start estimate (queue.py), off the loop
         self.queue = WaitingLine(self).attach()
 
     # -- start and stop -----------------------------------------------------------------------

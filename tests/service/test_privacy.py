@@ -208,6 +208,11 @@ def test_the_security_report_says_what_to_do(tmp_path: Path, monkeypatch) -> Non
         "state_dir_private": True,
         "storage_root_safe": True,
         "jobs_run_as": "their users",
+        "grants_enforced_by": "none",  # no backend yet: nothing said, nothing warned
+        "enforced": {
+            c: {"enforced": False, "how": "this backend does not say how grants are enforced"}
+            for c in ("cpu", "memory", "pids", "devices")
+        },
         "warnings": [HIDEPID_ADVICE],
     }
     assert "mount -o remount,hidepid=2 /proc" in HIDEPID_ADVICE and "gid=" in HIDEPID_ADVICE

@@ -20,8 +20,6 @@ from extension.confine import (
     DEFAULT_PIDS,
     Report,
     Usage,
-    detect,
-    users_memory_default,
 )
 from extension.scheduler import Node
 
@@ -121,20 +119,11 @@ class LocalBackend(_Launching, _Allocation, _Supervision, _Recovery, _Records, _
         self.state_dir = os.path.abspath(os.fspath(state_dir))
         self.python = python
         self.account_python = account_python
-        if "{username}" not in account_template:
-            raise ValueError(
-                f"account_template {account_template!r} must contain {{username}}, e.g. "
-                "'{username}' or 'wmla-{username}' (the spawner's system_user_template)"
-            )
-        self.account_template = account_template
+        self.account_template = _checked_template(account_template)
         self.run_as_user = run_as_user
         self.create_accounts = create_accounts
         self.min_uid = int(min_uid)
-        if real_gpus is None:
-            from extension.backends.capacity import physical_gpus
-
-            real_gpus = physical_gpus() > 0
-        self.real_gpus = real_gpus
+        self.real_gpus = _has_gpus() if real_gpus is None else real_gpus
         self.master_addr = master_addr
         self.poll_interval = poll_interval
         self.failure_grace = failure_grace
@@ -145,19 +134,18 @@ class LocalBackend(_Launching, _Allocation, _Supervision, _Recovery, _Records, _
         self.pythonpath = pythonpath
         self.stop_orphans = stop_orphans
         self.port_range = _checked_port_range(port_range)
-        if cgroups is None:
-            cap = users_memory_default() if users_memory_limit is None else int(users_memory_limit)
-            cgroups = WorkerCgroups(
-                detect(jobs_scope(self.state_dir), users_memory=cap),
-                gpu_device_template,
-                pids_limit,
-            )
-        self.cgroups = cgroups
+        self.cgroups = cgroups or WorkerCgroups.detect(
+            jobs_scope(self.state_dir), gpu_device_template, pids_limit, users_memory_limit
+        )
         self._devices = _device_table(self._nodes)
         self._start_empty()
         _private_dirs(self._jobs_dir())
         self.hold_records = HoldRecords(self.state_dir)
-        for hold in self.hold_records.read():  # held before this backend began: still taken
+        self._take_held()
+
+    def _take_held(self) -> None:
+        """The devices held for notebook servers before this backend began: still taken."""
+        for hold in self.hold_records.read():
             self._holds[hold.job_id] = hold
             for node, devices in zip(hold.placement, hold.devices):
                 self._used.get(node, set()).update(devices)
@@ -354,6 +342,21 @@ def _checked_nodes(nodes: Sequence[Node]) -> list[Node]:
     if len(set(names)) != len(names):
         raise ValueError(f"node names must be unique, got {names}")
     return list(nodes)
+
+
+def _checked_template(account_template: str) -> str:
+    if "{username}" not in account_template:
+        raise ValueError(
+            f"account_template {account_template!r} must contain {{username}}, e.g. "
+            "'{username}' or 'wmla-{username}' (the spawner's system_user_template)"
+        )
+    return account_template
+
+
+def _has_gpus() -> bool:
+    from extension.backends.capacity import physical_gpus
+
+    return physical_gpus() > 0
 
 
 def _checked_port_range(port_range: tuple[int, int]) -> tuple[int, int]:

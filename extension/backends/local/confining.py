@@ -21,8 +21,10 @@ from extension.confine import (
     Report,
     Usage,
     check_template,
+    detect,
     gpu_grant,
     mib,
+    users_memory_default,
 )
 
 log = logging.getLogger("wmla.backends.local")
@@ -46,6 +48,19 @@ class WorkerCgroups:
         if int(pids_limit) < 1:
             raise ValueError(f"pids_limit must be 1 or more, got {pids_limit}")
         self.pids_limit = int(pids_limit)
+
+    @classmethod
+    def detect(
+        cls,
+        scope: str,
+        gpu_device_template: str = DEFAULT_GPU_TEMPLATE,
+        pids_limit: int = DEFAULT_PIDS,
+        users_memory_limit: int | None = None,
+    ) -> WorkerCgroups:
+        """The cgroups this machine offers (``confine.detect``); ``users_memory_limit`` None:
+        the machine's memory less the platform's reserve, 0: no cap on users' work."""
+        cap = users_memory_default() if users_memory_limit is None else int(users_memory_limit)
+        return cls(detect(scope, users_memory=cap), gpu_device_template, pids_limit)
 
     @property
     def report(self) -> Report:
