@@ -63,7 +63,7 @@ pytestmark = [
 ]
 
 SCRAPE = REPO / "hub_config" / "grafana" / "prometheus.yml"
-DASHBOARD = REPO / "hub_config" / "grafana" / "wmla-metering.json"
+DASHBOARDS = sorted((REPO / "hub_config" / "grafana").glob("*.json"))  # wmla-metering.json
 RULES = REPO / "hub_config" / "prometheus" / "wmla-alerts.yml"
 PLAN = "/sample-project/training"
 LEAF = f"{PLAN}/user1"
@@ -259,17 +259,19 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Hub, Prometh
 
 # -- the dashboard ---------------------------------------------------------------------------
 def dashboard_queries() -> list[tuple[str, str, str]]:
-    """(panel title, expr, legendFormat) of every target, rows' nested panels included."""
+    """(panel title, expr, legendFormat) of every target of every shipped dashboard, rows'
+    nested panels included."""
 
     def walk(panels: list) -> Iterator[dict]:
         for panel in panels:
             yield panel
             yield from walk(panel.get("panels", []))
 
-    board = json.loads(DASHBOARD.read_text())
+    assert DASHBOARDS, "no dashboard in hub_config/grafana"
     return [
         (panel.get("title", ""), target["expr"], target.get("legendFormat", ""))
-        for panel in walk(board["panels"])
+        for board in DASHBOARDS
+        for panel in walk(json.loads(board.read_text())["panels"])
         for target in panel.get("targets", [])
         if target.get("expr")
     ]
