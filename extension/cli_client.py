@@ -44,14 +44,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 from urllib.parse import quote
 
-from extension.client import (
-    FINAL_STATES,
-    Retrying,
-    WmlaClient,
-    WmlaError,
-    api_url,
-    save_config,
-)
+from extension.client import WmlaClient, WmlaError
+from extension.clientconfig import api_url, save_config
 from extension.magics.options import (
     OptionsError,
     inside_folder,
@@ -60,14 +54,14 @@ from extension.magics.options import (
     submission_body,
     timeout_text,
 )
-from extension.tables import (  # noqa: F401 - re-exported for callers of the CLI module
+from extension.retry import Retrying
+from extension.scheduler import FINAL_STATES
+from extension.tables import (
     job_details,
     jobs_table,
     metrics_text,
     plans_table,
     state_line,
-    state_text,
-    table,
     usage_table,
 )
 

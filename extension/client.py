@@ -9,8 +9,6 @@ JSON. Its parts live beside it, each in a module named for what it does:
   wait, ``Retry-After``, ``Idempotency-Key``, the error when giving up);
 - :mod:`extension.clienterrors`: :class:`WmlaError`, whose message says what went wrong and what
   to do (``status`` keeps the HTTP status, 0 when the service could not be reached).
-
-Callers import everything from here; the names below are re-exported for them.
 """
 
 from __future__ import annotations
@@ -24,27 +22,14 @@ from urllib.parse import quote
 
 import requests
 
-from extension.clientconfig import (  # noqa: F401 - re-exported for callers of the client
-    API_PATH,
-    DEFAULT_SERVICE,
-    api_url,
-    config_path,
-    load_config,
+from extension.clientconfig import (
     resolve,
-    save_config,
 )
 from extension.clienterrors import WmlaError, explain
-from extension.retry import (  # noqa: F401 - re-exported for callers of the client
-    AGAIN,
+from extension.retry import (
     BACKOFF,
-    DOWN,
-    IDEMPOTENCY_HEADER,
-    IDEMPOTENCY_KEY,
     IDEMPOTENT_METHODS,
     MAX_BACKOFF,
-    MAX_RETRY_SECONDS,
-    REACH,
-    RETRY_SECONDS,
     RETRY_STATUSES,
     Failure,
     Retrying,
@@ -56,7 +41,7 @@ from extension.retry import (  # noqa: F401 - re-exported for callers of the cli
     status_failure,
     transport_failure,
 )
-from extension.scheduler import FINAL_STATES  # noqa: F401 - the final states, one definition
+from extension.scheduler import FINAL_STATES
 
 TIMEOUT = 30.0
 # on_retry's default: a warning on this logger (``extension.client``, which callers configure)

@@ -5,8 +5,8 @@ a job waits, and until when") through this one module: the spawn page (spawner/m
 monitor (widgets), ``wmla exec-get`` (extension/tables.py) and the admin page. So the same job
 reads the same everywhere, and the defensive reading is written once: the producer may leave any
 field out or null (``estimate`` is null before the first forward run, ``estimate.start`` beyond
-its horizon, ``position`` for a job submitted since; an older service sends no ``queue`` at
-all), and none of that may break a surface. What is missing is left out of the words.
+its horizon, ``position`` for a job submitted since; a job that is not pending has no
+``queue``), and none of that may break a surface. What is missing is left out of the words.
 
 Pure: no network, no clock (an answer's own ``text`` says how far off a start is).
 """

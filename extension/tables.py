@@ -6,8 +6,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from extension.client import FINAL_STATES
 from extension.queue_text import estimate_text, place_text, reason_text, starts_text, waiting
+from extension.scheduler import FINAL_STATES
 
 
 def state_line(job: Mapping[str, Any]) -> str:
@@ -136,7 +136,7 @@ def job_details(job: Mapping[str, Any]) -> str:
 def _queue_rows(job: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """``queue: 3rd in /project1/qa-team (1st of yours, 12th overall)``, ``reason: ...``,
     ``estimated start: 2026-12-02 12:30 UTC (in about 12 minutes; assumes ...)`` for a pending
-    job the service placed in line; only ``reason`` otherwise (or from an older service)."""
+    job the service placed in line; only ``reason`` otherwise."""
     found = waiting(job) if job.get("state") == "PENDING" else None
     if found is None:
         return [("reason", job.get("reason") or "")]

@@ -72,23 +72,14 @@ class JobMonitor(w.VBox):
             job = self.client.job(self.job_id)
             new, self._next = self.client.metrics(self.job_id, since=self._next)
             self.metrics.extend(new)
-            position = None
-            if job.get("state") == "PENDING":
-                try:
-                    # the service says the place (job["queue"]); only an older one that sends
-                    # no queue makes the monitor count the pending jobs it can see
-                    others = self.client.jobs(["PENDING"]) if "queue" not in job else ()
-                    position = figures.queue_position(job, others)
-                except Exception:  # the place in the queue is a nicety; never fail on it
-                    position = None
             try:
                 logs = self.client.logs(self.job_id, tail=self.log_lines)
             except Exception as err:
                 logs = f"(logs unavailable: {err})"
-            self._apply(job, position, logs, bool(new))
+            self._apply(job, logs, bool(new))
             return job
 
-    def _apply(self, job: dict, position: int | None, logs: str, new_metrics: bool) -> None:
+    def _apply(self, job: dict, logs: str, new_metrics: bool) -> None:
         self.job = job
         name = job.get("name") or ""
         self.title.value = (
@@ -96,7 +87,7 @@ class JobMonitor(w.VBox):
             f"plan {html.escape(str(job.get('plan', '')))} &middot; user "
             f"{html.escape(str(job.get('user', '')))}"
         )
-        self.state.value = figures.state_html(job, position)
+        self.state.value = figures.state_html(job)
         self.workers.value = html.escape(figures.workers_text(job))
         self._show_progress(job)
         state = job.get("state")

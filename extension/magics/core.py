@@ -21,7 +21,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from extension.client import FINAL_STATES, Retrying, WmlaClient, WmlaError
+from extension.client import WmlaClient, WmlaError
+from extension.retry import Retrying
+from extension.scheduler import FINAL_STATES
 from extension.tables import jobs_table, plans_table
 
 from .options import (

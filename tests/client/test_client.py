@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from extension.client import WmlaClient, WmlaError, api_url, load_config, resolve, save_config
+from extension.client import WmlaClient, WmlaError
+from extension.clientconfig import api_url, load_config, resolve, save_config
 
 ANSWERS = {
     "/services/wmla/api/v1/jobs/j404": (404, {"error": "no job j404 of yours", "status": 404}),
@@ -115,7 +116,7 @@ def test_errors_become_sentences(client: WmlaClient, call, status: int, message:
 
 
 def test_the_cores_rejection_wording_is_not_doubled() -> None:
-    from extension.client import explain
+    from extension.clienterrors import explain
 
     message = "rejected: plan /q has a gpu limit of 2 gpu and this job asks for 4 gpu"
     assert explain(422, message, "job") == (

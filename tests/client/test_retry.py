@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from extension.client import IDEMPOTENCY_HEADER, Retrying, WmlaClient, WmlaError
+from extension.client import WmlaClient, WmlaError
+from extension.retry import IDEMPOTENCY_HEADER, Retrying
 from tests.client.stub import Stub
 
 BODY = {"plan": "/p", "workers": 1, "command": {"model_dir": "m", "model_main": "main.py"}}

@@ -92,18 +92,6 @@ def test_script_args_follow_the_script_in_the_command() -> None:
     assert figures.script_args(job) == ["--epochs", "2"]
 
 
-def test_queue_position_follows_priority_then_submission() -> None:
-    me = {"id": "c", "state": "PENDING", "plan": "/p", "priority": 0, "submitted": 5}
-    others = [
-        {"id": "a", "state": "PENDING", "plan": "/p", "priority": 0, "submitted": 1},
-        {"id": "b", "state": "PENDING", "plan": "/p", "priority": 5, "submitted": 9},
-        {"id": "d", "state": "PENDING", "plan": "/q", "priority": 9, "submitted": 0},
-        {"id": "e", "state": "RUNNING", "plan": "/p", "priority": 9, "submitted": 0},
-    ]
-    assert figures.queue_position(me, others) == 3
-    assert figures.queue_position({**me, "state": "RUNNING"}, others) is None
-
-
 def test_state_and_workers_texts() -> None:
     job = {
         "state": "PENDING",
@@ -113,9 +101,9 @@ def test_state_and_workers_texts() -> None:
         "resources": {"gpu": 1, "cpu": 500, "memory": 1 << 30},
         "placement": [],
     }
-    assert figures.state_html(job, 2) == (
-        '<b style="color:#b58900">PENDING</b> &mdash; #2 in the queue of /project1/dev-team '
-        "&mdash; /project1/dev-team at its gpu limit: 2 of 2 in use"
+    assert figures.state_html(job) == (  # no queue object: the reason alone
+        '<b style="color:#b58900">PENDING</b> &mdash; '
+        "/project1/dev-team at its gpu limit: 2 of 2 in use"
     )
     assert figures.workers_text(job) == "0 of 2-4 workers running (1 gpu, 0.5 cpu, 1Gi memory each)"
     running = {**job, "workers": {"min": 2, "max": 2, "running": 2}, "placement": ["n0", "n0"]}

@@ -1,6 +1,5 @@
 """The job monitor while a job waits: the service's place in line, estimate and reason (the
-job's ``queue`` object, docs/service.md "Why a job waits, and until when"), as literal dicts;
-and the old count of visible pending jobs when an older service sends no ``queue``."""
+job's ``queue`` object, docs/service.md "Why a job waits, and until when"), as literal dicts."""
 
 from __future__ import annotations
 
@@ -45,8 +44,6 @@ def test_the_state_line_says_the_place_the_estimate_and_the_reason() -> None:
         "&mdash; qa-team holds 8 of its 8 deserved GPUs; waiting for capacity: needs 1 worker "
         "x 4 gpu, each worker on one node; room now for 0"
     )
-    # the queue wins over a position counted by the caller: the service knows the line
-    assert figures.state_html(PENDING, 7) == figures.state_html(PENDING)
 
 
 @pytest.mark.parametrize(
@@ -79,16 +76,6 @@ def test_the_state_line_says_the_place_the_estimate_and_the_reason() -> None:
 )
 def test_what_the_service_has_not_worked_out_is_said_not_guessed(job: dict, html: str) -> None:
     assert figures.state_html(job) == PENDING_HTML + html
-
-
-def test_the_place_comes_from_the_queue_and_else_from_the_visible_pending_jobs() -> None:
-    others = [{"id": "a", "state": "PENDING", "plan": QA, "priority": 9, "submitted": 0}]
-    me = {**PENDING, "id": "c", "submitted": 5}
-    assert figures.queue_position(me, others) == 3  # the service's, not 2
-    assert figures.queue_position(with_queue(position=None), others) is None
-    older = {k: v for k, v in me.items() if k != "queue"}
-    assert figures.queue_position(older, others) == 2
-    assert figures.queue_position({**me, "state": "RUNNING"}, others) is None
 
 
 @pytest.mark.parametrize(
@@ -132,11 +119,3 @@ def test_the_monitor_shows_the_services_line_without_listing_pending_jobs() -> N
     client.jobs_seen.append({**client.jobs_seen[-1], "state": "RUNNING", "queue": None})
     mon.refresh()
     assert "in line" not in mon.state.value
-
-
-def test_the_monitor_of_an_older_service_still_counts_the_visible_pending_jobs() -> None:
-    client = QueueClient(None)
-    del client.jobs_seen[-1]["queue"]
-    mon = JobMonitor(client, "j1")
-    mon.refresh()
-    assert "#2 in the queue of /p" in mon.state.value and client.listed == 1

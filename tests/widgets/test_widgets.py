@@ -28,6 +28,9 @@ JOB = {
     "placement": [], "exit_code": None, "preemptions": 0,
     "command": ["python", "/s/alice/m/main.py", "--epochs", "2"],
 }  # fmt: skip
+# what the service sends with a pending job: its place in line and why it waits
+QUEUE = {"position": {"leaf": 1, "plan": 2, "instance": 2}, "plan": "/p",
+         "reason": "/p at its gpu limit: 2 of 2 in use", "estimate": None}  # fmt: skip
 
 
 class CannedClient:
@@ -79,10 +82,11 @@ class CannedClient:
 
 def test_monitor_shows_queue_then_progress_chart_and_logs() -> None:
     client = CannedClient()
+    client.jobs_seen[-1]["queue"] = QUEUE
     mon = JobMonitor(client, "j1")
     mon.refresh()
     assert "PENDING" in mon.state.get_state()["value"]
-    assert "#2 in the queue of /p" in mon.state.value and "gpu limit" in mon.state.value
+    assert "2nd in line in /p" in mon.state.value and "gpu limit" in mon.state.value
     assert mon.workers.value == "0 of 2 workers running (1 gpu, 250m cpu, 512Mi memory each)"
     assert mon.progress.get_state()["value"] == 50.0  # epoch 1 of --epochs 2
     traces = {t["name"]: (list(t["x"]), list(t["y"])) for t in mon.chart.to_dict()["data"]}

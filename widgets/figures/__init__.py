@@ -17,7 +17,7 @@ The parts, one concern each (every name below is importable from ``widgets.figur
 from __future__ import annotations
 
 from .common import FINAL, STATE_COLOURS
-from .job_text import cancel_button_state, queue_position, state_html, workers_text
+from .job_text import cancel_button_state, state_html, workers_text
 from .progress import (
     epochs_done,
     epochs_from_args,
@@ -70,7 +70,6 @@ __all__ = [
     "plan_options",
     "progress_fraction",
     "progress_phase",
-    "queue_position",
     "recent_jobs",
     "recent_window",
     "script_args",

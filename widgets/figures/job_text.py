@@ -5,7 +5,7 @@ state."""
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from extension.queue_text import Waiting, place_text, reason_text, starts_text, utc_minute, waiting
@@ -13,30 +13,10 @@ from extension.queue_text import Waiting, place_text, reason_text, starts_text, 
 from .common import FINAL, STATE_COLOURS
 
 
-def queue_position(job: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]] = ()) -> int | None:
-    """1-based place of a PENDING job in its plan's line: the service's own (``queue.position
-    .plan``, the order its forward run starts the jobs in) when it sends a ``queue``; from an
-    older service without one, its place among the visible pending ``jobs`` of its plan in the
-    order the core considers them (higher priority first, then earlier submission, then id)."""
-    if job.get("state") != "PENDING":
-        return None
-    found = waiting(job)
-    if found is not None:
-        return found.in_plan  # None while the service has not placed it yet: not a guess
-    pending = [j for j in jobs if j.get("state") == "PENDING" and j.get("plan") == job.get("plan")]
-    if not any(j.get("id") == job.get("id") for j in pending):
-        pending.append(dict(job))
-    pending.sort(key=lambda j: (-(j.get("priority") or 0), j.get("submitted") or 0, j.get("id")))
-    for i, j in enumerate(pending):
-        if j.get("id") == job.get("id"):
-            return i + 1
-    return None  # pragma: no cover - the job was added above
-
-
-def state_html(job: Mapping[str, Any], position: int | None = None) -> str:
+def state_html(job: Mapping[str, Any]) -> str:
     """``PENDING — 3rd in line in /p (1st of yours, 12th overall) — starts in about 12 minutes
-    (2026-12-02 12:30 UTC; estimate: assumes ...) — <reason>`` from the job's ``queue``; from
-    an older service, ``#position in the queue of /p — <reason>``."""
+    (2026-12-02 12:30 UTC; estimate: assumes ...) — <reason>`` from the job's ``queue``; the
+    reason alone for a job without one (not pending)."""
     state = str(job.get("state", "?"))
     colour = STATE_COLOURS.get(state, "#333")
     parts = [f'<b style="color:{colour}">{html.escape(state)}</b>']
@@ -44,8 +24,6 @@ def state_html(job: Mapping[str, Any], position: int | None = None) -> str:
     if found is not None:
         parts.extend(_waiting_parts(found, job))
     else:
-        if position is not None:
-            parts.append(f"#{position} in the queue of {html.escape(str(job.get('plan', '')))}")
         reason = job.get("reason")
         if reason:
             parts.append(html.escape(str(reason)))
