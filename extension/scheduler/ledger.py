@@ -155,6 +155,10 @@ class Ledger:
             row[2] = f[2] + i[2]
         self._rooms.clear()
 
+    def pool_changed(self) -> None:
+        """Forget the pool_room answers: the pool is about to change (a reclaim's commit)."""
+        self._rooms.clear()
+
     def alloc(self, plan: PlanNode, r: int) -> float:
         """What ``plan`` holds of resource ``r`` once this cycle's promises are kept."""
         d = self.promised.get(plan.path)
@@ -286,7 +290,7 @@ class Release:
         """Take the steps: a victim's released workers are incoming (free after its grace
         period, like any terminating job's) and its plans' allocation is promised down."""
         ledger = self.ledger
-        ledger._rooms.clear()
+        ledger.pool_changed()
         incoming, pool, ti = ledger.incoming, ledger.pool, ledger.total_incoming
         for victim, vleaf, nodes in self.steps:
             count = len(nodes)

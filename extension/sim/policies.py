@@ -131,8 +131,8 @@ class Wmla(Policy):
                     pass  # the core rejects the job and says why
         self.dirty = True
 
-    def _gone(self, job: ReplayJob) -> None:
-        self._ungroup(job)
+    def gone(self, job: ReplayJob) -> None:
+        self.ungroup(job)
         self.working.pop(job.id, None)
         self.live.pop(job.id, None)
         self.core_jobs.pop(job.id, None)
@@ -141,11 +141,11 @@ class Wmla(Policy):
             self.elastic -= 1
 
     def finished(self, job: ReplayJob, now: float) -> None:
-        self._gone(job)
+        self.gone(job)
         self.dirty = True
 
     def cancelled(self, job: ReplayJob, now: float) -> None:
-        self._gone(job)
+        self.gone(job)
         self.dirty = True
 
     def released(self, job: ReplayJob, now: float) -> None:
@@ -255,7 +255,7 @@ class Wmla(Policy):
             return None
         return result
 
-    def _group(self, job: ReplayJob) -> None:
+    def group(self, job: ReplayJob) -> None:
         core = job.core
         if core.elastic:
             return  # elastic jobs grow and shrink: the core sees them as they are
@@ -267,7 +267,7 @@ class Wmla(Policy):
         self.grouped[job.id] = key
         self.loose.pop(job.id, None)
 
-    def _ungroup(self, job: ReplayJob) -> None:
+    def ungroup(self, job: ReplayJob) -> None:
         key = self.grouped.pop(job.id, None)
         if key is not None:
             self.groups[key].remove(job.core.placement)
@@ -289,7 +289,7 @@ class _CarryOut:
         p = self.policy
         job = p.live[d.job_id]
         p.replay.start(job, d.placement, now)
-        p._group(job)
+        p.group(job)
         p.working[job.id] = job
         if p.config.min_runtime > 0 and not p.service:  # the service has no such timer
             heapq.heappush(p.timers, now + p.config.min_runtime)
@@ -304,14 +304,14 @@ class _CarryOut:
         p = self.policy
         job = p.live[d.job_id]
         steady = p.steady(d)
-        p._ungroup(job)
+        p.ungroup(job)
         p.working.pop(job.id, None)
         p.replay.preempt(job, d.grace, now, steady)
 
     def reject(self, d: Reject, now: float) -> None:
         p = self.policy
         job = p.live[d.job_id]
-        p._gone(job)
+        p.gone(job)
         p.replay.reject(job, d.reason, now)
 
 
