@@ -1,7 +1,7 @@
 """Service load benchmark: concurrent clients submitting jobs through a real hub and proxy.
 
     .venv/bin/python benchmarks/bench_service.py [--jobs N] [--clients C] [--quick] [--json]
-        [--finish-after S] [--profile py-spy|cprofile] [--keep]
+        [--finish-after S] [--profile py-spy|cprofile] [--keep] [--as-root]
 
 World: the repository's own jupyterhub_config.py in a subprocess (tests/service/hub.py: the
 real JupyterHub, configurable-http-proxy, the wmla service and its SQLite store), with one
@@ -26,6 +26,16 @@ Measured, in the same run:
   and the service's RSS (peak during the load);
 - lost and duplicated jobs: the ids answered 201 against ``GET /jobs`` (all jobs, as a plan
   admin) at the end; must both be 0 (the exit status is 1 otherwise), and every job FINISHED.
+
+``--as-root`` (as root, with useradd): the path a deployment of the embedded default takes.
+Each client is a hub user with a system account of its own (made by the benchmark, removed
+after), and the backend is the real ``LocalBackend`` (``observed_local_backend.py``: the same
+logs of the loop): every submission resolves the user's files through that user's helper, every
+job is a launcher that enters its cgroup, drops to the account and runs a script that exits at
+once (``pass``; 0 GPUs, 250m cpu, 64Mi memory). Reported besides: jobs launched and finished
+per second end to end, the time to drain after the last answer, the CPU per job of the service
+and of everything else on the machine (the launchers and their workers), and the service's RSS
+at each tenth of the answers.
 
 Goals (issue 15): at least 500 submissions/s sustained with p99 under 200 ms, and a loop p99
 under 50 ms at that load. ``--profile py-spy`` samples the service with py-spy during the load
@@ -140,11 +150,24 @@ class RssSampler(threading.Thread):
     def __init__(self, pid: int, every: float = 0.25) -> None:
         super().__init__(daemon=True)
         self.pid, self.every, self.peak = pid, every, 0.0
+        self.samples: list[tuple[float, float]] = []  # (wall time, RSS MiB)
         self.done = threading.Event()
 
     def run(self) -> None:
         while not self.done.wait(self.every):
-            self.peak = max(self.peak, rss_mib(self.pid)[0])
+            rss = rss_mib(self.pid)[0]
+            self.peak = max(self.peak, rss)
+            self.samples.append((time.time(), rss))
+
+    def by_tenth(self, times: list[float]) -> list[float]:
+        """The RSS when each tenth of ``times`` (wall times of the answers) had passed."""
+        ordered = sorted(times)
+        out = []
+        for k in range(1, 11):
+            at = ordered[max(0, len(ordered) * k // 10 - 1)] if ordered else 0.0
+            near = [r for t, r in self.samples if t <= at] or [r for _, r in self.samples[:1]]
+            out.append(round(near[-1], 1) if near else float("nan"))
+        return out
 
 
 # -- figures ----------------------------------------------------------------------------------
@@ -198,12 +221,18 @@ def read_log(path: Path, start: float, end: float) -> list[list[float]]:
 
 
 # -- clients ----------------------------------------------------------------------------------
+# what each job asks for: the instant backend runs nothing; a real job is held to its grant
+INSTANT_JOB = {"gpu": 1, "cpu": "10m", "memory": "16Mi"}
+REAL_JOB = {"gpu": 0, "cpu": "250m", "memory": "64Mi"}
+RESOURCES = dict(INSTANT_JOB)
+
+
 def job_body(k: int) -> dict:
     return {
         "plan": PLAN,
         "name": f"bench-{k}",
         "workers": 1,
-        "resources": {"gpu": 1, "cpu": "10m", "memory": "16Mi"},
+        "resources": RESOURCES,
         "command": {"model_dir": "models/bench", "model_main": "main.py"},
     }
 
@@ -417,21 +446,31 @@ _wmla["command"] = [sys.executable, "-m", "cProfile", "-o", {out!r}, "-m", "exte
 
 
 # -- the run ----------------------------------------------------------------------------------
-def service_traits(tmp: Path, finish_after: float) -> dict:
+def service_traits(tmp: Path, finish_after: float, accounts: str = "") -> dict:
+    """The instant backend, or with ``accounts`` (an account template) the real local one."""
+    logs = {
+        "cycle_log": str(tmp / "cycles.log"),
+        "lag_log": str(tmp / "lag.log"),
+        "lag_interval": 0.01,
+    }
+    if accounts:
+        backend = "benchmarks.observed_local_backend.ObservedLocalBackend"
+        options = {**logs, "account_template": accounts, "real_gpus": False}
+    else:
+        backend = "benchmarks.instant_backend.InstantBackend"
+        options = {**logs, "finish_after": finish_after}
     return {
-        "backend_class": "benchmarks.instant_backend.InstantBackend",
-        "backend_options": {
-            "finish_after": finish_after,
-            "cycle_log": str(tmp / "cycles.log"),
-            "lag_log": str(tmp / "lag.log"),
-            "lag_interval": 0.01,
-        },
+        "backend_class": backend,
+        "backend_options": options,
         "device_layout": "4x8",
         "cpu_oversubscription": 16,
+        "max_pending_per_user": 0,  # the benchmark's clients submit far ahead of the starts
     }
 
 
-def make_users(hub: Hub, names: list[str]) -> list[str]:
+def make_users(hub: Hub, names: list[str], accounts: str = "") -> list[str]:
+    """Hub users with a token each and the job's script in their folder; with ``accounts``, a
+    system account each (``accounts`` the template), owning its folder."""
     r = hub.hub_api("POST", "/users", json={"usernames": names})
     assert r.status_code in (201, 409), r.text
     tokens = []
@@ -439,14 +478,32 @@ def make_users(hub: Hub, names: list[str]) -> list[str]:
         r = hub.hub_api("POST", f"/users/{name}/tokens", json={"note": "wmla bench"})
         assert r.status_code == 201, r.text
         tokens.append(r.json()["token"])
+        if accounts:
+            from extension.backends.accounts import create_account, ensure_folder
+
+            account = create_account(accounts.format(username=name), hub.storage / name)
+            ensure_folder(hub.storage, name, account)
         folder = hub.storage / name / "models" / "bench"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "main.py").write_text(SCRIPT)
+        if accounts:
+            for path in (folder.parent, folder, folder / "main.py"):
+                os.chown(path, account.uid, account.gid)
     return tokens
 
 
+def remove_accounts(names: list[str], accounts: str) -> None:
+    for name in names:
+        subprocess.run(["userdel", accounts.format(username=name)], capture_output=True)
+
+
 def run(args: argparse.Namespace, tmp: Path) -> dict:
-    hub = Hub(tmp, service_traits(tmp, args.finish_after))
+    accounts = f"wb{uuid.uuid4().hex[:4]}-{{username}}" if args.as_root else ""
+    if accounts:
+        RESOURCES.clear()
+        RESOURCES.update(REAL_JOB)
+        os.chmod(tmp, 0o711)  # the accounts reach their folders under it
+    hub = Hub(tmp, service_traits(tmp, args.finish_after, accounts))
     hub.env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
     )
@@ -458,13 +515,13 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
         with open(hub.config, "a") as f:
             f.write(CPROFILE_CONFIG.format(out=str(tmp / "service.prof")))
     spy: subprocess.Popen | None = None
-    report: dict = {"jobs": args.jobs, "clients": args.clients}
+    report: dict = {"jobs": args.jobs, "clients": args.clients, "as_root": bool(accounts)}
+    names = [f"bench{i:02d}" for i in range(args.clients)]
     try:
         print("starting the hub, the proxy and the wmla service ...", file=sys.stderr)
         hub.start(timeout=120)
         pids = {"service": hub.service_pid(), "hub": hub.proc.pid, "proxy": proxy_pid(hub)}
-        names = [f"bench{i:02d}" for i in range(args.clients)]
-        tokens = make_users(hub, names)
+        tokens = make_users(hub, names, accounts)
         admin = hub.user_token("padmin")
         api = hub.api
 
@@ -496,7 +553,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
         sampler = RssSampler(pids["service"])
         sampler.start()
         load = asyncio.run(submissions(api, tokens, args.jobs, admin))
-        ended = asyncio.run(wait_ended(api, admin, timeout=max(120, args.jobs / 20)))
+        timeout = max(120, args.jobs / (10 if accounts else 20))
+        ended = asyncio.run(wait_ended(api, admin, timeout=timeout))
         sampler.done.set()
         wall_end = time.time()
         cpu1 = {k: cpu_seconds(p) if p else float("nan") for k, p in pids.items()}
@@ -582,6 +640,19 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
             "end": round(rss, 1),
             "peak_during_load": round(sampler.peak, 1),
             "hwm": round(hwm, 1),
+            "by_tenth": sampler.by_tenth([load["wall0"] + a[2] - load["t0"] for a in ok]),
+        }
+        ends = [j["ended"] for j in listing if j["ended"] is not None and j["state"] == "FINISHED"]
+        if ends:
+            last = max(ends)
+            report["jobs_finished_per_second"] = round(len(ends) / (last - load["wall0"]), 1)
+            report["drain_after_last_answer_s"] = round(last - submit_t1, 2)
+        jobs_done = max(1, len(ends))
+        report["cpu_ms_per_job"] = {
+            "service": round(1000 * (cpu1["service"] - cpu0["service"]) / jobs_done, 2),
+            "launchers_and_workers": round(
+                1000 * report["cpu_seconds"]["other processes"] / jobs_done, 2
+            ),
         }
         report["prometheus_cycle_histogram"] = prometheus_cycles(hub, admin)
         if args.profile in ("py-spy", "py-spy-gil") and (tmp / "profile.txt").exists():
@@ -594,6 +665,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
             spy.kill()
             spy.wait(10)
         hub.stop()
+        if accounts:
+            remove_accounts(names, accounts)
     if args.profile == "cprofile" and (tmp / "service.prof").exists():
         report["cprofile"] = summarize_cprofile(tmp / "service.prof")
     return report
@@ -682,7 +755,16 @@ def print_report(r: dict) -> None:
         f" service {r['service_cpu_ms_per_submission']} ms CPU per submission"
     )
     m = r["service_rss_mib"]
-    print(f"  service RSS          : {m['peak_during_load']} MiB peak, {m['end']} MiB at the end")
+    print(f"  service RSS          : {m['peak_during_load']} MiB peak, {m['end']} MiB at the end;"
+          f" by tenth of the answers {m['by_tenth']}")  # fmt: skip
+    if "jobs_finished_per_second" in r:
+        per = r["cpu_ms_per_job"]
+        print(
+            f"  jobs run end to end  : {r['jobs_finished_per_second']}/s launched and finished"
+            f" ({'real accounts, LocalBackend' if r['as_root'] else 'instant backend'}); drained"
+            f" {r['drain_after_last_answer_s']} s after the last answer; CPU per job: service"
+            f" {per['service']} ms, launchers and workers {per['launchers_and_workers']} ms"
+        )
     print(
         f"  lost {r['lost']}, duplicated {r['duplicated']},"
         f" stored without a 201 {r['unanswered_but_stored']}"
@@ -739,7 +821,15 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--json-out", default="", help="also write the report as JSON here")
     parser.add_argument("--keep", action="store_true", help="keep the run's folder (logs)")
+    parser.add_argument(
+        "--as-root",
+        action="store_true",
+        help="each client a system account, the real LocalBackend, real launches (root only)",
+    )
     args = parser.parse_args()
+    if args.as_root and (os.geteuid() != 0 or not shutil.which("useradd")):
+        print("--as-root needs root and useradd", file=sys.stderr)
+        return 2
     if args.quick:
         args.jobs = min(args.jobs, 1_000)
     args.baseline = args.baseline or min(2_000, max(args.jobs, 500))

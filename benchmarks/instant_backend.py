@@ -23,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import Any
 
-from extension.backends.base import BackendEvent, Emit, JobSpec
+from extension.backends.base import BackendEvent, Emit, EventKind, JobSpec
 from extension.scheduler import Node
+
+from .loop_observer import LoopObserver
 
 
 class InstantBackend:
@@ -48,56 +49,17 @@ class InstantBackend:
         self.running: dict[str, tuple[str, ...]] = {}
         self.started = 0
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._cycle_file = open(cycle_log, "a", buffering=1 << 16) if cycle_log else None  # noqa: SIM115
-        self._lag_file = open(lag_log, "a", buffering=1 << 16) if lag_log else None  # noqa: SIM115
-        self._lag_interval = float(lag_interval)
-        self._lag_task: asyncio.Task | None = None
-        self._flusher: asyncio.Task | None = None
-        scheduler = getattr(emit, "__self__", None)  # emit is the loop's bound Scheduler.emit
-        hooks = getattr(scheduler, "cycle_hooks", None)
-        if self._cycle_file is not None and hooks is not None:
-            hooks.append(self._on_cycle)
-
-    # -- observation ---------------------------------------------------------------------------
-    def _on_cycle(self, result: Any, now: float, seconds: float) -> None:
-        if self._cycle_file is None:
-            return
-        live = len(getattr(getattr(self.emit, "__self__", None), "jobs", ()) or ())
-        decisions = len(getattr(result, "decisions", ()) or ())
-        self._cycle_file.write(f"{time.time():.6f} {seconds:.6f} {decisions} {live}\n")
-
-    async def _probe_lag(self) -> None:
-        loop = asyncio.get_running_loop()
-        interval = self._lag_interval
-        while True:
-            before = loop.time()
-            await asyncio.sleep(interval)
-            lag = loop.time() - before - interval
-            if self._lag_file is not None:
-                self._lag_file.write(f"{time.time():.6f} {max(0.0, lag):.6f}\n")
-
-    async def _flush(self) -> None:
-        while True:
-            await asyncio.sleep(0.5)
-            for f in (self._cycle_file, self._lag_file):
-                if f is not None:
-                    f.flush()
-
-    def _ensure_tasks(self) -> None:
-        if self._flusher is None and (self._cycle_file or self._lag_file):
-            self._flusher = asyncio.ensure_future(self._flush())
-        if self._lag_task is None and self._lag_file is not None:
-            self._lag_task = asyncio.ensure_future(self._probe_lag())
+        self.observer = LoopObserver(emit, cycle_log, lag_log, lag_interval)
 
     # -- the protocol ------------------------------------------------------------------------
     def capacity(self) -> list[Node]:
-        self._ensure_tasks()  # first called from the running loop, before any cycle
+        self.observer.start()  # first called from the running loop, before any cycle
         return list(self.nodes)
 
     async def start(self, spec: JobSpec, placement: tuple[str, ...]) -> None:
         self.started += 1
         self.running[spec.id] = tuple(placement)
-        self.emit(BackendEvent(spec.id, "running", time.time(), tuple(placement)))
+        self.emit(BackendEvent(spec.id, EventKind.RUNNING, time.time(), tuple(placement)))
         if self.finish_after <= 0:
             self._finish(spec.id)
         else:
@@ -107,23 +69,23 @@ class InstantBackend:
     def _finish(self, job_id: str) -> None:
         self._timers.pop(job_id, None)
         if self.running.pop(job_id, None) is not None:
-            self.emit(BackendEvent(job_id, "finished", time.time(), exit_code=0))
+            self.emit(BackendEvent(job_id, EventKind.FINISHED, time.time(), exit_code=0))
 
     async def resize(self, spec: JobSpec, placement: tuple[str, ...], grace: float) -> None:
         self.running[spec.id] = tuple(placement)
-        self.emit(BackendEvent(spec.id, "resized", time.time(), tuple(placement)))
+        self.emit(BackendEvent(spec.id, EventKind.RESIZED, time.time(), tuple(placement)))
 
     async def stop(self, job_id: str, grace: float, reason: str) -> None:
         timer = self._timers.pop(job_id, None)
         if timer is not None:
             timer.cancel()
         self.running.pop(job_id, None)
-        self.emit(BackendEvent(job_id, "released", time.time()))
+        self.emit(BackendEvent(job_id, EventKind.RELEASED, time.time()))
 
     async def recover(self, specs: Sequence[JobSpec]) -> None:
         # jobs of this backend end at once, so any that were running have ended meanwhile
         for spec in specs:
-            self.emit(BackendEvent(spec.id, "finished", time.time(), exit_code=0))
+            self.emit(BackendEvent(spec.id, EventKind.FINISHED, time.time(), exit_code=0))
 
     def logs(self, job_id: str, worker: int | None = None, tail: int | None = None) -> str:
         return ""
@@ -135,10 +97,4 @@ class InstantBackend:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
-        for task in (self._lag_task, self._flusher):
-            if task is not None:
-                task.cancel()
-        for f in (self._cycle_file, self._lag_file):
-            if f is not None:
-                f.close()
-        self._cycle_file = self._lag_file = None
+        self.observer.close()
