@@ -46,7 +46,7 @@ from extension.backends.kubernetes import (
     QUOTAS,
     VOLCANO_JOBS,
     ApiError,
-    _quantity,
+    quantity,
 )
 
 _DOWN = object()
@@ -489,7 +489,7 @@ class FakeKube:
             for section in ("requests", "limits"):
                 for name, value in (resources.get(section) or {}).items():
                     key = f"{section}.{name}"
-                    out[key] = out.get(key, 0) + _quantity(key, value, "nvidia.com/gpu")
+                    out[key] = out.get(key, 0) + quantity(key, value, "nvidia.com/gpu")
         out["cpu"] = out.get("requests.cpu", 0)
         out["memory"] = out.get("requests.memory", 0)
         return out
@@ -515,7 +515,7 @@ class FakeKube:
             if ns != namespace:
                 continue
             for key, bound in quota["spec"]["hard"].items():
-                limit = _quantity(key, bound, "nvidia.com/gpu")
+                limit = quantity(key, bound, "nvidia.com/gpu")
                 if used.get(key, 0) + charges.get(key, 0) > limit:
                     raise ApiError(
                         403,

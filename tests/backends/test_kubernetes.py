@@ -234,7 +234,7 @@ async def test_a_pod_that_never_becomes_ready_keeps_the_job_pending_and_says_why
         f"(queue {queue_name('/project1/dev-team/alice')})"
     )
     fake.make_pods(name, [], namespace=NS, ready=False)
-    await until(lambda: len(backend._pods_of(name)) == 2, "pods seen")
+    await until(lambda: len(backend.cache.pods_of(name)) == 2, "pods seen")
     assert events.kinds("job-1") == []
     assert backend.describe("job-1") == (
         f"pod {name}-master-0 not ready: Unschedulable: "
@@ -426,7 +426,7 @@ async def test_a_foreign_object_with_our_name_is_not_taken(setup):
     fake.add(PYTORCHJOBS, body)
     with pytest.raises(BackendError, match="is not job job-1's"):
         await backend.start(spec(), ("gpu-1",))
-    assert "job-1" not in backend._jobs
+    assert "job-1" not in backend.tracking
 
 
 async def test_a_restart_waits_for_the_previous_run_to_terminate(setup):
@@ -455,7 +455,7 @@ async def test_the_api_server_down_then_up(setup):
     # a call while it is down is retried, then gives up clearly without changing anything
     with pytest.raises(BackendError, match="did not answer"):
         await backend.start(spec("job-2"), ("gpu-1",))
-    assert "job-2" not in backend._jobs
+    assert "job-2" not in backend.tracking
     # the job finishes while we cannot see it
     fake.finish_job(name, namespace=NS)
     await asyncio.sleep(0)

@@ -25,21 +25,35 @@ After a service restart, ``recover`` finds the jobs again by their labels and an
 reports ``lost`` for those that are gone.
 
 The modules (import every name from here, ``extension.backends.kubernetes``):
-- ``api``        the slice of the Kubernetes API used (``KubeApi``) and the real one
-- ``objects``    pure helpers over Kubernetes objects (metadata, quantities, pods, job status)
-- ``state``      the cache and the record of each tracked job
-- ``watch``      open/close, the list+watch loops, calls retried with backoff       (part 1)
-- ``events``     the events derived from the cache                                  (part 2)
-- ``jobs``       the job object a spec becomes; start, resize, stop, recover        (part 3)
-- ``queues``     the plan tree as Volcano queues (``sync_queues``)                  (part 3)
-- ``admission``  capacity, the namespace quota, what its quota and LimitRanges refuse
-- ``errors``     ``BackendError``, ``AdmissionRefused``
-- ``backend``    ``KubernetesBackend``: the options and the state the parts share
+- ``api``         the slice of the Kubernetes API used (``KubeApi``) and the real one
+- ``objects``     pure helpers over Kubernetes objects (metadata, quantities, pods, job status)
+- ``state``       the cache, and the record of each tracked job (``Tracking``)
+- ``options``     the backend's options, from the constructor, the environment or defaults
+- ``calls``       ``ApiCalls``: the connection, calls retried with backoff
+- ``watch``       ``Watcher``: open/close, the list+watch loops                       (part 1)
+- ``events``      ``EventDeriver``: the events derived from the cache                 (part 2)
+- ``logs``        ``WorkerLogs``: the workers' logs, read when a job ends
+- ``job_object``  ``JobBuilder``: the job object a spec becomes
+- ``jobs``        ``JobRunner``: start, resize, stop, recover                         (part 3)
+- ``queues``      ``QueueWriter``: the plan tree as Volcano queues (``sync_queues``)  (part 3)
+- ``admission``   ``Admission``: capacity, the namespace quota, what its quota and LimitRanges
+                  refuse
+- ``tasks``       ``Background``: the tasks started beside the calls, cancelled on close
+- ``errors``      ``BackendError``, ``AdmissionRefused``
+- ``backend``     ``KubernetesBackend``: builds the collaborators from its options and
+                  implements the ``Backend`` protocol by delegating to them
 """
 
 from __future__ import annotations
 
-from .admission import PodAsk, effective_pod, limit_range_problem, quota_cut, quota_problem
+from .admission import (
+    AdmissionProblem,
+    PodAsk,
+    effective_pod,
+    limit_range_problem,
+    quota_cut,
+    quota_problem,
+)
 from .api import (
     CLUSTER_SCOPED,
     LIMIT_RANGES,
@@ -53,12 +67,13 @@ from .api import (
     ApiFactory,
     KubeApi,
     KubernetesAsyncioApi,
+    WatchEvent,
     default_api_factory,
 )
 from .backend import KubernetesBackend
 from .errors import AdmissionRefused, BackendError
 from .objects import (
-    _quantity,  # noqa: F401 - tests/backends/fake_k8s.py charges quotas in the same units
+    JobCondition,
     condition_message,
     job_condition,
     job_workers,
@@ -67,9 +82,11 @@ from .objects import (
     pod_rank,
     pod_ready,
     pod_wait_reason,
+    quantity,
 )
+from .options import Options
 from .queues import QueueSync
-from .state import Cache
+from .state import Cache, Phase, TrackedJob
 
 __all__ = [
     "CLUSTER_SCOPED",
@@ -80,16 +97,22 @@ __all__ = [
     "QUEUES",
     "QUOTAS",
     "VOLCANO_JOBS",
+    "AdmissionProblem",
     "AdmissionRefused",
     "ApiError",
     "ApiFactory",
     "BackendError",
     "Cache",
+    "JobCondition",
     "KubeApi",
     "KubernetesAsyncioApi",
     "KubernetesBackend",
+    "Options",
+    "Phase",
     "PodAsk",
     "QueueSync",
+    "TrackedJob",
+    "WatchEvent",
     "condition_message",
     "default_api_factory",
     "effective_pod",
@@ -101,6 +124,7 @@ __all__ = [
     "pod_rank",
     "pod_ready",
     "pod_wait_reason",
+    "quantity",
     "quota_cut",
     "quota_problem",
 ]

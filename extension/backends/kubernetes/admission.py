@@ -5,17 +5,17 @@ LimitRanges would refuse a pod of a gang, checked for the whole gang before anyt
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from extension.scheduler import UNLIMITED, Instance, Node, Resources
 
 from .. import manifests as m
 from .api import LIMIT_RANGES, NODES, PYTORCHJOBS, QUOTAS
-from .objects import _labels, _name, _quantity, node_capacity
-from .state import Cache, _Tracked
+from .objects import labels_of, name_of, node_capacity, quantity
+from .state import Cache, Phase, Tracking
 
 log = logging.getLogger("extension.backends.kubernetes")
 
@@ -33,8 +33,17 @@ def quota_cut(quotas: Iterable[Mapping], gpu_resource: str = m.DEFAULT_GPU_RESOU
         for index, names in keys:
             for key in names:
                 if key in hard:
-                    cut[index] = min(cut[index], _quantity(key, hard[key], gpu_resource))
+                    cut[index] = min(cut[index], quantity(key, hard[key], gpu_resource))
     return Resources(*cut)
+
+
+class AdmissionProblem(NamedTuple):
+    """Why the namespace would refuse a pod of a gang; ``permanent`` when it never fits (its
+    request alone is past a hard limit), else it may fit once others end. A tuple, as the
+    ``ChecksAdmission`` protocol declares."""
+
+    message: str
+    permanent: bool
 
 
 @dataclass(frozen=True)
@@ -73,11 +82,11 @@ def effective_pod(
                 if name in requests:
                     continue
                 if name in default_request:
-                    requests[name] = _quantity(name, default_request[name], gpu_resource)
+                    requests[name] = quantity(name, default_request[name], gpu_resource)
                 elif name in default:
-                    requests[name] = _quantity(name, default[name], gpu_resource)
+                    requests[name] = quantity(name, default[name], gpu_resource)
                 if name in default and name not in limits:
-                    limits[name] = _quantity(name, default[name], gpu_resource)
+                    limits[name] = quantity(name, default[name], gpu_resource)
     return PodAsk(requests, limits)
 
 
@@ -86,13 +95,13 @@ def limit_range_problem(
 ) -> str | None:
     """Why a LimitRange would refuse a one-container worker pod, or None."""
     for lr in limit_ranges:
-        where = f"LimitRange {_name(lr)}"
+        where = f"LimitRange {name_of(lr)}"
         for item in (lr.get("spec") or {}).get("limits") or []:
             kind = item.get("type")
             if kind not in ("Container", "Pod"):
                 continue
             for name, bound in (item.get("min") or {}).items():
-                low = _quantity(name, bound, gpu_resource)
+                low = quantity(name, bound, gpu_resource)
                 for what, values in (("request", ask.requests), ("limit", ask.limits)):
                     if values.get(name, 0) < low:
                         return (
@@ -100,7 +109,7 @@ def limit_range_problem(
                             f"{_show(name, values.get(name, 0))} is below the minimum {bound}"
                         )
             for name, bound in (item.get("max") or {}).items():
-                high = _quantity(name, bound, gpu_resource)
+                high = quantity(name, bound, gpu_resource)
                 if name not in ask.limits:
                     return (
                         f"{where} refuses the worker pod: {kind} {name} has a maximum of {bound} "
@@ -130,7 +139,7 @@ def quota_problem(
     in_flight: Mapping[str, float] | None = None,
     gpu_resource: str = m.DEFAULT_GPU_RESOURCE,
     objects: Mapping[str, float] | None = None,
-) -> tuple[str, bool] | None:
+) -> AdmissionProblem | None:
     """Why a ResourceQuota would refuse one of ``pods`` such pods, and whether for ever.
 
     ``in_flight`` is what our already-created jobs will still charge (pods the operator has not
@@ -150,19 +159,19 @@ def quota_problem(
         for key, bound in sorted(hard.items()):
             if key not in need or not need[key]:
                 continue
-            limit = _quantity(key, bound, gpu_resource)
-            in_use = _quantity(key, used.get(key, 0), gpu_resource) + (in_flight or {}).get(key, 0)
+            limit = quantity(key, bound, gpu_resource)
+            in_use = quantity(key, used.get(key, 0), gpu_resource) + (in_flight or {}).get(key, 0)
             if need[key] > limit:
-                return (
-                    f"ResourceQuota {_name(quota)} refuses the job: {pods} worker(s) need "
+                return AdmissionProblem(
+                    f"ResourceQuota {name_of(quota)} refuses the job: {pods} worker(s) need "
                     f"{key} {_show(key, need[key])}, more than the hard limit {bound}; "
                     "ask for fewer workers or less per worker",
                     True,
                 )
             if in_use + need[key] > limit:
-                return (
-                    f"ResourceQuota {_name(quota)} has no room: {key} {_show(key, in_use)} in use "
-                    f"+ {_show(key, need[key])} asked > hard {bound}",
+                return AdmissionProblem(
+                    f"ResourceQuota {name_of(quota)} has no room: {key} {_show(key, in_use)} "
+                    f"in use + {_show(key, need[key])} asked > hard {bound}",
                     False,
                 )
     return None
@@ -177,30 +186,37 @@ def _show(key: str, value: float) -> str:
     return f"{value:g}"
 
 
-class _Admission:
-    """What the cluster can hold and what its namespace would refuse; reads the cache only.
+class Admission:
+    """What the cluster can hold and what its namespace would refuse; reads the cache only
+    (and the tracked jobs, for the pods their operator has yet to create)."""
 
-    A part of ``KubernetesBackend``: ``backend.py`` sets the attributes declared here.
-    ``_pods_of`` is the backend's.
-    """
-
-    cache: Cache
-    gpu_resource: str
-    job_kind: str
-    node_selector: dict[str, str]
-    _listed: dict[str, asyncio.Event]
-    _jobs: dict[str, _Tracked]
+    def __init__(
+        self,
+        cache: Cache,
+        tracking: Tracking,
+        listed: Callable[[str], bool],
+        *,
+        gpu_resource: str,
+        job_kind: str,
+        node_selector: Mapping[str, str],
+    ) -> None:
+        self.cache = cache
+        self.tracking = tracking
+        self.listed = listed
+        self.gpu_resource = gpu_resource
+        self.job_kind = job_kind
+        self.node_selector = dict(node_selector)
 
     def capacity(self) -> list[Node]:
         """Schedulable, Ready nodes (matching ``node_selector``) with their allocatable.
 
         Read from the cache: ``await open()`` first, or this is empty.
         """
-        if NODES not in self._listed or not self._listed[NODES].is_set():
+        if not self.listed(NODES):
             log.warning("capacity() before the nodes were listed: await backend.open() first")
         nodes = []
         for obj in self.cache.all(NODES):
-            if any(_labels(obj).get(k) != v for k, v in self.node_selector.items()):
+            if any(labels_of(obj).get(k) != v for k, v in self.node_selector.items()):
                 continue
             node = node_capacity(obj, self.gpu_resource)
             if node is not None:
@@ -218,16 +234,16 @@ class _Admission:
     def limit_ranges(self) -> list[dict]:
         return self.cache.all(LIMIT_RANGES)
 
-    def admission_problem(
+    def problem(
         self, per_worker: Resources, workers: int, new_object: bool = True
-    ) -> tuple[str, bool] | None:
-        """Would the quota or a LimitRange refuse a pod of this gang? (message, permanent).
+    ) -> AdmissionProblem | None:
+        """Would the quota or a LimitRange refuse a pod of this gang?
 
         ``new_object`` false for a grow: the job object exists, only pods are added."""
         ask = effective_pod(per_worker, self.cache.all(LIMIT_RANGES), self.gpu_resource)
         problem = limit_range_problem(ask, self.cache.all(LIMIT_RANGES), self.gpu_resource)
         if problem:
-            return problem, True
+            return AdmissionProblem(problem, True)
         counted = (
             "pytorchjobs.kubeflow.org" if self.job_kind == PYTORCHJOBS else "jobs.batch.volcano.sh"
         )
@@ -235,18 +251,18 @@ class _Admission:
             ask,
             workers,
             self.cache.all(QUOTAS),
-            self._in_flight(),
+            self.in_flight(),
             self.gpu_resource,
             objects={f"count/{counted}": 1} if new_object else None,
         )
 
-    def _in_flight(self) -> dict[str, float]:
+    def in_flight(self) -> dict[str, float]:
         """Quota our created jobs will still take: pods the operator has not made yet."""
         out: dict[str, float] = {}
-        for tracked in self._jobs.values():
-            if tracked.phase == "stopping":
+        for tracked in self.tracking:
+            if tracked.phase is Phase.STOPPING:
                 continue
-            missing = tracked.workers - len(self._pods_of(tracked.name))
+            missing = tracked.workers - len(self.cache.pods_of(tracked.name))
             if missing <= 0:
                 continue
             ask = effective_pod(

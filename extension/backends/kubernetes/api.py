@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from enum import Enum
 from typing import Any, Protocol
 
 from .. import manifests as m
@@ -21,7 +22,17 @@ QUEUES = "queues"
 CLUSTER_SCOPED = (NODES, QUEUES)
 
 # Answers worth retrying: none at all (0), a timeout, throttling, a server that is unwell.
-_RETRIABLE = (0, 408, 429, 500, 502, 503, 504)
+RETRIABLE = (0, 408, 429, 500, 502, 503, 504)
+
+
+class WatchEvent(str, Enum):
+    """The type of a watch event (a str: ``WatchEvent.ADDED == "ADDED"``)."""
+
+    ADDED = "ADDED"
+    MODIFIED = "MODIFIED"
+    DELETED = "DELETED"
+    BOOKMARK = "BOOKMARK"  # only moves the resourceVersion on
+    ERROR = "ERROR"  # e.g. an expired resourceVersion: list again
 
 
 class ApiError(Exception):

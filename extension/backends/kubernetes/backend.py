@@ -1,42 +1,33 @@
-"""``KubernetesBackend``: its options, the state its parts share, and what it reads of one job
-(where it stands, its logs). The parts are mixins, one module each, named in the class."""
+"""``KubernetesBackend``: the ``Backend`` protocol (and its Kubernetes capabilities) over the
+collaborators it builds from its options, and what it reads of one job (where it stands)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import os
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from extension.confine import Control, Enforced, Report
-from extension.scheduler import Node
+from extension.scheduler import Instance, Node, Resources
 
 from .. import manifests as m
-from ..base import Emit
-from .admission import _Admission
-from .api import (
-    PODS,
-    PYTORCHJOBS,
-    VOLCANO_JOBS,
-    ApiError,
-    ApiFactory,
-    KubeApi,
-    default_api_factory,
-)
-from .errors import BackendError
-from .events import _Events
-from .jobs import _Jobs
-from .objects import _labels, _name, pod_rank, pod_ready, pod_wait_reason
-from .queues import _Queues
-from .state import Cache, _Tracked
-from .watch import _Watching
+from ..base import BackendEvent, Emit, JobSpec
+from .admission import Admission, AdmissionProblem
+from .api import PYTORCHJOBS, ApiFactory, KubeApi, default_api_factory
+from .calls import ApiCalls, Backoff
+from .events import EventDeriver
+from .job_object import JobBuilder
+from .jobs import JobRunner
+from .logs import WorkerLogs
+from .objects import name_of, pod_rank, pod_ready, pod_wait_reason
+from .options import Options, resolve
+from .queues import QueueSync, QueueWriter
+from .state import Cache, Phase, Tracking
+from .tasks import Background
+from .watch import Watcher
 
-log = logging.getLogger("extension.backends.kubernetes")
-
-# Every worker pod gets limits equal to its requests (admission.pod_ask), which the kubelet
+# Every worker pod gets limits equal to its requests (admission.effective_pod), which the kubelet
 # turns into the container's cgroup; GPUs come through the device plugin, one device per unit.
 ENFORCEMENT = Report(
     "kubernetes",
@@ -49,13 +40,15 @@ ENFORCEMENT = Report(
 )
 
 
-class KubernetesBackend(_Watching, _Admission, _Jobs, _Queues, _Events):
+class KubernetesBackend:
     """Runs jobs as PyTorchJobs (or Volcano Jobs) in one namespace; see the package docstring.
 
-    Its parts: ``_Watching`` (watch.py: open/close, the list+watch loops, retried calls),
-    ``_Admission`` (admission.py: capacity, quota, admission_problem), ``_Jobs`` (jobs.py:
-    build_job, start/resize/stop/recover), ``_Queues`` (queues.py: sync_queues), ``_Events``
-    (events.py: the events derived from the cache).
+    Its collaborators, each built here with what it needs: ``watcher`` (watch.py: open/close,
+    the list+watch loops) over ``calls`` (calls.py: the connection, retried calls),
+    ``admission`` (admission.py: capacity, quota, admission problems), ``jobs`` (jobs.py:
+    start/resize/stop/recover) with ``builder`` (job_object.py: the job object), ``queues``
+    (queues.py: sync_queues), ``events`` (events.py: the events derived from the cache) and
+    ``worker_logs`` (logs.py).
     """
 
     enforcement = ENFORCEMENT
@@ -94,65 +87,212 @@ class KubernetesBackend(_Watching, _Admission, _Jobs, _Queues, _Events):
         state_dir)`` call and ignored: the cluster is the source of truth for both. Options left
         at None come from ``WMLA_K8S_<OPTION>`` environment variables (set them in the Helm
         values), then from the defaults documented in docs/kubernetes.md."""
-        self.job_kind = _job_kind(job_kind)
-        self.prefix = _option("name_prefix", name_prefix, "wmla")
-        m.queue_name("/", self.prefix)  # validates the prefix now, not at the first job
         self.emit = emit
-        self.namespace = _option("namespace", namespace, _current_namespace())
-        self.api_factory = api_factory or default_api_factory
-        self.instance_name = _option("instance", instance, "wmla")
-        self.image = _option("image", image, "pytorch/pytorch:2.3.1-cuda12.1-cudnn8-runtime")
-        self.image_pull_policy = _option("image_pull_policy", image_pull_policy, None)
-        self.storage_claim = _option("storage_claim", storage_claim, "wmla-user-data")
-        self.storage_root = _option("storage_root", storage_root, "/gpfs/myresultfs")
-        self.mount_path = _option("mount_path", mount_path, "/gpfs/myresultfs/{user}")
-        self.gpu_resource = _option("gpu_resource", gpu_resource, m.DEFAULT_GPU_RESOURCE)
-        self.priority_class = _option("priority_class", priority_class, None)
-        self.grace = grace
-        self.elastic_launcher = list(elastic_launcher or ())
-        self.service_account = _option("service_account", service_account, None)
-        self.node_selector = dict(node_selector or {})
-        self.tolerations = list(tolerations)
-        self.ttl = ttl_seconds_after_finished
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
-        self.retry_deadline = retry_deadline
-        self._sleep = sleep
-        self._clock = clock
-        self._start_empty()
+        self.options: Options = resolve(
+            namespace=namespace,
+            instance=instance,
+            name_prefix=name_prefix,
+            job_kind=job_kind,
+            image=image,
+            image_pull_policy=image_pull_policy,
+            storage_claim=storage_claim,
+            storage_root=storage_root,
+            mount_path=mount_path,
+            gpu_resource=gpu_resource,
+            priority_class=priority_class,
+            grace=grace,
+            elastic_launcher=elastic_launcher,
+            service_account=service_account,
+            node_selector=node_selector,
+            tolerations=tolerations,
+            ttl_seconds_after_finished=ttl_seconds_after_finished,
+        )
+        backoff = Backoff(backoff_initial, backoff_max, retry_deadline, sleep)
+        self._assemble(ApiCalls(api_factory or default_api_factory, backoff), clock)
 
-    def _start_empty(self) -> None:
-        """The state the parts share, as it is before ``open``: an empty cache, no job tracked,
-        no loop running. Apart from the options so that one screen shows all of it."""
+    def _assemble(self, calls: ApiCalls, clock: Callable[[], float]) -> None:
+        """Build the collaborators, each given what it needs: what they share is the cache
+        (the watcher writes it), the jobs tracked, and the background tasks."""
+        o = self.options
+        self.calls = calls
         self.cache = Cache()
-        self._api: KubeApi | None = None
-        self._tasks: list[asyncio.Task] = []
-        self._listed: dict[str, asyncio.Event] = {}
-        self._jobs: dict[str, _Tracked] = {}
-        self._ended: set[str] = set()  # jobs whose end was (or is being) reported
-        self._logs: dict[str, dict[int, str]] = {}
-        self._background: set[asyncio.Task] = set()
-        self._closed = False
-        self._opening: asyncio.Lock | None = None
-        self._change: asyncio.Event | None = None
-        self.api_failures = 0  # calls and watches that met an unreachable or failing server
+        self.tracking = Tracking()
+        background = Background()
+        self.worker_logs = WorkerLogs(
+            calls, self.cache, self.tracking, namespace=o.namespace, prefix=o.prefix
+        )
+        self.events = EventDeriver(
+            self._report, self.cache, self.tracking, self.worker_logs, background, clock
+        )
+        self.watcher = Watcher(
+            calls,
+            self.cache,
+            background,
+            self.events.changed,
+            namespace=o.namespace,
+            instance_name=o.instance_name,
+            job_kind=o.job_kind,
+        )
+        self.admission = Admission(
+            self.cache,
+            self.tracking,
+            self.watcher.has_listed,
+            gpu_resource=o.gpu_resource,
+            job_kind=o.job_kind,
+            node_selector=o.node_selector,
+        )
+        self.queues = QueueWriter(
+            calls,
+            self.cache,
+            self.admission.quota,
+            prefix=o.prefix,
+            instance_name=o.instance_name,
+            gpu_resource=o.gpu_resource,
+            job_kind=o.job_kind,
+        )
+        self.builder = JobBuilder(o)
+        self.jobs = JobRunner(
+            calls,
+            self.cache,
+            self.tracking,
+            self.builder,
+            self.admission,
+            self.queues,
+            self.events,
+            background,
+            closed=lambda: self.watcher.closed,
+            clock=clock,
+        )
 
-    def _pods_of(self, name: str) -> list[dict]:
-        return [p for p in self.cache.all(PODS) if _labels(p).get(m.LABEL_JOB) == name]
+    def _report(self, event: BackendEvent) -> None:
+        # Through the attribute at each event: the receiver may be replaced after construction.
+        self.emit(event)
 
+    # -- the options read most, as attributes ---------------------------------------------------
+    @property
+    def namespace(self) -> str:
+        return self.options.namespace
+
+    @property
+    def instance_name(self) -> str:
+        return self.options.instance_name
+
+    @property
+    def prefix(self) -> str:
+        return self.options.prefix
+
+    @property
+    def job_kind(self) -> str:
+        return self.options.job_kind
+
+    @property
+    def image(self) -> str:
+        return self.options.image
+
+    @property
+    def storage_root(self) -> str:
+        return self.options.storage_root
+
+    @property
+    def mount_path(self) -> str:
+        return self.options.mount_path
+
+    @property
+    def gpu_resource(self) -> str:
+        return self.options.gpu_resource
+
+    @property
+    def api(self) -> KubeApi:
+        """The API client; a BackendError before ``open``."""
+        return self.calls.api
+
+    @property
+    def api_failures(self) -> int:
+        """Calls and watches that met an unreachable or failing server."""
+        return self.calls.failures
+
+    # -- the connection ----------------------------------------------------------------------------
+    async def open(self, timeout: float | None = None) -> None:
+        """Start the list+watch loops and wait until every kind has been listed once."""
+        await self.watcher.open(timeout)
+
+    async def close(self) -> None:
+        """Stop watching; running jobs are left running (they outlive the service)."""
+        await self.watcher.close()
+
+    # -- capacity and admission --------------------------------------------------------------------
+    def capacity(self) -> list[Node]:
+        """Schedulable, Ready nodes (matching ``node_selector``) with their allocatable."""
+        return self.admission.capacity()
+
+    def quota(self) -> Resources:
+        """The namespace ResourceQuota's bound on requests (UNLIMITED where none is set)."""
+        return self.admission.quota()
+
+    def instance(self) -> Instance:
+        """The instance the core schedules: the nodes, cut down by the namespace quota."""
+        return self.admission.instance()
+
+    def limit_ranges(self) -> list[dict]:
+        return self.admission.limit_ranges()
+
+    def admission_problem(
+        self, per_worker: Resources, workers: int, new_object: bool = True
+    ) -> AdmissionProblem | None:
+        """Would the quota or a LimitRange refuse a pod of this gang? (message, permanent).
+
+        ``new_object`` false for a grow: the job object exists, only pods are added."""
+        return self.admission.problem(per_worker, workers, new_object)
+
+    # -- decisions ---------------------------------------------------------------------------------
+    def build_job(self, spec: JobSpec, workers: int) -> dict:
+        """The job object for ``spec`` at ``workers`` workers (pure; errors before any call)."""
+        return self.builder.build(spec, workers)
+
+    async def start(self, spec: JobSpec, placement: tuple[str, ...]) -> None:
+        """Create the job; Volcano chooses the nodes, the ``running`` event reports where the
+        pods landed. ``AdmissionRefused`` (nothing created) when the namespace would refuse."""
+        await self.open()
+        await self.jobs.start(spec, placement)
+
+    async def resize(self, spec: JobSpec, placement: tuple[str, ...], grace: float) -> None:
+        """Elastic PyTorchJobs only: set the Worker replicas."""
+        await self.open()
+        await self.jobs.resize(spec, placement, grace)
+
+    async def stop(self, job_id: str, grace: float, reason: str) -> None:
+        """Delete the job and its pods with ``grace`` seconds to checkpoint; ``released``
+        follows once the watch shows every pod gone."""
+        await self.open()
+        await self.jobs.stop(job_id, grace, reason)
+
+    async def recover(self, specs: Sequence[JobSpec]) -> None:
+        """Re-adopt jobs by their labels and job-id annotation; ``lost`` for the missing."""
+        await self.open()
+        await self.jobs.recover(specs)
+
+    def desired_queues(self, plans: Iterable[Any]) -> list[dict]:
+        return self.queues.desired_queues(plans)
+
+    async def sync_queues(self, plans: Iterable[Any]) -> QueueSync:
+        """Make the Volcano queues mirror the plan tree (create, update, delete)."""
+        await self.open()
+        return await self.queues.sync_queues(plans)
+
+    # -- one job, read -----------------------------------------------------------------------------
     def describe(self, job_id: str) -> str:
         """Where a job stands, in the cluster's words (why it is not running yet, if it is not)."""
-        tracked = self._jobs.get(job_id)
+        tracked = self.tracking.get(job_id)
         if tracked is None:
             return f"job {job_id} is not tracked by this backend"
-        if tracked.phase in ("running", "stopping"):
-            return tracked.phase
-        pods = self._pods_of(tracked.name)
+        if tracked.phase in (Phase.RUNNING, Phase.STOPPING):
+            return tracked.phase.value
+        pods = self.cache.pods_of(tracked.name)
         if self.cache.get(self.job_kind, tracked.name) is None:
             return "waiting for the job object to appear"
         waiting = [p for p in sorted(pods, key=pod_rank) if not pod_ready(p)]
         if waiting:
-            return f"pod {_name(waiting[0])} not ready: {pod_wait_reason(waiting[0])}"
+            return f"pod {name_of(waiting[0])} not ready: {pod_wait_reason(waiting[0])}"
         if len(pods) < tracked.workers:
             return (
                 f"{len(pods)} of {tracked.workers} pods created so far by the "
@@ -163,51 +303,8 @@ class KubernetesBackend(_Watching, _Admission, _Jobs, _Queues, _Events):
 
     def logs(self, job_id: str, worker: int | None = None, tail: int | None = None) -> str:
         """The logs fetched so far (at finish or failure, or by ``fetch_logs``)."""
-        by_worker = self._logs.get(job_id)
-        if not by_worker:
-            return ""
-        ranks = [worker] if worker is not None else sorted(by_worker)
-        lines: list[str] = []
-        for rank in ranks:
-            text = by_worker.get(rank, "")
-            prefix = "" if worker is not None else f"[worker {rank}] "
-            lines.extend(prefix + line for line in text.splitlines())
-        return "\n".join(lines[-tail:] if tail else lines)
+        return self.worker_logs.text(job_id, worker, tail)
 
     async def fetch_logs(self, job_id: str, tail: int | None = 1000) -> dict[int, str]:
-        """Read each worker pod's log from the API into the cache ``logs`` reads."""
-        tracked = self._jobs.get(job_id)
-        name = tracked.name if tracked else m.job_object_name(job_id, self.prefix)
-        pods = sorted(self._pods_of(name), key=pod_rank)
-        out: dict[int, str] = {}
-        for rank, pod in enumerate(pods):
-            with contextlib.suppress(ApiError, BackendError, OSError):
-                out[rank] = await self._call(
-                    f"read log of {_name(pod)}",
-                    lambda pod=pod: self.api.read_log(self.namespace, _name(pod), None, tail),
-                )
-        self._logs[job_id] = out
-        return out
-
-
-def _option(name: str, given: Any, default: Any) -> Any:
-    if given is not None:
-        return given
-    return os.environ.get(f"WMLA_K8S_{name.upper()}", default) or default
-
-
-def _job_kind(given: str | None) -> str:
-    """The kind a job becomes (the ``job_kind`` option: ``pytorchjob`` or ``volcanojob``)."""
-    job_kind = _option("job_kind", given, "pytorchjob")
-    if job_kind not in ("pytorchjob", "volcanojob"):
-        raise ValueError(f"job_kind {job_kind!r} must be 'pytorchjob' or 'volcanojob'")
-    return PYTORCHJOBS if job_kind == "pytorchjob" else VOLCANO_JOBS
-
-
-def _current_namespace() -> str:
-    """The pod's own namespace in a cluster, else ``default``."""
-    path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-    with contextlib.suppress(OSError):
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip() or "default"
-    return "default"
+        """Read each worker pod's log from the API into what ``logs`` reads."""
+        return await self.worker_logs.fetch(job_id, tail)

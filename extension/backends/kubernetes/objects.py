@@ -4,7 +4,8 @@ exit code. Nothing here calls the API or keeps state."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from enum import Enum
 from typing import Any
 
 from extension.scheduler import Node, Resources, parse_quantity
@@ -19,28 +20,41 @@ _VC_TASK = "volcano.sh/task-spec"
 _VC_TASK_INDEX = "volcano.sh/task-index"
 
 
-# -- pure helpers over Kubernetes objects --------------------------------------------------------
-def _meta(obj: Mapping) -> Mapping:
+class JobCondition(str, Enum):
+    """Where a job object stands by its status (a str: ``JobCondition.FAILED == "Failed"``)."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def ended(self) -> bool:
+        return self in (JobCondition.SUCCEEDED, JobCondition.FAILED)
+
+
+def meta_of(obj: Mapping) -> Mapping:
+    """An object's metadata (empty when it has none)."""
     return obj.get("metadata") or {}
 
 
-def _name(obj: Mapping) -> str:
-    return _meta(obj).get("name", "")
+def name_of(obj: Mapping) -> str:
+    return meta_of(obj).get("name", "")
 
 
-def _labels(obj: Mapping) -> Mapping[str, str]:
-    return _meta(obj).get("labels") or {}
+def labels_of(obj: Mapping) -> Mapping[str, str]:
+    return meta_of(obj).get("labels") or {}
 
 
-def _annotations(obj: Mapping) -> Mapping[str, str]:
-    return _meta(obj).get("annotations") or {}
+def annotations_of(obj: Mapping) -> Mapping[str, str]:
+    return meta_of(obj).get("annotations") or {}
 
 
-def _deleting(obj: Mapping) -> bool:
-    return bool(_meta(obj).get("deletionTimestamp"))
+def is_deleting(obj: Mapping) -> bool:
+    return bool(meta_of(obj).get("deletionTimestamp"))
 
 
-def _quantity(key: str, value: Any, gpu_resource: str) -> float:
+def quantity(key: str, value: Any, gpu_resource: str) -> float:
     """A ResourceList entry in the scheduler's units (cpu millicores, memory bytes, devices)."""
     base = key.split(".", 1)[1] if key.startswith(("requests.", "limits.")) else key
     if base == "cpu":
@@ -61,33 +75,34 @@ def node_capacity(node: Mapping, gpu_resource: str = m.DEFAULT_GPU_RESOURCE) -> 
         return None
     alloc = (node.get("status") or {}).get("allocatable") or {}
     return Node(
-        _name(node),
+        name_of(node),
         Resources(
-            _quantity(gpu_resource, alloc.get(gpu_resource, 0), gpu_resource),
-            _quantity("cpu", alloc.get("cpu", 0), gpu_resource),
-            _quantity("memory", alloc.get("memory", 0), gpu_resource),
+            quantity(gpu_resource, alloc.get(gpu_resource, 0), gpu_resource),
+            quantity("cpu", alloc.get("cpu", 0), gpu_resource),
+            quantity("memory", alloc.get("memory", 0), gpu_resource),
         ),
     )
 
 
-def job_condition(obj: Mapping, kind: str) -> str:
-    """``Succeeded``, ``Failed``, ``Running`` or ``Pending`` from a job object's status."""
+def job_condition(obj: Mapping, kind: str) -> JobCondition:
+    """Where a job object stands, from its status (a Volcano Job's phase or a PyTorchJob's
+    conditions)."""
     status = obj.get("status") or {}
     if kind == VOLCANO_JOBS:
         phase = (status.get("state") or {}).get("phase", "")
         if phase == "Completed":
-            return "Succeeded"
+            return JobCondition.SUCCEEDED
         if phase in ("Failed", "Aborted", "Aborting", "Terminated", "Terminating"):
-            return "Failed"
-        return "Running" if phase == "Running" else "Pending"
-    last = "Pending"
+            return JobCondition.FAILED
+        return JobCondition.RUNNING if phase == "Running" else JobCondition.PENDING
+    last = JobCondition.PENDING
     for cond in status.get("conditions") or []:
         if cond.get("status") != "True":
             continue
         if cond.get("type") in ("Succeeded", "Failed"):
-            return str(cond["type"])
+            return JobCondition(cond["type"])
         if cond.get("type") == "Running":
-            last = "Running"
+            last = JobCondition.RUNNING
     return last
 
 
@@ -107,7 +122,7 @@ def job_workers(obj: Mapping, kind: str) -> int:
 
 
 def pod_ready(pod: Mapping) -> bool:
-    if _deleting(pod):
+    if is_deleting(pod):
         return False
     status = pod.get("status") or {}
     if status.get("phase") != "Running":
@@ -120,13 +135,18 @@ def pod_ready(pod: Mapping) -> bool:
 
 def pod_rank(pod: Mapping) -> tuple[int, int, str]:
     """Sort key giving ranks: the master first, then workers by index (name as tie-break)."""
-    labels = _labels(pod)
+    labels = labels_of(pod)
     role = (labels.get(_OP_REPLICA_TYPE) or labels.get(_VC_TASK) or "").lower()
-    index = labels.get(_OP_REPLICA_INDEX) or _annotations(pod).get(_VC_TASK_INDEX)
+    index = labels.get(_OP_REPLICA_INDEX) or annotations_of(pod).get(_VC_TASK_INDEX)
     if index is None:
-        tail = _name(pod).rsplit("-", 1)[-1]
+        tail = name_of(pod).rsplit("-", 1)[-1]
         index = tail if tail.isdigit() else "0"
-    return (0 if role == "master" else 1, int(index), _name(pod))
+    return (0 if role == "master" else 1, int(index), name_of(pod))
+
+
+def pod_placement(pods: Sequence[Mapping]) -> tuple[str, ...]:
+    """The node of each pod, by rank (empty for a pod not bound yet)."""
+    return tuple((p.get("spec") or {}).get("nodeName", "") for p in sorted(pods, key=pod_rank))
 
 
 def pod_wait_reason(pod: Mapping) -> str:
@@ -142,7 +162,7 @@ def pod_wait_reason(pod: Mapping) -> str:
     return f"phase {status.get('phase', 'Pending')}"
 
 
-def _ended_pod(pod: Mapping) -> bool:
+def pod_ended(pod: Mapping) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 

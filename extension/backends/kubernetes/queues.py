@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from extension.scheduler import Resources
+
 from .. import manifests as m
-from .api import QUEUES, QUOTAS, ApiError, KubeApi
+from .api import QUEUES, QUOTAS, ApiError, WatchEvent
+from .calls import ApiCalls
 from .errors import BackendError
-from .objects import _annotations, _deleting, _labels, _meta, _name, _quantity
+from .objects import annotations_of, is_deleting, labels_of, meta_of, name_of, quantity
 from .state import Cache
 
 log = logging.getLogger("extension.backends.kubernetes")
@@ -29,20 +32,27 @@ class QueueSync:
     failed: list[str] = field(default_factory=list)  # "<queue>: <why>", left as they were
 
 
-class _Queues:
-    """Writing the Volcano queues.
+class QueueWriter:
+    """Writes the Volcano queues: the plan tree's, and a job's user leaf on first use."""
 
-    A part of ``KubernetesBackend``: ``backend.py`` sets the attributes declared here.
-    ``open``, ``api`` and ``_call`` are watch.py's, ``quota`` admission.py's.
-    """
-
-    cache: Cache
-    prefix: str
-    instance_name: str
-    gpu_resource: str
-    job_kind: str
-    api: KubeApi
-    _call: Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]]
+    def __init__(
+        self,
+        calls: ApiCalls,
+        cache: Cache,
+        quota: Callable[[], Resources],
+        *,
+        prefix: str,
+        instance_name: str,
+        gpu_resource: str,
+        job_kind: str,
+    ) -> None:
+        self.calls = calls
+        self.cache = cache
+        self.quota = quota
+        self.prefix = prefix
+        self.instance_name = instance_name
+        self.gpu_resource = gpu_resource
+        self.job_kind = job_kind
 
     def desired_queues(self, plans: Iterable[Any]) -> list[dict]:
         return m.make_plan_queues(
@@ -57,14 +67,13 @@ class _Queues:
         """Make the Volcano queues mirror the plan tree: create, update (replace with the
         resourceVersion; a conflict re-reads and retries), delete those no plan has, except
         queues our live jobs still use (user leaves created on first use)."""
-        await self.open()
-        desired = {_name(q): q for q in self.desired_queues(plans)}
+        desired = {name_of(q): q for q in self.desired_queues(plans)}
         result = QueueSync()
         # The queues live jobs name, read before the writes below yield to the watch loops.
         in_use = {
-            _labels(obj).get(m.LABEL_QUEUE)
+            labels_of(obj).get(m.LABEL_QUEUE)
             for obj in self.cache.all(self.job_kind)
-            if not _deleting(obj)
+            if not is_deleting(obj)
         }
         await self._write_queues(desired, result)
         protected = self._protected_queues(desired, in_use)
@@ -116,18 +125,18 @@ class _Queues:
 
         # Children before parents: Volcano refuses to delete a queue that has child queues.
         def depth(queue: Mapping) -> int:
-            return -_annotations(queue).get(m.ANNOTATION_PLAN, "/").rstrip("/").count("/")
+            return -annotations_of(queue).get(m.ANNOTATION_PLAN, "/").rstrip("/").count("/")
 
-        for live in sorted(self.cache.all(QUEUES), key=lambda q: (depth(q), _name(q))):
-            name = _name(live)
+        for live in sorted(self.cache.all(QUEUES), key=lambda q: (depth(q), name_of(q))):
+            name = name_of(live)
             if name in desired:
                 continue
             if name in protected:
                 result.kept.append(name)
                 continue
             try:
-                await self._call(
-                    f"delete queue {name}", lambda n=name: self.api.delete(QUEUES, None, n)
+                await self.calls.call(
+                    f"delete queue {name}", lambda n=name: self.calls.api.delete(QUEUES, None, n)
                 )
                 result.deleted.append(name)
             except ApiError as exc:
@@ -137,14 +146,14 @@ class _Queues:
 
     async def _create_queue(self, body: dict) -> bool:
         try:
-            created = await self._call(
-                f"create queue {_name(body)}", lambda: self.api.create(QUEUES, None, body)
+            created = await self.calls.call(
+                f"create queue {name_of(body)}", lambda: self.calls.api.create(QUEUES, None, body)
             )
         except ApiError as exc:
             if exc.status == 409:
                 return False  # someone made it meanwhile; the next sync compares it
-            raise BackendError(f"creating Volcano queue {_name(body)} failed: {exc}") from exc
-        self.cache.apply(QUEUES, "ADDED", created)
+            raise BackendError(f"creating Volcano queue {name_of(body)} failed: {exc}") from exc
+        self.cache.apply(QUEUES, WatchEvent.ADDED, created)
         return True
 
     async def _replace_queue(self, name: str, body: dict, attempts: int = 5) -> None:
@@ -152,9 +161,9 @@ class _Queues:
         for _ in range(attempts):
             new = dict(live or body)
             new["metadata"] = {
-                **_meta(live or {}),
-                "labels": {**_labels(live or {}), **_labels(body)},
-                "annotations": {**_annotations(live or {}), **_annotations(body)},
+                **meta_of(live or {}),
+                "labels": {**labels_of(live or {}), **labels_of(body)},
+                "annotations": {**annotations_of(live or {}), **annotations_of(body)},
             }
             spec = dict((live or {}).get("spec") or {})
             for key in ("weight", "parent", "reclaimable", "capability"):
@@ -162,23 +171,23 @@ class _Queues:
             spec.update(body["spec"])
             new["spec"] = spec
             try:
-                replaced = await self._call(
+                replaced = await self.calls.call(
                     f"update queue {name}",
-                    lambda new=new: self.api.replace(QUEUES, None, name, new),
+                    lambda new=new: self.calls.api.replace(QUEUES, None, name, new),
                 )
-                self.cache.apply(QUEUES, "MODIFIED", replaced)
+                self.cache.apply(QUEUES, WatchEvent.MODIFIED, replaced)
                 return
             except ApiError as exc:
                 if exc.status != 409:
                     raise BackendError(f"updating Volcano queue {name} failed: {exc}") from exc
-                live = await self._call(
-                    f"read queue {name}", lambda: self.api.get(QUEUES, None, name)
+                live = await self.calls.call(
+                    f"read queue {name}", lambda: self.calls.api.get(QUEUES, None, name)
                 )
         raise BackendError(
             f"updating Volcano queue {name}: still conflicting after {attempts} tries"
         )
 
-    async def _ensure_queue_path(self, leaf: str) -> None:
+    async def ensure_queue_path(self, leaf: str) -> None:
         """Make sure the leaf's queue and its ancestors exist before a job names it (a user leaf
         is created on first use; ``sync_queues`` later gives plans their shares and limits)."""
         parts = leaf.strip("/").split("/")
@@ -211,14 +220,14 @@ def _queue_differs(live: Mapping, body: Mapping) -> bool:
             return True
     if _normal_list(spec.get("capability")) != _normal_list(want.get("capability")):
         return True
-    return any(_annotations(live).get(k) != v for k, v in _annotations(body).items())
+    return any(annotations_of(live).get(k) != v for k, v in annotations_of(body).items())
 
 
 def _normal_list(resources: Mapping | None) -> dict[str, float]:
     out = {}
     for key, value in (resources or {}).items():
         try:
-            out[key] = float(_quantity(key, value, key))  # cpu, memory, else whole devices
+            out[key] = float(quantity(key, value, key))  # cpu, memory, else whole devices
         except ValueError:
             out[key] = math.nan
     return out

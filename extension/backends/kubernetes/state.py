@@ -3,11 +3,14 @@ it tracks (the phase it is in, the size asked for, where it runs)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from enum import Enum
 
+from .. import manifests as m
 from ..base import JobSpec
-from .objects import _meta, _name
+from .api import PODS, WatchEvent
+from .objects import labels_of, meta_of, name_of
 
 
 # -- the cache -----------------------------------------------------------------------------------
@@ -24,11 +27,11 @@ class Cache:
 
     def apply(self, kind: str, event: str, obj: dict) -> None:
         objects = self._objects.setdefault(kind, {})
-        if event == "DELETED":
+        if event == WatchEvent.DELETED:
             objects.pop(self._key(obj), None)
-        elif event in ("ADDED", "MODIFIED"):
+        elif event in (WatchEvent.ADDED, WatchEvent.MODIFIED):
             objects[self._key(obj)] = obj
-        version = _meta(obj).get("resourceVersion")
+        version = meta_of(obj).get("resourceVersion")
         if version:
             self.resource_version[kind] = version
 
@@ -38,18 +41,76 @@ class Cache:
     def all(self, kind: str) -> list[dict]:
         return [self._objects[kind][k] for k in sorted(self._objects.get(kind, {}))]
 
+    def pods_of(self, job_name: str) -> list[dict]:
+        """The pods of one job object (by the job label every pod template carries)."""
+        return [p for p in self.all(PODS) if labels_of(p).get(m.LABEL_JOB) == job_name]
+
     @staticmethod
     def _key(obj: Mapping) -> str:
-        return _name(obj)
+        return name_of(obj)
+
+
+# -- the jobs tracked ----------------------------------------------------------------------------
+class Phase(Enum):
+    """Where a tracked job is in what the backend was told to do with it."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    RESIZING = "resizing"
+    STOPPING = "stopping"
 
 
 @dataclass
-class _Tracked:
+class TrackedJob:
+    """The backend's record of one job it carries out decisions on."""
+
     spec: JobSpec
-    name: str
-    kind: str
-    phase: str = "starting"  # starting, running, resizing, stopping
+    name: str  # the job object's name
+    kind: str  # the job object's kind (PYTORCHJOBS or VOLCANO_JOBS)
+    phase: Phase = Phase.STARTING
     workers: int = 0  # the size asked for (the target during a resize)
     seen: bool = False  # the job object has been in the cache
-    reason: str = ""
+    reason: str = ""  # why it is being stopped
     placement: tuple[str, ...] = ()
+
+
+class Tracking:
+    """The jobs tracked by id, and those whose end was (or is being) reported: a job's end is
+    reported once, and a stop after it has nothing to release."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, TrackedJob] = {}
+        self._ended: set[str] = set()
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
+
+    def __iter__(self) -> Iterator[TrackedJob]:
+        return iter(list(self._jobs.values()))
+
+    def get(self, job_id: str) -> TrackedJob | None:
+        return self._jobs.get(job_id)
+
+    def ids(self) -> list[str]:
+        return list(self._jobs)
+
+    def track(self, job_id: str, tracked: TrackedJob) -> None:
+        """Track a job (again: a preempted job that starts again may end again)."""
+        self._ended.discard(job_id)
+        self._jobs[job_id] = tracked
+
+    def adopt(self, job_id: str, tracked: TrackedJob) -> None:
+        """Track a job found in the cluster (a stop of it, a restart's recover)."""
+        self._jobs[job_id] = tracked
+
+    def forget(self, job_id: str) -> None:
+        """Stop tracking a job that was never created (its start failed)."""
+        self._jobs.pop(job_id, None)
+
+    def end(self, job_id: str) -> None:
+        """Its end is being reported: no longer tracked, and remembered as ended."""
+        del self._jobs[job_id]
+        self._ended.add(job_id)
+
+    def has_ended(self, job_id: str) -> bool:
+        return job_id in self._ended

@@ -1,5 +1,4 @@
-"""Connecting to the API server: one list+watch loop per kind fills the cache, and every call
-the decisions make is retried with exponential backoff while the server is unreachable.
+"""The watches: one list+watch loop per kind fills the cache from the API server.
 
 A watch that breaks (API server briefly unreachable, ``410 Gone``) backs off and lists again,
 so the cache converges to the server's state and nothing seen while away is lost.
@@ -8,14 +7,12 @@ so the cache converges to the server's state and nothing seen while away is lost
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from .. import manifests as m
 from .api import (
-    _RETRIABLE,
     CLUSTER_SCOPED,
     LIMIT_RANGES,
     NODES,
@@ -23,54 +20,62 @@ from .api import (
     QUEUES,
     QUOTAS,
     ApiError,
-    ApiFactory,
-    KubeApi,
+    WatchEvent,
 )
+from .calls import ApiCalls
 from .errors import BackendError
-from .objects import _meta
+from .objects import meta_of
 from .state import Cache
+from .tasks import Background, finish
 
 log = logging.getLogger("extension.backends.kubernetes")
 
 
-class _Watching:
-    """Opening and closing the connection, the watch loops, and retried calls.
+@dataclass(frozen=True)
+class Watched:
+    """One kind the backend lists and watches; ``selector`` narrows it to our objects."""
 
-    A part of ``KubernetesBackend``: ``backend.py`` sets the attributes declared here.
-    ``_changed`` (events.py) runs after every change the loops bring into the cache.
-    """
+    kind: str
+    selector: str | None
 
-    namespace: str
-    instance_name: str
-    job_kind: str
-    api_factory: ApiFactory
-    backoff_initial: float
-    backoff_max: float
-    retry_deadline: float
-    cache: Cache
-    api_failures: int
-    _sleep: Callable[[float], Awaitable[None]]
-    _api: KubeApi | None
-    _tasks: list[asyncio.Task]
-    _listed: dict[str, asyncio.Event]
-    _background: set[asyncio.Task]
-    _closed: bool
-    _opening: asyncio.Lock | None
-    _changed: Callable[[], None]
 
-    @property
-    def _selector(self) -> str:
-        return f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY},{m.LABEL_INSTANCE}={self.instance_name}"
+class Watcher:
+    """Opens the connection, runs the list+watch loops, and closes both (with the background
+    tasks, which need the connection). ``on_change`` runs after every change the loops bring
+    into the cache."""
 
-    def _watched(self) -> list[tuple[str, str | None]]:
-        return [
-            (NODES, None),
-            (QUOTAS, None),
-            (LIMIT_RANGES, None),
-            (PODS, self._selector),
-            (self.job_kind, self._selector),
-            (QUEUES, self._selector),
+    def __init__(
+        self,
+        calls: ApiCalls,
+        cache: Cache,
+        background: Background,
+        on_change: Callable[[], None],
+        *,
+        namespace: str,
+        instance_name: str,
+        job_kind: str,
+    ) -> None:
+        self.calls = calls
+        self.cache = cache
+        self.background = background
+        self.on_change = on_change
+        self.namespace = namespace
+        selector = f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY},{m.LABEL_INSTANCE}={instance_name}"
+        self.watched = [
+            Watched(NODES, None),
+            Watched(QUOTAS, None),
+            Watched(LIMIT_RANGES, None),
+            Watched(PODS, selector),
+            Watched(job_kind, selector),
+            Watched(QUEUES, selector),
         ]
+        self.closed = False
+        self._tasks: list[asyncio.Task] = []
+        self._listed: dict[str, asyncio.Event] = {}
+        self._opening: asyncio.Lock | None = None
+
+    def has_listed(self, kind: str) -> bool:
+        return kind in self._listed and self._listed[kind].is_set()
 
     async def open(self, timeout: float | None = None) -> None:
         """Start the list+watch loops and wait until every kind has been listed once.
@@ -81,22 +86,12 @@ class _Watching:
         if self._opening is None:
             self._opening = asyncio.Lock()
         async with self._opening:
-            if self._api is None:
-                try:
-                    api = self.api_factory()
-                    if asyncio.iscoroutine(api):
-                        api = await api
-                except Exception as exc:
-                    raise BackendError(
-                        f"cannot reach Kubernetes: {exc}; run the service in a pod with a "
-                        "service account (see hub_config/k8s/rbac.yaml) or set KUBECONFIG"
-                    ) from exc
-                self._api = api  # type: ignore[assignment]
-                self._closed = False
-                for kind, selector in self._watched():
-                    self._listed[kind] = asyncio.Event()
-                    task = asyncio.ensure_future(self._watch_loop(kind, selector))
-                    self._tasks.append(task)
+            if not self.calls.connected:
+                await self.calls.connect()
+                self.closed = False
+                for watched in self.watched:
+                    self._listed[watched.kind] = asyncio.Event()
+                    self._tasks.append(asyncio.ensure_future(self._loop(watched)))
         waiting = asyncio.gather(*(e.wait() for e in self._listed.values()))
         try:
             await asyncio.wait_for(waiting, timeout)
@@ -110,96 +105,70 @@ class _Watching:
 
     async def close(self) -> None:
         """Stop watching; running jobs are left running (they outlive the service)."""
-        self._closed = True
-        for task in self._tasks + list(self._background):
+        self.closed = True
+        tasks = self._tasks + self.background.cancel()
+        for task in self._tasks:
             task.cancel()
-        for task in self._tasks + list(self._background):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await finish(tasks)
         self._tasks.clear()
-        if self._api is not None:
-            await self._api.close()
-            self._api = None
+        await self.calls.disconnect()
 
-    @property
-    def api(self) -> KubeApi:
-        if self._api is None:
-            raise BackendError("the Kubernetes backend is not open; await backend.open() first")
-        return self._api
-
-    async def _watch_loop(self, kind: str, selector: str | None) -> None:
-        namespace = None if kind in CLUSTER_SCOPED else self.namespace
-        delay = self.backoff_initial
+    async def _loop(self, watched: Watched) -> None:
+        kind = watched.kind
+        delay = self.calls.backoff.initial
         must_list = True
-        while not self._closed:
+        while not self.closed:
             try:
                 if must_list:
-                    items, version = await self.api.list(kind, namespace, selector)
-                    self.cache.replace(kind, items, version)
-                    self._listed[kind].set()
-                    self._changed()
+                    await self._list(watched)
                     must_list = False
-                    delay = self.backoff_initial
-                version = self.cache.resource_version.get(kind, "")
-                async for event, obj in self.api.watch(kind, namespace, selector, version):
-                    if event == "ERROR":
-                        # An expired resourceVersion (410) or any other watch error: list again.
-                        must_list = True
-                        break
-                    if event == "BOOKMARK":
-                        self.cache.resource_version[kind] = _meta(obj).get(
-                            "resourceVersion", version
-                        )
-                        continue
-                    self.cache.apply(kind, event, obj)
-                    self._changed()
-                    delay = self.backoff_initial
+                    delay = self.calls.backoff.initial
+                must_list = await self._watch(watched)
             except asyncio.CancelledError:
                 raise
             except ApiError as exc:
                 must_list = True
                 if exc.status == 410:
                     continue
-                self.api_failures += 1
+                self.calls.failed()
                 log.warning("watch of %s failed (%s); retrying in %.1fs", kind, exc, delay)
-                await self._sleep(delay)
-                delay = min(self.backoff_max, delay * 2)
             except (OSError, asyncio.TimeoutError) as exc:
                 must_list = True
-                self.api_failures += 1
+                self.calls.failed()
                 log.warning(
                     "watch of %s lost the API server (%s); retrying in %.1fs", kind, exc, delay
                 )
-                await self._sleep(delay)
-                delay = min(self.backoff_max, delay * 2)
             except Exception:  # a malformed answer must not stop the cache for good
                 must_list = True
-                self.api_failures += 1
+                self.calls.failed()
                 log.exception("watch of %s broke; listing again in %.1fs", kind, delay)
-                await self._sleep(delay)
-                delay = min(self.backoff_max, delay * 2)
+            else:
+                continue
+            await self.calls.backoff.sleep(delay)
+            delay = self.calls.backoff.next(delay)
 
-    async def _call(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
-        """One API call, retried with exponential backoff while the server is unreachable or
-        overloaded, up to ``retry_deadline`` seconds; other errors go to the caller."""
-        delay = self.backoff_initial
-        waited = 0.0
-        while True:
-            try:
-                return await call()
-            except ApiError as exc:
-                if exc.status not in _RETRIABLE:
-                    raise
-                error: Exception = exc
-            except (OSError, asyncio.TimeoutError) as exc:
-                error = exc
-            self.api_failures += 1
-            if waited >= self.retry_deadline:
-                raise BackendError(
-                    f"{what}: the Kubernetes API server did not answer for {waited:.0f}s "
-                    f"({error}); nothing more was changed"
-                ) from error
-            log.warning("%s failed (%s); retrying in %.1fs", what, error, delay)
-            await self._sleep(delay)
-            waited += delay
-            delay = min(self.backoff_max, delay * 2)
+    def _namespace(self, kind: str) -> str | None:
+        return None if kind in CLUSTER_SCOPED else self.namespace
+
+    async def _list(self, watched: Watched) -> None:
+        kind = watched.kind
+        items, version = await self.calls.api.list(kind, self._namespace(kind), watched.selector)
+        self.cache.replace(kind, items, version)
+        self._listed[kind].set()
+        self.on_change()
+
+    async def _watch(self, watched: Watched) -> bool:
+        """Follow one watch until it ends; True when it must be listed again."""
+        kind = watched.kind
+        version = self.cache.resource_version.get(kind, "")
+        stream = self.calls.api.watch(kind, self._namespace(kind), watched.selector, version)
+        async for event, obj in stream:
+            if event == WatchEvent.ERROR:
+                # An expired resourceVersion (410) or any other watch error: list again.
+                return True
+            if event == WatchEvent.BOOKMARK:
+                self.cache.resource_version[kind] = meta_of(obj).get("resourceVersion", version)
+                continue
+            self.cache.apply(kind, event, obj)
+            self.on_change()
+        return False
