@@ -13,7 +13,7 @@ from typing import NamedTuple
 from extension.scheduler import UNLIMITED, Instance, Node, Resources
 
 from .. import manifests as m
-from .api import LIMIT_RANGES, NODES, PYTORCHJOBS, QUOTAS
+from .api import LIMIT_RANGES, NODES, QUOTAS, JobKind
 from .objects import labels_of, name_of, node_capacity, quantity
 from .state import Cache, Phase, Tracking
 
@@ -197,7 +197,7 @@ class Admission:
         listed: Callable[[str], bool],
         *,
         gpu_resource: str,
-        job_kind: str,
+        job_kind: JobKind,
         node_selector: Mapping[str, str],
     ) -> None:
         self.cache = cache
@@ -244,16 +244,13 @@ class Admission:
         problem = limit_range_problem(ask, self.cache.all(LIMIT_RANGES), self.gpu_resource)
         if problem:
             return AdmissionProblem(problem, True)
-        counted = (
-            "pytorchjobs.kubeflow.org" if self.job_kind == PYTORCHJOBS else "jobs.batch.volcano.sh"
-        )
         return quota_problem(
             ask,
             workers,
             self.cache.all(QUOTAS),
             self.in_flight(),
             self.gpu_resource,
-            objects={f"count/{counted}": 1} if new_object else None,
+            objects={f"count/{self.job_kind.counted}": 1} if new_object else None,
         )
 
     def in_flight(self) -> dict[str, float]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
@@ -20,6 +21,26 @@ PYTORCHJOBS = "pytorchjobs"
 VOLCANO_JOBS = "volcanojobs"
 QUEUES = "queues"
 CLUSTER_SCOPED = (NODES, QUEUES)
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """A kind of object a job can become, and what differs between the kinds."""
+
+    resource: str  # what the API calls, the watches and the cache name it
+    option: str  # the ``job_kind`` option's word for it
+    counted: str  # a ResourceQuota counts these objects as ``count/<counted>``
+    controller: str  # what makes its pods
+    resizable: bool  # an elastic one grows and shrinks in place (its Worker replicas)
+
+
+PYTORCHJOB = JobKind(
+    PYTORCHJOBS, "pytorchjob", "pytorchjobs.kubeflow.org", "training operator", True
+)
+VOLCANO_JOB = JobKind(
+    VOLCANO_JOBS, "volcanojob", "jobs.batch.volcano.sh", "Volcano controller", False
+)
+JOB_KINDS = (PYTORCHJOB, VOLCANO_JOB)
 
 # Answers worth retrying: none at all (0), a timeout, throttling, a server that is unwell.
 RETRIABLE = (0, 408, 429, 500, 502, 503, 504)
@@ -133,7 +154,9 @@ class KubernetesAsyncioApi:
                 raise ApiError(0, "Unreachable", str(exc)) from exc
             raise
 
-    async def list(self, kind, namespace, label_selector):
+    async def list(
+        self, kind: str, namespace: str | None, label_selector: str | None
+    ) -> tuple[list[dict], str]:
         func, args = self._list_call(kind, namespace)
         kwargs = {"_preload_content": False}
         if label_selector:
@@ -142,7 +165,9 @@ class KubernetesAsyncioApi:
         data = await response.json()
         return data.get("items") or [], (data.get("metadata") or {}).get("resourceVersion", "")
 
-    async def watch(self, kind, namespace, label_selector, resource_version):
+    async def watch(
+        self, kind: str, namespace: str | None, label_selector: str | None, resource_version: str
+    ) -> AsyncIterator[tuple[str, dict]]:
         from kubernetes_asyncio import watch
 
         func, args = self._list_call(kind, namespace)
@@ -166,7 +191,7 @@ class KubernetesAsyncioApi:
             return (group, version, plural)
         return (group, version, namespace, plural)
 
-    async def get(self, kind, namespace, name):
+    async def get(self, kind: str, namespace: str | None, name: str) -> dict:
         if kind in self._CUSTOM:
             fn = (
                 self.custom.get_cluster_custom_object
@@ -176,7 +201,7 @@ class KubernetesAsyncioApi:
             return await self._wrap(fn(*self._custom_args(kind, namespace), name))
         raise ValueError(f"get of {kind} is not used")
 
-    async def create(self, kind, namespace, body):
+    async def create(self, kind: str, namespace: str | None, body: dict) -> dict:
         fn = (
             self.custom.create_cluster_custom_object
             if kind in CLUSTER_SCOPED
@@ -184,7 +209,7 @@ class KubernetesAsyncioApi:
         )
         return await self._wrap(fn(*self._custom_args(kind, namespace), body))
 
-    async def replace(self, kind, namespace, name, body):
+    async def replace(self, kind: str, namespace: str | None, name: str, body: dict) -> dict:
         fn = (
             self.custom.replace_cluster_custom_object
             if kind in CLUSTER_SCOPED
@@ -192,7 +217,7 @@ class KubernetesAsyncioApi:
         )
         return await self._wrap(fn(*self._custom_args(kind, namespace), name, body))
 
-    async def patch(self, kind, namespace, name, body):
+    async def patch(self, kind: str, namespace: str | None, name: str, body: dict) -> dict:
         fn = (
             self.custom.patch_cluster_custom_object
             if kind in CLUSTER_SCOPED
@@ -209,7 +234,14 @@ class KubernetesAsyncioApi:
             )
         )
 
-    async def delete(self, kind, namespace, name, grace_seconds=None, propagation=None):
+    async def delete(
+        self,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        grace_seconds: int | None = None,
+        propagation: str | None = None,
+    ) -> None:
         kwargs: dict[str, Any] = {}
         if grace_seconds is not None:
             kwargs["grace_period_seconds"] = grace_seconds
@@ -225,7 +257,9 @@ class KubernetesAsyncioApi:
         )
         await self._wrap(fn(*self._custom_args(kind, namespace), name, **kwargs))
 
-    async def read_log(self, namespace, pod, container, tail):
+    async def read_log(
+        self, namespace: str, pod: str, container: str | None, tail: int | None
+    ) -> str:
         kwargs: dict[str, Any] = {}
         if container:
             kwargs["container"] = container

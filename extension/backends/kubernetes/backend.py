@@ -14,7 +14,7 @@ from extension.scheduler import Instance, Node, Resources
 from .. import manifests as m
 from ..base import BackendEvent, Emit, JobSpec
 from .admission import Admission, AdmissionProblem
-from .api import PYTORCHJOBS, ApiFactory, KubeApi, default_api_factory
+from .api import ApiFactory, KubeApi, default_api_factory
 from .calls import ApiCalls, Backoff
 from .events import EventDeriver
 from .job_object import JobBuilder
@@ -131,7 +131,7 @@ class KubernetesBackend:
             self.events.changed,
             namespace=o.namespace,
             instance_name=o.instance_name,
-            job_kind=o.job_kind,
+            job_kind=o.job_kind.resource,
         )
         self.admission = Admission(
             self.cache,
@@ -148,7 +148,7 @@ class KubernetesBackend:
             prefix=o.prefix,
             instance_name=o.instance_name,
             gpu_resource=o.gpu_resource,
-            job_kind=o.job_kind,
+            job_kind=o.job_kind.resource,
         )
         self.builder = JobBuilder(o)
         self.jobs = JobRunner(
@@ -183,7 +183,7 @@ class KubernetesBackend:
 
     @property
     def job_kind(self) -> str:
-        return self.options.job_kind
+        return self.options.job_kind.resource
 
     @property
     def image(self) -> str:
@@ -296,8 +296,8 @@ class KubernetesBackend:
         if len(pods) < tracked.workers:
             return (
                 f"{len(pods)} of {tracked.workers} pods created so far by the "
-                f"{'training operator' if self.job_kind == PYTORCHJOBS else 'Volcano controller'}"
-                f" (queue {m.queue_name(tracked.spec.leaf, self.prefix)})"
+                f"{self.options.job_kind.controller} "
+                f"(queue {m.queue_name(tracked.spec.leaf, self.prefix)})"
             )
         return "starting"
 

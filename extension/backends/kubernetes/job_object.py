@@ -8,7 +8,7 @@ import posixpath
 
 from .. import manifests as m
 from ..base import JobSpec
-from .api import PYTORCHJOBS, VOLCANO_JOBS
+from .api import PYTORCHJOB, VOLCANO_JOB
 from .options import Options
 
 
@@ -37,7 +37,7 @@ class JobBuilder:
             ttl_seconds_after_finished=o.ttl,
         )
         elastic = spec.max_workers > spec.min_workers
-        if o.job_kind == VOLCANO_JOBS:
+        if o.job_kind is VOLCANO_JOB:
             gang = min(spec.min_workers, workers) if elastic else workers
             return m.make_volcano_job(min_workers=gang, **common)
         if elastic:
@@ -102,7 +102,7 @@ class JobBuilder:
         elastic = spec.max_workers > spec.min_workers
         if (
             elastic
-            and o.job_kind == PYTORCHJOBS
+            and o.job_kind is PYTORCHJOB
             and o.elastic_launcher
             and command
             and posixpath.basename(command[0]).startswith("python")

@@ -17,7 +17,7 @@ from extension.scheduler import Resources
 from .. import manifests as m
 from ..base import BackendEvent, EventKind, JobSpec
 from .admission import Admission, AdmissionProblem
-from .api import PODS, PYTORCHJOBS, ApiError, WatchEvent
+from .api import PODS, ApiError, WatchEvent
 from .calls import ApiCalls
 from .errors import AdmissionRefused, BackendError
 from .events import EventDeriver
@@ -70,7 +70,8 @@ class JobRunner:
         self.closed = closed
         self.clock = clock
         options = builder.options
-        self.job_kind = options.job_kind
+        self.kind = options.job_kind
+        self.job_kind = options.job_kind.resource
         self.namespace = options.namespace
         self.prefix = options.prefix
 
@@ -137,7 +138,7 @@ class JobRunner:
         tracked = self.tracking.get(spec.id)
         if tracked is None:
             raise BackendError(f"job {spec.id} is not running here; cannot resize it")
-        if self.job_kind != PYTORCHJOBS or spec.max_workers == spec.min_workers:
+        if not self.kind.resizable or spec.max_workers == spec.min_workers:
             raise BackendError(f"job {spec.id} is not an elastic PyTorchJob; cannot resize it")
         workers = len(placement)
         if not spec.min_workers <= workers <= spec.max_workers:

@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import manifests as m
-from .api import PYTORCHJOBS, VOLCANO_JOBS
+from .api import JOB_KINDS, JobKind
 
 
 @dataclass(frozen=True)
 class Options:
     """Where jobs go and what their objects look like."""
 
-    job_kind: str  # PYTORCHJOBS or VOLCANO_JOBS
+    job_kind: JobKind
     prefix: str
     namespace: str
     instance_name: str
@@ -88,12 +88,13 @@ def _option(name: str, given: Any, default: Any) -> Any:
     return os.environ.get(f"WMLA_K8S_{name.upper()}", default) or default
 
 
-def _job_kind(given: str | None) -> str:
+def _job_kind(given: str | None) -> JobKind:
     """The kind a job becomes (the ``job_kind`` option: ``pytorchjob`` or ``volcanojob``)."""
     job_kind = _option("job_kind", given, "pytorchjob")
-    if job_kind not in ("pytorchjob", "volcanojob"):
-        raise ValueError(f"job_kind {job_kind!r} must be 'pytorchjob' or 'volcanojob'")
-    return PYTORCHJOBS if job_kind == "pytorchjob" else VOLCANO_JOBS
+    for kind in JOB_KINDS:
+        if kind.option == job_kind:
+            return kind
+    raise ValueError(f"job_kind {job_kind!r} must be 'pytorchjob' or 'volcanojob'")
 
 
 def _current_namespace() -> str:

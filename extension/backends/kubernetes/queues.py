@@ -83,10 +83,12 @@ class QueueWriter:
     async def _write_queues(self, desired: Mapping[str, dict], result: QueueSync) -> None:
         """Create the missing queues and replace those that differ, in ``desired``'s order
         (parents first); a queue whose parent could not be written is not tried."""
+        not_written: set[str] = set()
         for name, body in desired.items():
             live = self.cache.get(QUEUES, name)
             parent = (body.get("spec") or {}).get("parent")
-            if parent in {f.split(":", 1)[0] for f in result.failed}:
+            if parent in not_written:
+                not_written.add(name)
                 result.failed.append(f"{name}: its parent queue {parent} could not be written")
                 continue
             try:
@@ -99,6 +101,7 @@ class QueueWriter:
             except BackendError as exc:
                 # One refused queue (e.g. by Volcano's webhook) must not stop the others.
                 log.warning("Volcano queue %s: %s", name, exc)
+                not_written.add(name)
                 result.failed.append(f"{name}: {exc}")
 
     def _protected_queues(
