@@ -272,7 +272,7 @@ def test_the_relay_and_its_reader_follow_no_link(tmp_path: Path) -> None:
     # the report file lives in root's private state directory, where no user can write; if a
     # link stood there anyway, the launcher (root) must not write through it nor the backend
     # (root) read through it
-    from extension.backends.local.records import _read_report
+    from extension.backends.local.records import read_report
     from extension.backends.local_launch import _Relay
 
     target = tmp_path / "target"
@@ -285,7 +285,7 @@ def test_the_relay_and_its_reader_follow_no_link(tmp_path: Path) -> None:
     assert target.read_text() == "untouched" and not report.exists()
     target.write_text(json.dumps({"at": 5.0, "progress": 0.5}))
     report.symlink_to(target)
-    assert _read_report(str(report)) is None  # a link is refused, not followed
+    assert read_report(str(report)) is None  # a link is refused, not followed
     report.unlink()
     report.write_text(json.dumps({"at": 5.0, "progress": 0.5}))
-    assert _read_report(str(report)) == {"at": 5.0, "progress": 0.5}
+    assert read_report(str(report)) == {"at": 5.0, "progress": 0.5}

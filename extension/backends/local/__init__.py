@@ -28,20 +28,26 @@ A worker asking for ``g`` GPUs on a node takes the ``g`` lowest free indexes the
 they are free again when the gang is gone. ``CUDA_VISIBLE_DEVICES`` holds exactly those (empty
 when the worker has none), on real and virtual devices alike.
 
-The modules (import every name from here, ``extension.backends.local``):
-- ``launching``    prepare a start as the user, start one launcher per worker
-- ``allocation``   device indexes and rendezvous ports
-- ``supervision``  watch the workers; fail, finish or stop a gang whole
-- ``records``      the gangs' records and the launchers' exit files in ``state_dir``
-- ``recovery``     re-adopt the workers after a service restart
-- ``users``        the account a user's workers run as; logs read with its rights
-- ``backend``      ``LocalBackend``: the options, the state the parts share, the protocol
+``LocalBackend`` (backend.py) is built from collaborators, one module each, and delegates the
+Backend protocol's calls to them:
+- ``allocation``   ``DeviceTable`` (device indexes, taken and free), ``RendezvousPorts``
+- ``records``      ``GangRecords``: the gangs' records and the launchers' exit files in
+                   ``state_dir``; ``Gang``/``Worker`` and the ``GangState`` of a gang
+- ``users``        ``UserAccounts``: the account a user's workers run as; logs read with its rights
+- ``confining``    ``WorkerCgroups``: each worker's cgroup, made with its grant
+- ``holds``        ``DeviceHolds``: devices held for notebook servers, on record
+- ``launching``    ``Launcher``: prepare a start as the user, start one launcher per worker
+- ``supervision``  ``Supervisor``: watch the workers; fail, finish or stop a gang whole
+- ``recovery``     ``Recovery``: re-adopt the workers after a service restart
+- ``events``       ``Emitter``: the backend's events, ``EventKind`` only
+- ``errors``       ``StartError``
 """
 
 from __future__ import annotations
 
 from .backend import LocalBackend
-from .launching import DEFAULT_ENV_KEEP, LAUNCHER, LAUNCHER_ENV, PROJECT_ROOT, StartError
+from .errors import StartError
+from .launching import DEFAULT_ENV_KEEP, LAUNCHER, LAUNCHER_ENV, PROJECT_ROOT
 from .supervision import STOPPED_EXIT_CODE
 
 __all__ = [

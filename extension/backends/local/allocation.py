@@ -14,57 +14,78 @@ from collections.abc import Iterable, Sequence
 from extension.backends.base import JobSpec
 from extension.scheduler import Node
 
-from .launching import StartError
+from .errors import StartError
 
 
-def _device_table(nodes: Sequence[Node]) -> dict[str, list[int]]:
-    """Each node's device indexes, numbered across the nodes in order (see the module doc)."""
-    devices: dict[str, list[int]] = {}
-    offset = 0
-    for node in nodes:
-        count = int(node.capacity.gpu)
-        devices[node.name] = list(range(offset, offset + count))
-        offset += count
-    return devices
+class DeviceTable:
+    """Each node's device indexes and which of them are taken (by gangs and holds alike)."""
 
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        self.devices: dict[str, list[int]] = {}
+        offset = 0
+        for node in nodes:
+            count = int(node.capacity.gpu)
+            self.devices[node.name] = list(range(offset, offset + count))
+            offset += count
+        self.used: dict[str, set[int]] = {n.name: set() for n in nodes}
 
-class _Allocation:
-    """Taking and giving back devices and ports.
+    def check_placement(self, spec: JobSpec, placement: tuple[str, ...]) -> None:
+        """Refuse a placement this backend cannot run before anything is taken."""
+        if not placement:
+            raise StartError(f"job {spec.id}: the placement is empty; a gang needs 1+ workers")
+        unknown = sorted({n for n in placement if n not in self.used})
+        if unknown:
+            raise StartError(
+                f"job {spec.id}: unknown node(s) {', '.join(unknown)}; this backend has "
+                f"{', '.join(self.used)}"
+            )
 
-    A part of ``LocalBackend``: ``backend.py`` sets the attributes declared here.
-    """
-
-    master_addr: str
-    port_range: tuple[int, int]
-    _devices: dict[str, list[int]]
-    _used: dict[str, set[int]]
-    _recent_ports: list[int]
-
-    def _allocate(self, spec: JobSpec, placement: tuple[str, ...]) -> list[tuple[int, ...]]:
+    def allocate(self, spec: JobSpec, placement: tuple[str, ...]) -> list[tuple[int, ...]]:
+        """Each worker's devices, by rank: the lowest free indexes of its node, now taken."""
         gpus = spec.per_worker.gpu
         if gpus != int(gpus) or gpus < 0:
             raise StartError(f"job {spec.id}: GPUs per worker must be a whole number, got {gpus}")
         taken: dict[str, set[int]] = {node: set() for node in placement}
         out: list[tuple[int, ...]] = []
         for rank, node in enumerate(placement):
-            free = [d for d in self._devices[node] if d not in self._used[node] | taken[node]]
+            free = [d for d in self.devices[node] if d not in self.used[node] | taken[node]]
             if len(free) < int(gpus):
                 raise StartError(
                     f"job {spec.id}: worker {rank} needs {int(gpus)} GPU(s) on {node} but only "
-                    f"{len(free)} of {len(self._devices[node])} are free there"
+                    f"{len(free)} of {len(self.devices[node])} are free there"
                 )
             mine = tuple(free[: int(gpus)])
             taken[node].update(mine)
             out.append(mine)
         for node, devices in taken.items():
-            self._used[node].update(devices)
+            self.used[node].update(devices)
         return out
 
-    def _free(self, placement: Iterable[str], devices: Iterable[Iterable[int]]) -> None:
+    def take(self, placement: Iterable[str], devices: Iterable[Iterable[int]]) -> None:
+        """Count devices taken before this table knew (a restart's gangs and holds); a node
+        this backend no longer has is passed over."""
         for node, mine in zip(placement, devices):
-            self._used.get(node, set()).difference_update(mine)
+            self.used.get(node, set()).update(mine)
 
-    def _free_port(self) -> int:
+    def free(self, placement: Iterable[str], devices: Iterable[Iterable[int]]) -> None:
+        for node, mine in zip(placement, devices):
+            self.used.get(node, set()).difference_update(mine)
+
+    def in_use(self) -> dict[str, list[int]]:
+        return {node: sorted(used) for node, used in self.used.items() if used}
+
+
+class RendezvousPorts:
+    """Picks the port of a gang's rank 0 (MASTER_PORT) in ``port_range`` on ``master_addr``."""
+
+    def __init__(self, master_addr: str, port_range: tuple[int, int]) -> None:
+        if not 1024 <= port_range[0] <= port_range[1] <= 65535:
+            raise ValueError(f"port_range {port_range} must be (low, high) within 1024-65535")
+        self.master_addr = master_addr
+        self.port_range = (int(port_range[0]), int(port_range[1]))
+        self.recent: list[int] = []
+
+    def pick(self) -> int:
         """A port nobody listens on, below the kernel's ephemeral range.
 
         Port 0 would hand out an ephemeral port, the very range where gloo's own connections and
@@ -76,13 +97,13 @@ class _Allocation:
         rng = random.Random()
         for _ in range(200):
             port = rng.randint(low, high)
-            if port in self._recent_ports:
+            if port in self.recent:
                 continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 try:
                     sock.bind((self.master_addr, port))
                 except OSError:
                     continue
-            self._recent_ports = [*self._recent_ports[-255:], port]
+            self.recent = [*self.recent[-255:], port]
             return port
         raise StartError(f"no free TCP port in {low}-{high} for the rendezvous")

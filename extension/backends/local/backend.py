@@ -1,20 +1,17 @@
-"""``LocalBackend``: its options, the state its parts share, and the protocol's calls. The parts
-are mixins, one module each, named in the class."""
+"""``LocalBackend``: its options, the collaborators it builds from them, and the Backend
+protocol's calls, each delegated to the collaborator that owns it."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import logging
 import os
 import sys
-import time
 from collections.abc import Iterable, Mapping, Sequence
 
-from extension.backends.accounts import MIN_UID
-from extension.backends.base import BackendEvent, Emit, JobSpec
-from extension.backends.userfs import off_loop
+from extension.backends.accounts import MIN_UID, Account
+from extension.backends.base import Emit, EventKind, JobSpec
+from extension.backends.userfs import UserFiles, off_loop
 from extension.confine import (
     DEFAULT_GPU_TEMPLATE,
     DEFAULT_PIDS,
@@ -23,19 +20,21 @@ from extension.confine import (
 )
 from extension.scheduler import Node
 
-from .allocation import _Allocation, _device_table
+from .allocation import DeviceTable, RendezvousPorts
 from .confining import WorkerCgroups
-from .holds import Hold, HoldRecords
-from .launching import DEFAULT_ENV_KEEP, PROJECT_ROOT, StartError, _Launching
-from .records import _Gang, _private_dirs, _Records
-from .recovery import _Recovery
-from .supervision import _Supervision
-from .users import _Users
+from .errors import StartError
+from .events import Emitter
+from .holds import DeviceHolds, HoldRecords
+from .launching import DEFAULT_ENV_KEEP, PROJECT_ROOT, Launcher, LaunchOptions
+from .records import GangRecords, GangState
+from .recovery import Recovery
+from .supervision import SupervisionOptions, Supervisor
+from .users import JobOwner, UserAccounts
 
 log = logging.getLogger("wmla.backends.local")
 
 
-class LocalBackend(_Launching, _Allocation, _Supervision, _Recovery, _Records, _Users):
+class LocalBackend:
     """Runs gangs of worker processes on this machine; see the package docstring.
 
     Options (keyword arguments):
@@ -79,11 +78,11 @@ class LocalBackend(_Launching, _Allocation, _Supervision, _Recovery, _Records, _
     - ``cgroups``: the workers' cgroups (``confining.WorkerCgroups``); default: detected from
       this machine (cgroup v1 or v2; none when the service is not root, said in the report).
 
-    Its parts: ``_Launching`` (launching.py: prepare as the user, start the workers),
-    ``_Allocation`` (allocation.py: devices and rendezvous ports), ``_Supervision``
-    (supervision.py: watch the workers, end a gang), ``_Recovery`` (recovery.py: re-adopt after
-    a restart), ``_Records`` (records.py: the records and exit files in ``state_dir``),
-    ``_Users`` (users.py: accounts, logs read with the user's rights).
+    Its collaborators, built here and handed what they need: ``DeviceTable`` and
+    ``RendezvousPorts`` (allocation.py), ``GangRecords`` (records.py), ``UserAccounts``
+    (users.py), ``WorkerCgroups`` (confining.py), ``DeviceHolds`` (holds.py), ``Launcher``
+    (launching.py), ``Supervisor`` (supervision.py), ``Recovery`` (recovery.py), and the
+    ``Emitter`` (events.py) the last two report through.
     """
 
     def __init__(
@@ -115,52 +114,51 @@ class LocalBackend(_Launching, _Allocation, _Supervision, _Recovery, _Records, _
         cgroups: WorkerCgroups | None = None,
     ) -> None:
         self._nodes = _checked_nodes(nodes)
-        self._emit_fn = emit
         self.state_dir = os.path.abspath(os.fspath(state_dir))
-        self.python = python
-        self.account_python = account_python
-        self.account_template = _checked_template(account_template)
-        self.run_as_user = run_as_user
-        self.create_accounts = create_accounts
-        self.min_uid = int(min_uid)
-        self.real_gpus = _has_gpus() if real_gpus is None else real_gpus
-        self.master_addr = master_addr
-        self.poll_interval = poll_interval
-        self.failure_grace = failure_grace
-        self.kill_wait = kill_wait
-        self.log_tail_lines = log_tail_lines
-        self.env_keep = tuple(env_keep)
-        self.extra_env = dict(extra_env or {})
-        self.pythonpath = pythonpath
-        self.stop_orphans = stop_orphans
-        self.port_range = _checked_port_range(port_range)
+        self.accounts = UserAccounts(run_as_user, create_accounts, account_template, min_uid)
+        launch = LaunchOptions(
+            python=python,
+            account_python=account_python,
+            real_gpus=_has_gpus() if real_gpus is None else real_gpus,
+            master_addr=master_addr,
+            kill_wait=kill_wait,
+            env_keep=tuple(env_keep),
+            extra_env=dict(extra_env or {}),
+            pythonpath=pythonpath,
+        )
+        ports = RendezvousPorts(master_addr, port_range)
         self.cgroups = cgroups or WorkerCgroups.detect(
             jobs_scope(self.state_dir), gpu_device_template, pids_limit, users_memory_limit
         )
-        self._devices = _device_table(self._nodes)
-        self._start_empty()
-        _private_dirs(self._jobs_dir())
-        self.hold_records = HoldRecords(self.state_dir)
-        self._take_held()
+        self.devices = DeviceTable(self._nodes)
+        self.records = GangRecords(self.state_dir)
+        self.holds = DeviceHolds(HoldRecords(self.state_dir), self.devices)
+        self.launcher = Launcher(
+            launch, self.accounts, self.devices, ports, self.records, self.cgroups
+        )
+        pace = SupervisionOptions(poll_interval, failure_grace, kill_wait, log_tail_lines)
+        self._watch(Emitter(emit), pace, stop_orphans)
 
-    def _take_held(self) -> None:
-        """The devices held for notebook servers before this backend began: still taken."""
-        for hold in self.hold_records.read():
-            self._holds[hold.job_id] = hold
-            for node, devices in zip(hold.placement, hold.devices):
-                self._used.get(node, set()).update(devices)
+    def _watch(self, emit: Emitter, pace: SupervisionOptions, stop_orphans: bool) -> None:
+        """The supervisor and the recovery over the collaborators built before them."""
+        self._emit = emit
+        self.supervisor = Supervisor(
+            pace, emit, self.devices, self.records, self.accounts, self.cgroups
+        )
+        self.recovery = Recovery(
+            emit,
+            self.records,
+            self.supervisor,
+            self.devices,
+            self.accounts,
+            self.cgroups,
+            stop_orphans,
+        )
 
-    def _start_empty(self) -> None:
-        """The state the parts share, as it is before anything runs: no device or port taken, no
-        gang, no monitor. Apart from the options so that one screen shows all of it."""
-        self._used: dict[str, set[int]] = {n.name: set() for n in self._nodes}
-        self._gangs: dict[str, _Gang] = {}
-        self._holds: dict[str, Hold] = {}  # devices of notebook servers (holds.py)
-        self._workdirs: dict[str, tuple[str, str]] = {}  # job id -> (workdir, user)
-        self._recent_ports: list[int] = []
-        self._monitor: asyncio.Task | None = None
-        self._tasks: set[asyncio.Task] = set()
-        self._closed = False
+    @property
+    def run_as_user(self) -> bool | None:
+        """The option of that name (the service warns when it is False, as root)."""
+        return self.accounts.run_as_user
 
     # protocol --------------------------------------------------------------------------------
     def capacity(self) -> list[Node]:
@@ -173,22 +171,14 @@ class LocalBackend(_Launching, _Allocation, _Supervision, _Recovery, _Records, _
         ``failed`` with the reason, and nothing of it is left behind.
         """
         self._check_open()
-        old = self._gangs.get(spec.id)
-        if old is not None and old.state == "running":
+        old = self.supervisor.gang(spec.id)
+        if old is not None and old.state is GangState.RUNNING:
             raise ValueError(
                 f"job {spec.id} is already running on this backend; stop or resize it instead"
             )
         if old is not None:  # its stop is still under way: start once the old gang is gone
             await old.ended.wait()
-        self._workdirs[spec.id] = (spec.workdir, spec.user)
-        try:
-            ready = await off_loop(self._prepare, spec)
-            gang = self._launch(spec, tuple(placement), ready)
-        except StartError as err:
-            self._emit(spec.id, "failed", placement=tuple(placement), message=str(err))
-            return
-        self._emit(spec.id, "running", placement=gang.placement)
-        self._ensure_monitor()
+        await self._launch(spec, tuple(placement), EventKind.RUNNING)
 
     async def resize(self, spec: JobSpec, placement: tuple[str, ...], grace: float) -> None:
         """Stop the gang (SIGTERM, ``grace``, SIGKILL), start it at ``len(placement)`` workers.
@@ -198,25 +188,31 @@ class LocalBackend(_Launching, _Allocation, _Supervision, _Recovery, _Records, _
         when the new gang cannot start).
         """
         self._check_open()
-        gang = self._gangs.get(spec.id)
-        if gang is not None and gang.state != "running":
+        gang = self.supervisor.gang(spec.id)
+        if gang is not None and gang.state is not GangState.RUNNING:
             await gang.ended.wait()  # a failure or stop under way decides the job's fate
             return
         if gang is not None:
-            outcome = await self._end(gang, grace, "resized", emit_released=False)
-            if outcome != "resized":
+            ended = await self.supervisor.end(gang, grace, "resized", emit_released=False)
+            if ended is not EventKind.RELEASED:
                 return
         else:
             log.warning("resize of job %s that is not running here: starting it", spec.id)
-        self._workdirs[spec.id] = (spec.workdir, spec.user)
+        await self._launch(spec, tuple(placement), EventKind.RESIZED)
+
+    async def _launch(self, spec: JobSpec, placement: tuple[str, ...], kind: EventKind) -> None:
+        """Prepare (off the loop) and launch the gang, watch it, report ``kind``; a start that
+        cannot happen is reported ``failed`` instead."""
+        self.accounts.note(spec.id, JobOwner(spec.workdir, spec.user))
         try:
-            ready = await off_loop(self._prepare, spec)
-            new = self._launch(spec, tuple(placement), ready)
+            ready = await off_loop(self.launcher.prepare, spec)
+            gang = self.launcher.launch(spec, placement, ready)
         except StartError as err:
-            self._emit(spec.id, "failed", placement=tuple(placement), message=str(err))
+            self._emit(spec.id, EventKind.FAILED, placement=placement, message=str(err))
             return
-        self._emit(spec.id, "resized", placement=new.placement)
-        self._ensure_monitor()
+        self.supervisor.add(gang)
+        self._emit(spec.id, kind, placement=gang.placement)
+        self.supervisor.ensure_monitor()
 
     async def stop(self, job_id: str, grace: float, reason: str) -> None:
         """SIGTERM every worker's process group, wait up to ``grace``, SIGKILL the rest.
@@ -226,68 +222,63 @@ class LocalBackend(_Launching, _Allocation, _Supervision, _Recovery, _Records, _
         work by itself). A job this backend does not run is left alone: it already ended and
         its event was emitted.
         """
-        gang = self._gangs.get(job_id)
+        gang = self.supervisor.gang(job_id)
         if gang is None:
             log.info("stop of job %s: not running here (already ended)", job_id)
             return
-        if gang.state != "running":
+        if gang.state is not GangState.RUNNING:
             await gang.ended.wait()
             return
-        await self._end(gang, grace, reason, emit_released=True)
+        await self.supervisor.end(gang, grace, reason, emit_released=True)
+
+    async def recover(self, specs: Sequence[JobSpec]) -> None:
+        """Re-adopt the workers of ``specs`` from the records in ``state_dir``
+        (``Recovery.recover`` says how each job is judged)."""
+        self._check_open()
+        await self.recovery.recover(specs, self.state_dir)
+
+    def logs(self, job_id: str, worker: int | None = None, tail: int | None = None) -> str:
+        """One worker's log, or every worker's (``UserAccounts.logs``). Blocking."""
+        return self.accounts.logs(job_id, worker, tail)
 
     async def close(self) -> None:
         """Stop watching. Running workers keep running; their records stay for ``recover``."""
-        self._closed = True
-        tasks = [t for t in [self._monitor, *self._tasks] if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._monitor = None
-        # Dropping the Popen objects hands still-running children to subprocess's own reaping.
-        self._gangs.clear()
+        await self.supervisor.close()
+
+    # accounts (LocalAccounts) ------------------------------------------------------------------
+    def account_for(self, user: str, home: str | None = None) -> Account | None:
+        """The account ``user``'s workers run as (``UserAccounts.account_for``)."""
+        return self.accounts.account_for(user, home)
+
+    def files_for(self, user: str) -> UserFiles:
+        """``user``'s files with their account's rights."""
+        return self.accounts.files_for(user)
 
     # devices for notebook servers (HoldsDevices) ----------------------------------------------
     def hold_devices(self, spec: JobSpec, placement: tuple[str, ...]) -> list[tuple[int, ...]]:
-        """Take devices for a notebook server the spawner runs: as a gang's, the lowest free
-        indexes of each node, so no job is given the same GPU; kept on record."""
-        held = self._holds.get(spec.id)
-        if held is not None:
-            return list(held.devices)
-        self._check_placement(spec, tuple(placement))
-        devices = self._allocate(spec, tuple(placement))
-        hold = Hold(spec.id, tuple(placement), tuple(tuple(d) for d in devices))
-        self._holds[spec.id] = hold
-        self.hold_records.write(hold)
-        return list(hold.devices)
+        """Take devices for a notebook server the spawner runs (``DeviceHolds.hold``)."""
+        return self.holds.hold(spec, placement)
 
     def release_devices(self, job_id: str) -> None:
-        hold = self._holds.pop(job_id, None)
-        if hold is not None:
-            self._free(hold.placement, hold.devices)
-            self.hold_records.remove(job_id)
+        self.holds.release(job_id)
 
     def held_devices(self, job_id: str) -> list[tuple[int, ...]] | None:
-        hold = self._holds.get(job_id)
-        return list(hold.devices) if hold is not None else None
+        return self.holds.held(job_id)
 
     def keep_holds(self, job_ids: set[str]) -> None:
-        for job_id in [j for j in self._holds if j not in job_ids]:
-            log.warning("device hold of job %s, which is no longer running: released", job_id)
-            self.release_devices(job_id)
+        self.holds.keep(job_ids)
 
     # inspection (tests, the service's status page) ---------------------------------------------
     def devices_in_use(self) -> dict[str, list[int]]:
-        return {node: sorted(used) for node, used in self._used.items() if used}
+        return self.devices.in_use()
 
     def gang_devices(self, job_id: str) -> list[tuple[str, tuple[int, ...]]]:
         """(node, device indexes) of each worker of a gang this backend runs, by rank."""
-        gang = self._gangs.get(job_id)
+        gang = self.supervisor.gang(job_id)
         return [(w.node, w.devices) for w in gang.workers] if gang else []
 
     def worker_pids(self, job_id: str) -> list[int]:
-        gang = self._gangs.get(job_id)
+        gang = self.supervisor.gang(job_id)
         return [w.pid for w in gang.workers] if gang else []
 
     @property
@@ -297,33 +288,15 @@ class LocalBackend(_Launching, _Allocation, _Supervision, _Recovery, _Records, _
 
     def job_usage(self, job_id: str) -> Usage | None:
         """What the kernel counted for the gang's workers (their cgroups), or None."""
-        gang = self._gangs.get(job_id)
-        return self.cgroups.usage([w.cgroup for w in gang.workers]) if gang else None
+        gang = self.supervisor.gang(job_id)
+        return self.cgroups.usage(gang.cgroups) if gang else None
 
     def worker_cgroups(self, job_id: str) -> list[str]:
-        gang = self._gangs.get(job_id)
-        return [w.cgroup for w in gang.workers] if gang else []
-
-    # helpers -----------------------------------------------------------------------------------
-    def _emit(
-        self,
-        job_id: str,
-        kind: str,
-        placement: tuple[str, ...] = (),
-        exit_code: int | None = None,
-        message: str = "",
-        at: float | None = None,
-        progress: float | None = None,
-    ) -> None:
-        when = time.time() if at is None else at
-        event = BackendEvent(job_id, kind, when, tuple(placement), exit_code, message, progress)
-        try:
-            self._emit_fn(event)
-        except Exception:  # the receiver's bug must not stop the backend
-            log.exception("emit(%s) raised", event)
+        gang = self.supervisor.gang(job_id)
+        return gang.cgroups if gang else []
 
     def _check_open(self) -> None:
-        if self._closed:
+        if self.supervisor.closed:
             raise RuntimeError("this LocalBackend is closed; make a new one over the state_dir")
 
 
@@ -344,23 +317,7 @@ def _checked_nodes(nodes: Sequence[Node]) -> list[Node]:
     return list(nodes)
 
 
-def _checked_template(account_template: str) -> str:
-    if "{username}" not in account_template:
-        raise ValueError(
-            f"account_template {account_template!r} must contain {{username}}, e.g. "
-            "'{username}' or 'wmla-{username}' (the spawner's system_user_template)"
-        )
-    return account_template
-
-
 def _has_gpus() -> bool:
     from extension.backends.capacity import physical_gpus
 
     return physical_gpus() > 0
-
-
-def _checked_port_range(port_range: tuple[int, int]) -> tuple[int, int]:
-    """The rendezvous port range, refused unless it is (low, high) of unprivileged ports."""
-    if not 1024 <= port_range[0] <= port_range[1] <= 65535:
-        raise ValueError(f"port_range {port_range} must be (low, high) within 1024-65535")
-    return (int(port_range[0]), int(port_range[1]))

@@ -10,13 +10,18 @@ import os
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from .records import _private_dirs
+from extension.backends.base import JobSpec
+
+from .allocation import DeviceTable
+from .records import private_dirs
 
 log = logging.getLogger("wmla.backends.local")
 
 
 @dataclass(frozen=True)
 class Hold:
+    """The devices of one job whose processes the backend does not start, by worker."""
+
     job_id: str
     placement: tuple[str, ...]
     devices: tuple[tuple[int, ...], ...]
@@ -27,7 +32,7 @@ class HoldRecords:
 
     def __init__(self, state_dir: str) -> None:
         self.folder = os.path.join(state_dir, "holds")
-        _private_dirs(self.folder)
+        private_dirs(self.folder)
 
     def _path(self, job_id: str) -> str:
         return os.path.join(self.folder, quote(job_id, safe="") + ".json")
@@ -68,3 +73,45 @@ class HoldRecords:
                 log.error("unreadable device hold %s (%s): removed", path, err)
                 os.unlink(path)
         return holds
+
+
+class DeviceHolds:
+    """The holds this backend keeps, their devices counted in ``devices`` as a gang's are;
+    those on record when it begins are taken again."""
+
+    def __init__(self, records: HoldRecords, devices: DeviceTable) -> None:
+        self.records = records
+        self.devices = devices
+        self.holds: dict[str, Hold] = {}
+        for hold in records.read():
+            self.holds[hold.job_id] = hold
+            devices.take(hold.placement, hold.devices)
+
+    def hold(self, spec: JobSpec, placement: tuple[str, ...]) -> list[tuple[int, ...]]:
+        """Take devices for a notebook server the spawner runs: as a gang's, the lowest free
+        indexes of each node, so no job is given the same GPU; kept on record."""
+        held = self.holds.get(spec.id)
+        if held is not None:
+            return list(held.devices)
+        self.devices.check_placement(spec, tuple(placement))
+        devices = self.devices.allocate(spec, tuple(placement))
+        hold = Hold(spec.id, tuple(placement), tuple(tuple(d) for d in devices))
+        self.holds[spec.id] = hold
+        self.records.write(hold)
+        return list(hold.devices)
+
+    def release(self, job_id: str) -> None:
+        hold = self.holds.pop(job_id, None)
+        if hold is not None:
+            self.devices.free(hold.placement, hold.devices)
+            self.records.remove(job_id)
+
+    def held(self, job_id: str) -> list[tuple[int, ...]] | None:
+        hold = self.holds.get(job_id)
+        return list(hold.devices) if hold is not None else None
+
+    def keep(self, job_ids: set[str]) -> None:
+        """Release the holds of jobs not in ``job_ids`` (no longer running)."""
+        for job_id in [j for j in self.holds if j not in job_ids]:
+            log.warning("device hold of job %s, which is no longer running: released", job_id)
+            self.release(job_id)

@@ -23,7 +23,7 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import psutil
@@ -33,9 +33,12 @@ from extension.backends.base import JobSpec
 from extension.backends.userfs import UserFileError, UserFiles
 from extension.confine import ConfineError
 
+from .allocation import DeviceTable, RendezvousPorts
 from .confining import WorkerCgroups
-from .records import _Gang, _private_dirs, _report_file, _rmtree, _Worker
-from .supervision import _kill_group
+from .errors import StartError
+from .records import Gang, GangRecords, Worker, private_dirs, report_file
+from .supervision import kill_group
+from .users import UserAccounts
 
 log = logging.getLogger("wmla.backends.local")
 
@@ -65,26 +68,9 @@ DEFAULT_ENV_KEEP = (
 _PYTHON_NAMES = ("python", "python3")
 
 
-class StartError(Exception):
-    """The gang could not be started; the message says why and what to do."""
-
-
 @dataclass(frozen=True)
-class _Ready:
-    """What ``_prepare`` found out for one start: who runs it, and what exactly."""
-
-    account: Account | None
-    command: list[str]
-    hub_paths: list[str]
-
-
-class _Launching:
-    """Preparing a start (as the user), and starting the workers.
-
-    A part of ``LocalBackend``: ``backend.py`` sets the attributes declared here.
-    ``_allocate``/``_free``/``_free_port`` are allocation.py's, ``_job_dir``/
-    ``_write_record`` records.py's, ``account_for`` users.py's.
-    """
+class LaunchOptions:
+    """The ``LocalBackend`` options of the same names that shape a worker's start."""
 
     python: str
     account_python: str
@@ -92,13 +78,40 @@ class _Launching:
     master_addr: str
     kill_wait: float
     env_keep: tuple[str, ...]
-    extra_env: dict[str, str]
-    pythonpath: str | None
-    cgroups: WorkerCgroups
-    _used: dict[str, set[int]]
-    _gangs: dict[str, _Gang]
+    extra_env: dict[str, str] = field(default_factory=dict)
+    pythonpath: str | None = None
 
-    def _prepare(self, spec: JobSpec) -> _Ready:
+
+@dataclass(frozen=True)
+class Ready:
+    """What ``Launcher.prepare`` found out for one start: who runs it, and what exactly."""
+
+    account: Account | None
+    command: list[str]
+    hub_paths: list[str]
+
+
+class Launcher:
+    """Prepares a start as the user, and starts one launcher per worker: the devices, the
+    port, the cgroups and the record of the gang are its collaborators'."""
+
+    def __init__(
+        self,
+        options: LaunchOptions,
+        accounts: UserAccounts,
+        devices: DeviceTable,
+        ports: RendezvousPorts,
+        records: GangRecords,
+        cgroups: WorkerCgroups,
+    ) -> None:
+        self.options = options
+        self.accounts = accounts
+        self.devices = devices
+        self.ports = ports
+        self.records = records
+        self.cgroups = cgroups
+
+    def prepare(self, spec: JobSpec) -> Ready:
         """Everything about a start that blocks or touches the user's folder, none of it as
         root: the account (created when missing), an interpreter it can run, the job directory
         made and the program checked by a helper that runs as the account. Runs in a thread."""
@@ -109,14 +122,14 @@ class _Launching:
                 f"got {spec.command!r}"
             )
         if command[0] in _PYTHON_NAMES:
-            command[0] = self.python
+            command[0] = self.options.python
         if not spec.workdir or not os.path.isabs(spec.workdir):
             raise StartError(
                 f"job {spec.id}: workdir must be an absolute path, got {spec.workdir!r}"
             )
         home = os.path.dirname(os.path.dirname(spec.workdir))  # <root>/<user>/jobs/<id>
         try:
-            account = self.account_for(spec.user, home=home)
+            account = self.accounts.account_for(spec.user, home=home)
         except AccountError as err:
             raise StartError(f"job {spec.id}: {err}") from None
         hub_paths: list[str] = []
@@ -136,19 +149,19 @@ class _Launching:
                     )
         except UserFileError as err:
             raise StartError(f"job {spec.id}: {err}") from None
-        return _Ready(account, command, hub_paths)
+        return Ready(account, command, hub_paths)
 
-    def _launch(self, spec: JobSpec, placement: tuple[str, ...], ready: _Ready) -> _Gang:
+    def launch(self, spec: JobSpec, placement: tuple[str, ...], ready: Ready) -> Gang:
         """Take the devices and a port, start every worker, record the gang. Whatever fails
         half-way, nothing of the start is left behind (StartError says why)."""
-        self._check_placement(spec, placement)
-        devices = self._allocate(spec, placement)
+        self.devices.check_placement(spec, placement)
+        devices = self.devices.allocate(spec, placement)
         launch = uuid.uuid4().hex[:12]
-        workers: list[_Worker] = []
+        workers: list[Worker] = []
         try:
-            exit_dir = os.path.join(self._job_dir(spec.id), launch)
-            _private_dirs(exit_dir)
-            port = self._free_port()
+            exit_dir = os.path.join(self.records.job_dir(spec.id), launch)
+            private_dirs(exit_dir)
+            port = self.ports.pick()
             self._spawn_workers(spec, placement, ready, devices, port, exit_dir, workers)
         except BaseException as err:
             self._undo_launch(spec, placement, devices, workers)
@@ -161,7 +174,7 @@ class _Launching:
             if isinstance(err, OSError):
                 raise StartError(f"job {spec.id}: cannot start its workers: {err}") from err
             raise
-        gang = _Gang(
+        gang = Gang(
             job_id=spec.id,
             user=spec.user,
             workdir=spec.workdir,
@@ -171,34 +184,22 @@ class _Launching:
             started_at=time.time(),
             workers=workers,
         )
-        self._gangs[spec.id] = gang
-        self._write_record(gang)
+        self.records.write(gang)
         log.info("job %s: started %d worker(s) on %s", spec.id, len(workers), ",".join(placement))
         return gang
-
-    def _check_placement(self, spec: JobSpec, placement: tuple[str, ...]) -> None:
-        """Refuse a placement this backend cannot run before anything is taken."""
-        if not placement:
-            raise StartError(f"job {spec.id}: the placement is empty; a gang needs 1+ workers")
-        unknown = sorted({n for n in placement if n not in self._used})
-        if unknown:
-            raise StartError(
-                f"job {spec.id}: unknown node(s) {', '.join(unknown)}; this backend has "
-                f"{', '.join(self._used)}"
-            )
 
     def _spawn_workers(
         self,
         spec: JobSpec,
         placement: tuple[str, ...],
-        ready: _Ready,
+        ready: Ready,
         devices: list[tuple[int, ...]],
         port: int,
         exit_dir: str,
-        workers: list[_Worker],
+        workers: list[Worker],
     ) -> None:
         """Start one launcher per rank, each appended to ``workers`` as soon as it exists, so
-        that a failure half-way lets ``_launch`` kill exactly the ones already started."""
+        that a failure half-way lets ``launch`` kill exactly the ones already started."""
         account, command, hub_paths = ready.account, ready.command, ready.hub_paths
         logs_dir = os.path.join(spec.workdir, "logs")
         per_node: dict[str, int] = {}
@@ -219,7 +220,7 @@ class _Launching:
                 port=port,
                 devices=devices[rank],
                 node=node,
-                nccl=self.real_gpus and gpus > 0,
+                nccl=self.options.real_gpus and gpus > 0,
                 hub_paths=hub_paths,
             )
             workers.append(
@@ -242,19 +243,18 @@ class _Launching:
         spec: JobSpec,
         placement: tuple[str, ...],
         devices: list[tuple[int, ...]],
-        workers: list[_Worker],
+        workers: list[Worker],
     ) -> None:
         """A start that failed half-way leaves nothing behind: the workers already started are
         killed (and waited for), the devices given back, the job's state directory removed."""
         for worker in workers:
-            _kill_group(worker.pid, signal.SIGKILL)
+            kill_group(worker.pid, signal.SIGKILL)
             if worker.proc is not None:
                 with contextlib.suppress(Exception):
-                    worker.proc.wait(timeout=self.kill_wait)
+                    worker.proc.wait(timeout=self.options.kill_wait)
         self.cgroups.remove([w.cgroup for w in workers])
-        self._free(placement, devices)
-        with contextlib.suppress(OSError):
-            _rmtree(self._job_dir(spec.id))
+        self.devices.free(placement, devices)
+        self.records.remove(spec.id)
 
     def _spawn(
         self,
@@ -268,7 +268,7 @@ class _Launching:
         logs_dir: str,
         account: Account | None,
         world: int,
-    ) -> _Worker:
+    ) -> Worker:
         exit_file = os.path.join(exit_dir, f"worker-{rank}.exit")
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
         launch = {
@@ -281,7 +281,7 @@ class _Launching:
             "exit_file": exit_file,
         }
         if rank == 0:  # the launcher relays rank 0's checkpoint reports (local_launch.py)
-            launch["report_file"] = _report_file(exit_file)
+            launch["report_file"] = report_file(exit_file)
         if account is not None:
             groups = os.getgrouplist(account.name, account.gid)
             launch.update(uid=account.uid, gid=account.gid, groups=groups)
@@ -297,7 +297,7 @@ class _Launching:
             create_time = psutil.Process(proc.pid).create_time()
         except psutil.Error:  # already gone: poll() will tell how
             create_time = 0.0
-        return _Worker(
+        return Worker(
             rank, node, tuple(devices), proc.pid, create_time, exit_file, proc=proc, cgroup=cgroup
         )
 
@@ -325,13 +325,13 @@ class _Launching:
         (a pyenv under /root, mode 0700), ``account_python`` ("auto": the system Python of the
         same major.minor, so compiled packages load unchanged) runs over the service's
         packages, as the spawner does for notebooks. Otherwise the command is unchanged and the
-        helper's check_runnable (in ``_prepare``) says why it cannot run."""
-        if command[0] != self.python or not self.account_python:
+        helper's check_runnable (in ``prepare``) says why it cannot run."""
+        if command[0] != self.options.python or not self.options.account_python:
             return command, []
-        if unreachable(self.python, account) is None:
+        if unreachable(self.options.python, account) is None:
             return command, []
         paths = [p for p in site.getsitepackages() if os.path.isdir(p)]
-        python = account_python(account, self.account_python, paths)
+        python = account_python(account, self.options.account_python, paths)
         return ([python, *command[1:]], paths) if python else (command, [])
 
     def _worker_env(
@@ -352,22 +352,23 @@ class _Launching:
         env = {
             k: v
             for k, v in os.environ.items()
-            if any(fnmatch.fnmatchcase(k, pattern) for pattern in self.env_keep)
+            if any(fnmatch.fnmatchcase(k, pattern) for pattern in self.options.env_keep)
         }
         if account is not None:
             env.update(HOME=account.home, USER=account.name, LOGNAME=account.name)
-        env.update(self.extra_env)
+        env.update(self.options.extra_env)
         threads = max(1, int(spec.per_worker.cpu) // 1000)
         env.setdefault("OMP_NUM_THREADS", str(threads))  # torchrun's guard against oversubscription
         env["PYTHONUNBUFFERED"] = "1"  # logs readable while the job runs
         env.update({str(k): str(v) for k, v in spec.env.items()})
-        if self.pythonpath or hub_paths:
+        pythonpath = self.options.pythonpath
+        if pythonpath or hub_paths:
             given = [p for p in env.get("PYTHONPATH", "").split(":") if p]
-            parts = [p for p in (self.pythonpath, *hub_paths) if p] + given
+            parts = [p for p in (pythonpath, *hub_paths) if p] + given
             env["PYTHONPATH"] = ":".join(dict.fromkeys(parts))
         # Ours last: a job's env cannot move a worker to another rank or device.
         env.update(
-            MASTER_ADDR=self.master_addr,
+            MASTER_ADDR=self.options.master_addr,
             MASTER_PORT=str(port),
             RANK=str(rank),
             WORLD_SIZE=str(world),

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 from urllib.parse import quote
 
@@ -25,8 +26,18 @@ import psutil
 log = logging.getLogger("wmla.backends.local")
 
 
+class GangState(Enum):
+    """Where a gang is in its life: watched, being ended (by one task only), gone."""
+
+    RUNNING = "running"
+    STOPPING = "stopping"
+    DONE = "done"
+
+
 @dataclass
-class _Worker:
+class Worker:
+    """One worker of a gang: its launcher's pid, what it holds, how it ended."""
+
     rank: int
     node: str
     devices: tuple[int, ...]
@@ -51,9 +62,24 @@ class _Worker:
             "cgroup": self.cgroup,
         }
 
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> Worker:
+        """Raises KeyError, TypeError or ValueError when ``rec`` is not a worker's record."""
+        return cls(
+            rank=int(rec["rank"]),
+            node=str(rec["node"]),
+            devices=tuple(int(d) for d in rec["devices"]),
+            pid=int(rec["pid"]),
+            create_time=float(rec["create_time"]),
+            exit_file=str(rec["exit_file"]),
+            cgroup=str(rec.get("cgroup", "")),
+        )
+
 
 @dataclass
-class _Gang:
+class Gang:
+    """One start of a job's workers, from its launch until it is forgotten."""
+
     job_id: str
     user: str
     workdir: str
@@ -61,10 +87,9 @@ class _Gang:
     port: int
     launch: str
     started_at: float
-    workers: list[_Worker]
-    state: str = "running"  # running -> stopping -> done
+    workers: list[Worker]
+    state: GangState = GangState.RUNNING
     ended: asyncio.Event = field(default_factory=asyncio.Event)
-    outcome: str = ""  # the event kind that ended it
     report_seen: tuple | None = None  # (inode, mtime) of the last checkpoint report relayed
 
     def record(self) -> dict[str, Any]:
@@ -79,24 +104,39 @@ class _Gang:
             "workers": [w.record() for w in self.workers],
         }
 
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> Gang:
+        """Raises KeyError, TypeError or ValueError when ``rec`` is not a gang's record."""
+        workers = [Worker.from_record(w) for w in rec["workers"]]
+        return cls(
+            job_id=str(rec["job_id"]),
+            user=str(rec.get("user", "")),
+            workdir=str(rec["workdir"]),
+            placement=tuple(str(n) for n in rec["placement"]),
+            port=int(rec.get("port", 0)),
+            launch=str(rec.get("launch", "")),
+            started_at=float(rec.get("started_at", 0.0)),
+            workers=workers,
+        )
 
-class _Records:
-    """Writing and reading the gangs' records.
+    @property
+    def cgroups(self) -> list[str]:
+        return [w.cgroup for w in self.workers]
 
-    A part of ``LocalBackend``: ``backend.py`` sets the attributes declared here.
-    """
 
-    state_dir: str
+class GangRecords:
+    """The gangs' records in ``<state_dir>/jobs``, made 0700 here."""
 
-    def _jobs_dir(self) -> str:
-        return os.path.join(self.state_dir, "jobs")
+    def __init__(self, state_dir: str) -> None:
+        self.jobs_dir = os.path.join(state_dir, "jobs")
+        private_dirs(self.jobs_dir)
 
-    def _job_dir(self, job_id: str) -> str:
-        return os.path.join(self._jobs_dir(), quote(job_id, safe=""))
+    def job_dir(self, job_id: str) -> str:
+        return os.path.join(self.jobs_dir, quote(job_id, safe=""))
 
-    def _write_record(self, gang: _Gang) -> None:
-        path = os.path.join(self._job_dir(gang.job_id), "record.json")
-        _private_dirs(os.path.dirname(path))
+    def write(self, gang: Gang) -> None:
+        path = os.path.join(self.job_dir(gang.job_id), "record.json")
+        private_dirs(os.path.dirname(path))
         tmp = f"{path}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as out:
@@ -105,14 +145,15 @@ class _Records:
             os.fsync(out.fileno())
         os.replace(tmp, path)
 
-    def _read_records(self) -> dict[str, dict[str, Any]]:
+    def read(self) -> dict[str, dict[str, Any]]:
+        """Every readable record by job id; an unreadable one is logged and left alone."""
         out: dict[str, dict[str, Any]] = {}
         try:
-            entries = sorted(os.listdir(self._jobs_dir()))
+            entries = sorted(os.listdir(self.jobs_dir))
         except FileNotFoundError:
             return out
         for entry in entries:
-            path = os.path.join(self._jobs_dir(), entry, "record.json")
+            path = os.path.join(self.jobs_dir, entry, "record.json")
             try:
                 with open(path, encoding="utf-8") as src:
                     rec = json.load(src)
@@ -123,22 +164,27 @@ class _Records:
                 log.error("unreadable worker record %s (%s): left alone", path, err)
         return out
 
+    def remove(self, job_id: str) -> None:
+        """The job's folder (record, exit and report files, launch specs) gone, if it can be."""
+        with contextlib.suppress(OSError):
+            shutil.rmtree(self.job_dir(job_id))
 
-def _check_worker(worker: _Worker) -> None:
+
+def check_worker(worker: Worker) -> None:
     """Bring ``worker.done`` / ``exit_code`` up to date without blocking."""
     if worker.proc is not None:
         code = worker.proc.poll()
         if code is None:
             return
-        recorded = _read_exit(worker.exit_file)
+        recorded = read_exit(worker.exit_file)
         worker.exit_code = recorded if recorded is not None else code
         worker.vanished = False
         worker.done = True
         worker.exited_at = time.time()
         return
-    if _alive(worker.pid, worker.create_time):
+    if alive(worker.pid, worker.create_time):
         return
-    recorded = _read_exit(worker.exit_file)
+    recorded = read_exit(worker.exit_file)
     worker.done = True
     worker.exited_at = time.time()
     if recorded is None:
@@ -148,7 +194,7 @@ def _check_worker(worker: _Worker) -> None:
         worker.exit_code = recorded
 
 
-def _alive(pid: int, create_time: float) -> bool:
+def alive(pid: int, create_time: float) -> bool:
     """The process ``pid`` exists, is the one started at ``create_time``, and is not a zombie."""
     try:
         proc = psutil.Process(pid)
@@ -163,7 +209,7 @@ def _alive(pid: int, create_time: float) -> bool:
         return False
 
 
-def _exit_record(path: str) -> dict[str, Any]:
+def exit_record(path: str) -> dict[str, Any]:
     """What the launcher wrote when its worker ended (in our state directory), or {}."""
     try:
         with open(path, encoding="utf-8") as src:
@@ -173,20 +219,20 @@ def _exit_record(path: str) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
-def _read_exit(path: str) -> int | None:
+def read_exit(path: str) -> int | None:
     try:
-        return int(_exit_record(path)["code"])
+        return int(exit_record(path)["code"])
     except (KeyError, TypeError, ValueError):
         return None
 
 
-def _report_file(exit_file: str) -> str:
+def report_file(exit_file: str) -> str:
     """Where rank 0's launcher relays the worker's latest checkpoint report, next to its exit
     file (so a re-adopted gang's is known from its record)."""
     return exit_file.removesuffix(".exit") + ".checkpoint"
 
 
-def _report_identity(path: str) -> tuple | None:
+def report_identity(path: str) -> tuple | None:
     """(inode, mtime) of the report file: the launcher replaces it whole, so a new report is a
     new identity; None when there is none yet."""
     try:
@@ -196,7 +242,7 @@ def _report_identity(path: str) -> tuple | None:
     return (info.st_ino, info.st_mtime_ns)
 
 
-def _read_report(path: str) -> dict | None:
+def read_report(path: str) -> dict | None:
     """``{"at", "progress"}`` of the launcher's report file, or None when there is none or it
     is not what the launcher writes. The file is the launcher's, in our private state
     directory; still opened O_NOFOLLOW and read capped."""
@@ -220,24 +266,24 @@ def _read_report(path: str) -> dict | None:
     return {"at": at, "progress": progress}
 
 
-def _exit_time(worker: _Worker) -> float:
+def exit_time(worker: Worker) -> float:
     try:
-        return float(_exit_record(worker.exit_file)["at"])
+        return float(exit_record(worker.exit_file)["at"])
     except (KeyError, TypeError, ValueError):
         return worker.exited_at or float("inf")
 
 
-def _ended_at(gang: _Gang) -> float:
+def ended_at(gang: Gang) -> float:
     """When the gang's last worker ended: the launchers' exit files say so, also for a gang
     that ended while no service watched it (re-adopted: metering charges until then, not until
     the restart noticed). A worker without a file ended when it was seen gone."""
     now = time.time()
-    ends = [_exit_time(w) for w in gang.workers]
+    ends = [exit_time(w) for w in gang.workers]
     last = max(ends, default=now)
     return now if last == float("inf") else min(last, now)
 
 
-def _private_dirs(path: str) -> None:
+def private_dirs(path: str) -> None:
     """``path`` and any missing parent created 0700 whatever the umask: the state directory
     holds the job specs with their env (os.makedirs gives the parents the umask's mode)."""
     missing = []
@@ -248,7 +294,3 @@ def _private_dirs(path: str) -> None:
         with contextlib.suppress(FileExistsError):
             os.mkdir(folder, 0o700)
         os.chmod(folder, 0o700)
-
-
-def _rmtree(path: str) -> None:
-    shutil.rmtree(path)

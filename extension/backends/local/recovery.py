@@ -8,31 +8,41 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from extension.backends.base import JobSpec
+from extension.backends.base import EventKind, JobSpec
 
+from .allocation import DeviceTable
 from .confining import WorkerCgroups
-from .records import _check_worker, _Gang, _Worker
+from .events import Emitter
+from .records import Gang, GangRecords, GangState, check_worker
+from .supervision import Supervisor
+from .users import JobOwner, UserAccounts
 
 log = logging.getLogger("wmla.backends.local")
 
 
-class _Recovery:
-    """``recover`` and the adoption of one gang from its record.
+class Recovery:
+    """``recover``: the gangs on record in ``records`` adopted into ``supervisor``, their
+    devices counted in ``devices``, the cgroups of no gang swept from ``cgroups``."""
 
-    A part of ``LocalBackend``: ``backend.py`` sets the attributes declared here.
-    ``_emit``/``_check_open`` are the backend's, ``_read_records`` records.py's,
-    ``_terminate``/``_forget``/``_spawn_task``/``_ensure_monitor`` supervision.py's.
-    """
+    def __init__(
+        self,
+        emit: Emitter,
+        records: GangRecords,
+        supervisor: Supervisor,
+        devices: DeviceTable,
+        accounts: UserAccounts,
+        cgroups: WorkerCgroups,
+        stop_orphans: bool,
+    ) -> None:
+        self.emit = emit
+        self.records = records
+        self.supervisor = supervisor
+        self.devices = devices
+        self.accounts = accounts
+        self.cgroups = cgroups
+        self.stop_orphans = stop_orphans
 
-    state_dir: str
-    cgroups: WorkerCgroups
-    stop_orphans: bool
-    failure_grace: float
-    _used: dict[str, set[int]]
-    _gangs: dict[str, _Gang]
-    _workdirs: dict[str, tuple[str, str]]
-
-    async def recover(self, specs: Sequence[JobSpec]) -> None:
+    async def recover(self, specs: Sequence[JobSpec], state_dir: str) -> None:
         """Re-adopt the workers of ``specs`` from the records in ``state_dir``.
 
         Per job: all workers alive (pid and start time match) -> adopted silently, watched from
@@ -41,90 +51,71 @@ class _Recovery:
         at all -> ``lost``. Gangs on record that are not in ``specs`` are stopped when
         ``stop_orphans`` (their devices would be counted by nobody).
         """
-        self._check_open()
         wanted = {spec.id: spec for spec in specs}
-        on_disk = self._read_records()
+        on_disk = self.records.read()
         for spec in specs:
-            self._workdirs.setdefault(spec.id, (spec.workdir, spec.user))
-            if spec.id in self._gangs:
+            self.accounts.note(spec.id, JobOwner(spec.workdir, spec.user), replace=False)
+            if self.supervisor.gang(spec.id) is not None:
                 continue
             rec = on_disk.pop(spec.id, None)
             if rec is None:
-                self._emit(
+                self.emit(
                     spec.id,
-                    "lost",
-                    message=f"no record of job {spec.id}'s workers in {self.state_dir}: "
+                    EventKind.LOST,
+                    message=f"no record of job {spec.id}'s workers in {state_dir}: "
                     "they were started elsewhere or their record was removed",
                 )
                 continue
             self._adopt(rec)
         for job_id, rec in on_disk.items():
-            if job_id in wanted or job_id in self._gangs:
+            if job_id in wanted or self.supervisor.gang(job_id) is not None:
                 continue
             if self.stop_orphans:
-                log.warning("job %s has workers on record but is not listed: stopping it", job_id)
-                gang = self._adopt(rec, quiet=True)
-                if gang is not None:
-                    gang.state = "stopping"
-                    await self._terminate(gang, self.failure_grace)
-                    self._forget(gang, "orphan")
-        keep = {w.cgroup for gang in self._gangs.values() for w in gang.workers}
+                await self._stop_orphan(job_id, rec)
+        keep = {c for gang in self.supervisor.gangs.values() for c in gang.cgroups}
         for name in self.cgroups.sweep(keep):
             log.warning("cgroup %s belonged to no gang on record: removed with its processes", name)
-        self._ensure_monitor()
+        self.supervisor.ensure_monitor()
 
-    def _adopt(self, rec: dict[str, Any], quiet: bool = False) -> _Gang | None:
+    async def _stop_orphan(self, job_id: str, rec: dict[str, Any]) -> None:
+        log.warning("job %s has workers on record but is not listed: stopping it", job_id)
+        gang = self._adopt(rec, quiet=True)
+        if gang is not None:
+            gang.state = GangState.STOPPING
+            await self.supervisor.terminate(gang, self.supervisor.options.failure_grace)
+            self.supervisor.forget(gang)
+
+    def _adopt(self, rec: dict[str, Any], quiet: bool = False) -> Gang | None:
         job_id = str(rec["job_id"])
         try:
-            workers = [
-                _Worker(
-                    rank=int(w["rank"]),
-                    node=str(w["node"]),
-                    devices=tuple(int(d) for d in w["devices"]),
-                    pid=int(w["pid"]),
-                    create_time=float(w["create_time"]),
-                    exit_file=str(w["exit_file"]),
-                    cgroup=str(w.get("cgroup", "")),
-                )
-                for w in rec["workers"]
-            ]
-            gang = _Gang(
-                job_id=job_id,
-                user=str(rec.get("user", "")),
-                workdir=str(rec["workdir"]),
-                placement=tuple(str(n) for n in rec["placement"]),
-                port=int(rec.get("port", 0)),
-                launch=str(rec.get("launch", "")),
-                started_at=float(rec.get("started_at", 0.0)),
-                workers=workers,
-            )
+            gang = Gang.from_record(rec)
         except (KeyError, TypeError, ValueError) as err:
             if not quiet:
-                self._emit(job_id, "lost", message=f"its worker record is unreadable ({err})")
+                self.emit(
+                    job_id, EventKind.LOST, message=f"its worker record is unreadable ({err})"
+                )
             return None
-        self._workdirs.setdefault(job_id, (gang.workdir, gang.user))
-        for worker in workers:
-            _check_worker(worker)
-        vanished = [w for w in workers if w.vanished]
-        for worker in workers:  # count their devices until we know better
-            if worker.node in self._used:
-                self._used[worker.node].update(worker.devices)
-        self._gangs[job_id] = gang
+        self.accounts.note(job_id, JobOwner(gang.workdir, gang.user), replace=False)
+        for worker in gang.workers:
+            check_worker(worker)
+        vanished = [w for w in gang.workers if w.vanished]
+        # count their devices until we know better
+        self.devices.take([w.node for w in gang.workers], [w.devices for w in gang.workers])
+        self.supervisor.add(gang)
         if vanished and not quiet:
-            gang.state = "stopping"
+            gang.state = GangState.STOPPING
             names = ", ".join(f"worker {w.rank} (pid {w.pid})" for w in vanished)
             message = (
                 f"after the service restarted, {names} could not be found (ended without an exit "
                 "status, or the pid now belongs to another process)"
             )
-
-            async def lose() -> None:
-                await self._terminate(gang, self.failure_grace)
-                self._forget(gang, "lost")
-                self._emit(job_id, "lost", placement=gang.placement, message=message)
-
-            self._spawn_task(lose())
+            self.supervisor.spawn_task(self._lose(gang, message))
             return gang
         if not quiet:
-            log.info("job %s: re-adopted %d worker(s)", job_id, len(workers))
+            log.info("job %s: re-adopted %d worker(s)", job_id, len(gang.workers))
         return gang
+
+    async def _lose(self, gang: Gang, message: str) -> None:
+        await self.supervisor.terminate(gang, self.supervisor.options.failure_grace)
+        self.supervisor.forget(gang)
+        self.emit(gang.job_id, EventKind.LOST, placement=gang.placement, message=message)

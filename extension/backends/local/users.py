@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 
 from extension.backends.accounts import Account, AccountError, create_account, find_account
 from extension.backends.userfs import UserFileError, UserFiles
@@ -12,17 +13,39 @@ from extension.backends.userfs import UserFileError, UserFiles
 log = logging.getLogger("wmla.backends.local")
 
 
-class _Users:
-    """Accounts and the user's files.
+@dataclass(frozen=True)
+class JobOwner:
+    """Whose a job is and where its files are: what its logs are read with."""
 
-    A part of ``LocalBackend``: ``backend.py`` sets the attributes declared here.
-    """
+    workdir: str
+    user: str
 
-    run_as_user: bool | None
-    create_accounts: bool
-    account_template: str
-    min_uid: int
-    _workdirs: dict[str, tuple[str, str]]
+
+class UserAccounts:
+    """The accounts jobs run as, and the jobs whose logs can be read (those that ran here
+    since the service started, or were re-adopted).
+
+    ``run_as_user``, ``create_accounts``, ``account_template`` and ``min_uid`` are the
+    ``LocalBackend`` options of the same names."""
+
+    def __init__(
+        self, run_as_user: bool | None, create_accounts: bool, account_template: str, min_uid: int
+    ) -> None:
+        if "{username}" not in account_template:
+            raise ValueError(
+                f"account_template {account_template!r} must contain {{username}}, e.g. "
+                "'{username}' or 'wmla-{username}' (the spawner's system_user_template)"
+            )
+        self.run_as_user = run_as_user
+        self.create_accounts = create_accounts
+        self.account_template = account_template
+        self.min_uid = int(min_uid)
+        self.owners: dict[str, JobOwner] = {}
+
+    def note(self, job_id: str, owner: JobOwner, replace: bool = True) -> None:
+        """Remember whose ``job_id`` is (a start replaces, a re-adoption only fills in)."""
+        if replace or job_id not in self.owners:
+            self.owners[job_id] = owner
 
     def logs(self, job_id: str, worker: int | None = None, tail: int | None = None) -> str:
         """One worker's log, or every worker's with ``[worker-N]`` before each line.
@@ -31,14 +54,13 @@ class _Users:
         (``UserFiles``): a log the user replaced by a link or a FIFO is refused, not followed.
         Blocking (a helper process as root): call it from a thread on an event loop.
         """
-        known = self._workdirs.get(job_id)
-        if known is None:
+        owner = self.owners.get(job_id)
+        if owner is None:
             raise KeyError(f"job {job_id} has not run on this backend since the service started")
         if tail is not None and tail < 0:
             raise ValueError(f"tail must be 0 or more lines, got {tail}")
-        workdir, user = known
         try:
-            return self.files_for(user).read_logs(workdir, worker, tail)
+            return self.files_for(owner.user).read_logs(owner.workdir, worker, tail)
         except AccountError as err:
             raise UserFileError(f"job {job_id}'s logs cannot be read: {err}") from None
 
@@ -54,19 +76,7 @@ class _Users:
         name = self.account_template.format(username=user)
         found = find_account(name, self.min_uid)
         if os.geteuid() != 0:
-            if self.run_as_user is None:
-                return None
-            if found is None:
-                raise AccountError(
-                    f"run_as_user is set but user {user!r} has no account {name!r} on this "
-                    "machine; create it (useradd) or set run_as_user=False"
-                )
-            if found.uid != os.geteuid():
-                raise AccountError(
-                    f"running workers as {user!r} needs the service to run as root; start it "
-                    "as root or set run_as_user=False"
-                )
-            return found
+            return self._not_root(user, name, found)
         if found is None:
             if not self.create_accounts or home is None:
                 raise AccountError(
@@ -75,6 +85,22 @@ class _Users:
                 )
             found = create_account(name, home, self.min_uid)
             log.info("created account %s (uid %d) for hub user %s", name, found.uid, user)
+        return found
+
+    def _not_root(self, user: str, name: str, found: Account | None) -> Account | None:
+        """The account when the service is not root: only its own can be run as."""
+        if self.run_as_user is None:
+            return None
+        if found is None:
+            raise AccountError(
+                f"run_as_user is set but user {user!r} has no account {name!r} on this "
+                "machine; create it (useradd) or set run_as_user=False"
+            )
+        if found.uid != os.geteuid():
+            raise AccountError(
+                f"running workers as {user!r} needs the service to run as root; start it "
+                "as root or set run_as_user=False"
+            )
         return found
 
     def files_for(self, user: str) -> UserFiles:
