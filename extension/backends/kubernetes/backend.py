@@ -27,7 +27,7 @@ from .state import Cache, Phase, Tracking
 from .tasks import Background
 from .watch import Watcher
 
-# Every worker pod gets limits equal to its requests (admission.effective_pod), which the kubelet
+# Every worker pod gets limits equal to its requests (manifests.make_container), which the kubelet
 # turns into the container's cgroup; GPUs come through the device plugin, one device per unit.
 ENFORCEMENT = Report(
     "kubernetes",
