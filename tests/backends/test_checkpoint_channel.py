@@ -1,4 +1,4 @@
-"""Checkpoint reports through the local backend's channel (local_launch.py "Checkpoint
+"""Checkpoint reports through the local backend's channel (worker_launcher.py "Checkpoint
 reports"): real launchers and workers, the reports arriving as ``checkpoint`` events.
 
 What must hold: a report reaches the backend with its time and progress; it is about the job
@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from extension.backends.local_launch import REPORT_INTERVAL
+from extension.backends.local.worker_launcher import REPORT_INTERVAL
 
 # Reports a checkpoint (rank 0 through save, every rank through report_checkpoint), writes
 # what each call returned, then reports again every PERIOD seconds with a growing progress.
@@ -273,13 +273,13 @@ def test_the_relay_and_its_reader_follow_no_link(tmp_path: Path) -> None:
     # link stood there anyway, the launcher (root) must not write through it nor the backend
     # (root) read through it
     from extension.backends.local.records import read_report
-    from extension.backends.local_launch import _Relay
+    from extension.backends.local.worker_launcher import Relay
 
     target = tmp_path / "target"
     target.write_text("untouched")
     report = tmp_path / "worker-0.checkpoint"
     (tmp_path / "worker-0.checkpoint.tmp").symlink_to(target)
-    relay = _Relay(str(report))
+    relay = Relay(str(report))
     relay.latest = {"at": 1.0, "progress": None, "received": 1.0, "reports": 1}
     relay.flush(force=True)
     assert target.read_text() == "untouched" and not report.exists()

@@ -199,7 +199,7 @@ def _is_worker(proc: psutil.Process) -> bool:
     """A job worker: the backend's launcher or anything under it."""
     for p in [proc, *proc.parents()]:
         try:
-            if "local_launch" in " ".join(p.cmdline()):
+            if "worker_launcher" in " ".join(p.cmdline()):
                 return True
         except psutil.Error:
             continue

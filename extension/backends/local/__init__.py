@@ -2,7 +2,7 @@
 
 One worker per entry of the placement (rank i on node ``placement[i]``; a node may be one of
 the virtual nodes a layout such as ``4x8`` cuts the machine into). Every worker is started by
-``local_launch.py`` as the leader of its own session, with the torch.distributed variables and
+``worker_launcher.py`` as the leader of its own session, with the torch.distributed variables and
 exactly the devices it was given, in the job's directory, its output in
 ``<workdir>/logs/worker-<rank>.log``. When the service runs as root, nothing of the job (its
 directory, log, environment) is touched by a root process: the job directory is made and read by

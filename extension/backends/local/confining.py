@@ -91,7 +91,7 @@ class WorkerCgroups:
         return name
 
     def launch_spec(self, name: str) -> dict[str, object]:
-        """What the launcher's child needs to enter the cgroup (local_launch.py)."""
+        """What the launcher's child needs to enter the cgroup (worker_launcher.py)."""
         if not name:
             return {}
         group = self.confinement.open(name)

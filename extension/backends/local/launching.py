@@ -1,4 +1,4 @@
-"""Starting a gang: every worker is started by ``local_launch.py`` as the leader of its own
+"""Starting a gang: every worker is started by ``worker_launcher.py`` as the leader of its own
 session, with the torch.distributed variables and exactly the devices it was given, in the
 job's directory, its output in ``<workdir>/logs/worker-<rank>.log``.
 
@@ -42,13 +42,13 @@ from .users import UserAccounts
 
 log = logging.getLogger("wmla.backends.local")
 
-_BACKENDS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # extension/backends
-LAUNCHER = os.path.join(_BACKENDS, "local_launch.py")
+_HERE = os.path.dirname(os.path.abspath(__file__))  # extension/backends/local
+LAUNCHER = os.path.join(_HERE, "worker_launcher.py")
 # The directory that holds the ``extension`` package: put on the workers' PYTHONPATH so that
 # ``from extension import runtime`` works in a training script however the project is installed.
-PROJECT_ROOT = os.path.dirname(os.path.dirname(_BACKENDS))
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))
 # All the launcher (root, when the service is) starts with: nothing of the service's or the job's
-# environment reaches a process that has not yet dropped to the user (local_launch.py).
+# environment reaches a process that has not yet dropped to the user (worker_launcher.py).
 LAUNCHER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 DEFAULT_ENV_KEEP = (
@@ -280,7 +280,7 @@ class Launcher:
             f"[{','.join(map(str, devices))}], {stamp}: {shlex.join(command)[:300]}\n",
             "exit_file": exit_file,
         }
-        if rank == 0:  # the launcher relays rank 0's checkpoint reports (local_launch.py)
+        if rank == 0:  # the launcher relays rank 0's checkpoint reports (worker_launcher.py)
             launch["report_file"] = report_file(exit_file)
         if account is not None:
             groups = os.getgrouplist(account.name, account.gid)

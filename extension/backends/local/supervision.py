@@ -128,7 +128,7 @@ class Supervisor:
                 self._finish(gang)
 
     def _relay_checkpoint(self, gang: Gang) -> None:
-        """Emit ``checkpoint`` when rank 0's launcher relayed a new report (local_launch.py):
+        """Emit ``checkpoint`` when rank 0's launcher relayed a new report (worker_launcher.py):
         one stat per poll, the file read only when it was replaced. Also for a re-adopted gang,
         whose launcher kept relaying while no service watched (its latest report is emitted
         once more; the service keeps only a newer one)."""

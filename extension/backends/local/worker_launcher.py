@@ -1,6 +1,6 @@
 """The tiny parent of every local worker: drops to the user, runs the command, records the end.
 
-The backend starts ``python -I local_launch.py SPEC`` as the leader of a new session (its own
+The backend starts ``python -I worker_launcher.py SPEC`` as the leader of a new session (its own
 process group), with a fixed minimal environment and ``/`` as its working directory. ``SPEC``
 is a JSON file in the backend's private state directory (read, then removed: it holds the job's
 ``env``)::
@@ -158,7 +158,7 @@ def _child(spec: dict, report: int, channel: socket.socket | None) -> None:
             os._exit(START_FAILED)
 
 
-class _Relay:
+class Relay:
     """The latest checkpoint report of the worker, relayed to ``report_file``."""
 
     def __init__(self, path: str) -> None:
@@ -225,7 +225,7 @@ def _finite(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _wait(pid: int, errors: int, channel: socket.socket | None, relay: _Relay | None) -> tuple:
+def _wait(pid: int, errors: int, channel: socket.socket | None, relay: Relay | None) -> tuple:
     """Wait for the worker while reading its start error and relaying its checkpoint reports;
     returns (the start error, its wait status)."""
     try:
@@ -271,7 +271,7 @@ def _wait(pid: int, errors: int, channel: socket.socket | None, relay: _Relay | 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -I local_launch.py SPEC.json", file=sys.stderr)
+        print("usage: python -I worker_launcher.py SPEC.json", file=sys.stderr)
         return 2
     with open(argv[0], encoding="utf-8") as src:
         spec = json.load(src)
@@ -291,7 +291,7 @@ def main(argv: list[str]) -> int:
     os.close(write_end)
     if theirs is not None:
         theirs.close()
-    relay = _Relay(spec["report_file"]) if ours is not None else None
+    relay = Relay(spec["report_file"]) if ours is not None else None
     error, status = _wait(pid, read_end, ours, relay)
     os.close(read_end)
     code = os.waitstatus_to_exitcode(status)
