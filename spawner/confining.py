@@ -7,8 +7,6 @@ server stops. A server the kernel killed for memory says so in the hub's log."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
 
 from extension.confine import (
     DEFAULT_PIDS,
@@ -22,6 +20,8 @@ from extension.confine import (
     users_memory_default,
 )
 
+from .mixin.record import JobGrant
+
 _CONFINEMENT: Confinement | None = None
 
 
@@ -33,14 +33,12 @@ def confinement() -> Confinement:
     return _CONFINEMENT
 
 
-def server_grant(
-    granted: Mapping[str, Any], gpus: int, template: str, pids: int = DEFAULT_PIDS
-) -> Grant:
-    """The grant of a server from its notebook job (``{"resources", "limits", "devices"}`` as
-    the service answered): a limit where the job set one, else its request; the GPU nodes of
-    the indexes the service holds for it (``devices``), none without."""
-    resources = dict(granted.get("resources") or {})
-    limits = dict(granted.get("limits") or {})
+def server_grant(granted: JobGrant, gpus: int, template: str, pids: int = DEFAULT_PIDS) -> Grant:
+    """The grant of a server from its notebook job (what the service answered): a limit where
+    the job set one, else its request; the GPU nodes of the indexes the service holds for it
+    (``devices``), none without."""
+    resources = dict(granted.resources or {})
+    limits = dict(granted.limits or {})
 
     def amount(name: str) -> int:
         """The service answers in its units (millicores, bytes); anything else grants 0."""
@@ -53,9 +51,9 @@ def server_grant(
     return gpu_grant(amount("cpu"), amount("memory"), pids, template, indexes)
 
 
-def server_gpus(granted: Mapping[str, Any]) -> tuple[int, ...]:
+def server_gpus(granted: JobGrant) -> tuple[int, ...]:
     """The GPU indexes held for the server (its one worker's), () when none are."""
-    devices = granted.get("devices") or []
+    devices = granted.devices or []
     if not devices or not isinstance(devices[0], list):
         return ()
     return tuple(int(i) for i in devices[0])

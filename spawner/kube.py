@@ -115,24 +115,24 @@ class WmlaKubeSpawner(WmlaSpawnerMixin, KubeSpawner):
             plan = await self.wmla_admit()
             self._wmla_admitted = True
         else:
-            plan = self.wmla_leaf.rsplit("/", 1)[0]
+            plan = self.wmla_spawn.plan
         self.apply_wmla_overlay(plan)
 
     def apply_wmla_overlay(self, plan: str) -> None:
         """Set KubeSpawner's traits from the pure overlay (kept: what config already had)."""
         folder = mount_path(self.user_mount_path, self.user.name)
-        gpus, request, _ = self.wmla_request()
+        request = self.wmla_request()
         # the pod asks the cluster for what the plan admitted
-        if "cpu" in request:
-            self.cpu_guarantee = parse_quantity("cpu", request["cpu"]) / 1000
-        if "memory" in request:
-            self.mem_guarantee = parse_quantity("memory", request["memory"])
+        if "cpu" in request.resources:
+            self.cpu_guarantee = parse_quantity("cpu", request.resources["cpu"]) / 1000
+        if "memory" in request.resources:
+            self.mem_guarantee = parse_quantity("memory", request.resources["memory"])
         overlay = make_pod_overlay(
             user=self.user.name,
             plan=plan,
             leaf=self.wmla_leaf or f"{plan}/{self.user.name}",
             job_id=self.wmla_job_id,
-            gpus=gpus,
+            gpus=request.gpus,
             claim_name=self.storage_claim_name,
             mount_path_template=self.user_mount_path,
             instance=self.instance_label,

@@ -371,7 +371,7 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
             await self.wmla_load_profile()
             await self.wmla_admit()
             folder, self._wmla_account = await asyncio.to_thread(self._prepare)
-            self._wmla_note(f"your folder: {folder}", 30)
+            self.wmla_note(f"your folder: {folder}", 30)
             self._wmla_cgroup = await asyncio.to_thread(self._wmla_confine)
             return await super().start()
         except BaseException:
@@ -397,7 +397,7 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
 
     async def poll(self) -> int | None:
         status = await super().poll()
-        if status is not None and self._wmla_cgroup is not None and not self._wmla_stopping:
+        if status is not None and self._wmla_cgroup is not None and not self.wmla_spawn.stopping:
             await asyncio.to_thread(self._wmla_cgroup.say_why_it_died)
             await asyncio.to_thread(self._wmla_unconfine)
         return status

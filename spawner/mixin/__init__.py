@@ -1,4 +1,4 @@
-"""What both wmla spawners share: hub user -> plan leaf, admission, folder, kernel environment.
+"""What both wmla spawners share: hub user -> plan leaf, admission, release, kernel environment.
 
 A notebook server is a job like any other (docs/scheduling.md "Words"): a rigid, non-preemptible
 gang of one worker, charged to ``<plan>/<user>``. The spawner submits it through the service as a
@@ -11,34 +11,48 @@ admin cancelled it) is stopped at the hub's next poll.
 The service is reached over HTTP through ``extension.client`` (blocking, so in a thread: the
 hub's event loop never waits on a socket).
 
-:class:`WmlaSpawnerMixin` holds every trait (the configuration and the state of one spawn) and is
-composed of parts, one module each; each part's docstring names the attributes it reads:
+:class:`WmlaSpawnerMixin` is the one mixin JupyterHub's spawner classes force: it holds every
+trait (the configuration) and the spawn's record (:class:`~spawner.mixin.record.SpawnRecord`),
+answers JupyterHub's hooks, and hands the work to collaborators it builds from its current
+traits, one module each:
 
-- ``plans``: the profile and the plan a notebook is charged to, and the spawn page;
-- ``admission``: the notebook job's body, its submission and the wait while it is PENDING;
+- ``service_client``: the service's address, the spawner's token, one request;
+- ``plan_chooser``: the profile and the plan a notebook is charged to, and the spawn page;
+- ``request``: what the notebook asks for, and its job's body;
+- ``admission``: the submission and the wait while the job is PENDING;
+- ``progress``: the spawn page's progress events;
 - ``release``: cancelling the job when the server stops, and the orphans a failed release leaves;
-- ``poll``: stopping a server whose job the service ended;
+- ``poll``: whether the job of a running server has ended;
 - ``gpu_group``: the hub group of users whose servers hold GPUs;
-- ``state``: the kernel's environment and the state kept across hub restarts;
-- ``service``: the service's address, the spawner's token, one request.
+- ``state``: the state kept across hub restarts; ``environment``: the kernel's.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from traitlets import Any as AnyTrait
-from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
+from traitlets import Bool, Dict, Float, Instance, Integer, List, Unicode, default
 from traitlets.config import LoggingConfigurable
 
 from .admission import Admission
-from .common import DEFAULT_PLAN, GPU_GROUP, NOTEBOOK_KIND, SPAWNER_SERVICE, AdmissionError
+from .defaults import DEFAULT_PLAN, GPU_GROUP, NOTEBOOK_KIND, SPAWNER_SERVICE
+from .environment import KernelEnvironment
+from .errors import AdmissionError
 from .gpu_group import GpuGroup
-from .plans import PlanChoice
+from .plan_chooser import PlanChooser, PlanSettings
 from .poll import JobPoll
+from .progress import SpawnProgress
+from .record import JobGrant, SpawnRecord
 from .release import Release
-from .service import ServiceAccess
-from .state import SpawnState
+from .request import NotebookRequest
+from .service_client import ServiceCalls, ServiceClient, ServiceLocation
+from .spawn_log import SpawnLog
+from .state import forget_job, load_state, save_state
 
 __all__ = [
     "DEFAULT_PLAN",
@@ -50,21 +64,22 @@ __all__ = [
 ]
 
 
-# The parts hold methods only: the traits stay on this one class, so the configuration reads
-# c.WmlaSpawnerMixin / c.WmlaLocalSpawner / c.WmlaKubeSpawner as before and no part becomes a
-# config section of its own. Each method is defined in one part, so the parts' order does not
-# matter; they all come before LoggingConfigurable, hence before the base spawner their super()
-# calls (progress, poll, stop, the state hooks) reach.
-class WmlaSpawnerMixin(
-    PlanChoice,
-    Admission,
-    Release,
-    JobPoll,
-    GpuGroup,
-    SpawnState,
-    ServiceAccess,
-    LoggingConfigurable,
-):
+@dataclass(frozen=True)
+class Collaborators:
+    """The spawner's collaborators, wired together from its traits as they are now (a profile
+    picked at start may have changed them)."""
+
+    plans: PlanChooser
+    progress: SpawnProgress
+    admission: Admission
+    release: Release
+    poll: JobPoll
+
+
+# The traits stay on this one class, so the configuration reads c.WmlaSpawnerMixin /
+# c.WmlaLocalSpawner / c.WmlaKubeSpawner and no collaborator becomes a config section. It comes
+# before the base spawner, whose hooks (progress, poll, stop, the state) its super() calls reach.
+class WmlaSpawnerMixin(LoggingConfigurable):
     """Mix in before a JupyterHub spawner class (``class S(WmlaSpawnerMixin, BaseSpawner)``)."""
 
     # -- where the service is, and who the spawner is to it -----------------------------------
@@ -239,14 +254,227 @@ class WmlaSpawnerMixin(
     def _storage_root_default(self) -> str:
         return os.environ.get("WMLA_STORAGE_ROOT") or os.path.abspath("var/storage")
 
-    # state of one spawn (not config)
-    wmla_job_id = Unicode("")
-    wmla_leaf = Unicode("")
-    wmla_gpus = Integer(0)  # GPUs the admitted notebook job holds
-    wmla_granted = Dict()  # {"resources", "limits"} the service admitted the notebook job with
-    _wmla_events = List()
-    _wmla_changed = AnyTrait(None, allow_none=True)
-    _wmla_waiting = AnyTrait(False)
-    _wmla_stopping = AnyTrait(False)
-    _wmla_orphans = List()  # job ids whose server is gone but whose release is still due
-    _wmla_profile_plan = Unicode("")  # the plan the picked profile forces (wmla_plan override)
+    wmla_spawn = Instance(
+        SpawnRecord, args=(), help="The record of this server's spawn (not configuration)."
+    )
+
+    # -- the spawn's record, as the hub and the spawner classes read it ---------------------------
+    @property
+    def wmla_job_id(self) -> str:
+        return self.wmla_spawn.job_id
+
+    @wmla_job_id.setter
+    def wmla_job_id(self, value: str) -> None:
+        self.wmla_spawn.job_id = value
+
+    @property
+    def wmla_leaf(self) -> str:
+        return self.wmla_spawn.leaf
+
+    @wmla_leaf.setter
+    def wmla_leaf(self, value: str) -> None:
+        self.wmla_spawn.leaf = value
+
+    @property
+    def wmla_gpus(self) -> int:
+        """GPUs the admitted notebook job holds (the GPU group counts the user's servers')."""
+        return self.wmla_spawn.gpus
+
+    @property
+    def wmla_granted(self) -> JobGrant:
+        """What the service admitted the notebook job with."""
+        return self.wmla_spawn.granted
+
+    # -- the collaborators ---------------------------------------------------------------------
+    def wmla_log(self) -> SpawnLog:
+        return SpawnLog(self.log, self._log_name)
+
+    def wmla_service_location(self) -> ServiceLocation:
+        settings = getattr(self.user, "settings", None) or {}
+        return ServiceLocation(
+            url=self.service_url,
+            name=self.service_name,
+            token=self.service_token,
+            token_service=self.token_service,
+            hub_services=settings.get("services") or {},
+            config_class=type(self).__name__,
+        )
+
+    def wmla_service_client(self) -> ServiceCalls:
+        """How the collaborators reach the service (a test puts a scripted service here)."""
+        return ServiceClient(self.wmla_service_location())
+
+    def wmla_collaborators(self) -> Collaborators:
+        log = self.wmla_log()
+        service = self.wmla_service_client()
+        group = GpuGroup(self.gpu_group, self.user, self, log)
+        release = Release(service, group, log)
+        progress = SpawnProgress(log)
+        settings = PlanSettings(
+            plan_choice=self.plan_choice,
+            wmla_plan=self.wmla_plan,
+            user_plans=self.user_plans,
+            group_plans=self.group_plans,
+            default_plan=self.default_plan,
+            profiles=self.profiles,
+            config_class=type(self).__name__,
+        )
+        return Collaborators(
+            plans=PlanChooser(settings, self.user, self.user_options, service, log),
+            progress=progress,
+            admission=Admission(service, release, group, progress, log),
+            release=release,
+            poll=JobPoll(service, log),
+        )
+
+    # -- which plan, and the spawn page ----------------------------------------------------------
+    async def wmla_profile_list(self) -> list[dict]:
+        """The initialized profile list: ``profile_list`` (a list, a dict, or a callable of the
+        spawner, maybe async), else the deprecated ``profiles``."""
+        source = getattr(self, "profile_list", None)
+        if callable(source):
+            source = source(self)
+            if inspect.isawaitable(source):
+                source = await source
+        return self.wmla_collaborators().plans.profile_list(source)
+
+    def wmla_pick_profile(self, profiles: list[dict]) -> tuple[dict | None, list[dict]]:
+        """(the profile in user_options or the default, its overrides in order); the spawn
+        remembers the plan it forces."""
+        return self.wmla_collaborators().plans.pick_profile(self.wmla_spawn, profiles)
+
+    def wmla_plan_path(self) -> str:
+        """The plan this server is charged to (docs/spawner.md "Which plan")."""
+        return self.wmla_collaborators().plans.plan_path(self.wmla_spawn)
+
+    def wmla_mapped_plan(self) -> str:
+        return self.wmla_collaborators().plans.mapped_plan()
+
+    async def wmla_usable_plans(self) -> list[str]:
+        return await self.wmla_collaborators().plans.usable_plans()
+
+    async def wmla_spawn_form(self) -> str:
+        profiles = await self.wmla_profile_list()
+        return await self.wmla_collaborators().plans.spawn_form(profiles)
+
+    def wmla_options_form(
+        self, plans: list[str] | None = None, profiles: list[dict] | None = None
+    ) -> str:
+        return self.wmla_collaborators().plans.options_form(plans, profiles)
+
+    def wmla_options_from_form(self, formdata: Mapping[str, list]) -> dict:
+        return PlanChooser.options_from_form(formdata)
+
+    # -- what a notebook asks for ------------------------------------------------------------------
+    def wmla_request(self) -> NotebookRequest:
+        """The notebook job's worker, from the traits (a profile's overrides applied)."""
+        return NotebookRequest.of(
+            gpus=self.gpus,
+            notebook_cpu=self.notebook_cpu,
+            notebook_memory=self.notebook_memory,
+            cpu_guarantee=getattr(self, "cpu_guarantee", None),
+            mem_guarantee=getattr(self, "mem_guarantee", None),
+            cpu_limit=getattr(self, "cpu_limit", None),
+            mem_limit=getattr(self, "mem_limit", None),
+        )
+
+    def wmla_job_body(self, plan: str) -> dict:
+        return self.wmla_request().job_body(plan=plan, user=self.user.name, server=self.name)
+
+    # -- admission, progress and release -------------------------------------------------------
+    async def wmla_admit(self) -> str:
+        """Submit the notebook job and wait until it holds its resources; returns the plan."""
+        spawn = self.wmla_spawn
+        parts = self.wmla_collaborators()
+        if spawn.orphans:  # a previous server's job that was never released
+            await parts.release.release(spawn)
+        spawn.events = []
+        spawn.changed = asyncio.Event()
+        spawn.stopping = False
+        spawn.waiting = True
+        try:
+            await parts.plans.check_picked_plan(spawn)
+            plan = parts.plans.plan_path(spawn)
+            request = self.wmla_request()
+            body = request.job_body(plan=plan, user=self.user.name, server=self.name)
+            await parts.admission.submit(spawn, request, body, self.admission_poll_interval)
+            return plan
+        finally:
+            spawn.waiting = False
+            spawn.changed.set()
+
+    def wmla_note(self, message: str, progress: int | None = None) -> None:
+        """One more line on the spawn page's progress."""
+        SpawnProgress(self.wmla_log()).note(self.wmla_spawn, message, progress)
+
+    async def progress(self) -> AsyncIterator[dict]:
+        """The admission's events while it waits, then the base spawner's own."""
+        async for event in SpawnProgress.stream(self.wmla_spawn):
+            yield event
+        async for event in super().progress():
+            yield event
+
+    async def wmla_release(self, job_id: str = "") -> None:
+        """Cancel the notebook job and any job a cleared state left behind; never raises."""
+        await self.wmla_collaborators().release.release(self.wmla_spawn, job_id)
+
+    async def stop(self, now: bool = False) -> None:
+        self.wmla_spawn.stopping = True
+        job_id = self.wmla_spawn.job_id  # LocalProcessSpawner.stop() clears the state
+        try:
+            await super().stop(now=now)
+        finally:
+            await self.wmla_release(job_id)
+
+    def run_post_stop_hook(self) -> Awaitable[None]:
+        """JupyterHub runs this after every stop, also of a server that died by itself (when it
+        does not call stop()): release whatever job is still held, then the configured hook."""
+        configured = super().run_post_stop_hook()
+
+        async def release_then_hook() -> None:
+            await self.wmla_release()
+            if inspect.isawaitable(configured):
+                await configured
+
+        return release_then_hook()
+
+    async def poll(self) -> int | None:
+        """The base spawner's answer; and a running server whose notebook job the service ended
+        (an admin cancelled it, it reached its runtime limit: TIMEOUT) is stopped here. While
+        the hub still waits for the server to come up (``pending``) it is left alone: only a
+        poll after the spawn has finished tells the hub that the server stopped (before, its
+        spawn would wait ``http_timeout`` for a server that is gone)."""
+        status = await super().poll()
+        if status is not None or getattr(self, "pending", None):
+            return status
+        if await self.wmla_collaborators().poll.ended(self.wmla_spawn) is None:
+            return status
+        await self.stop(now=True)
+        return 0
+
+    # -- the kernel's environment, and the state across hub restarts ---------------------------
+    def wmla_env(self, folder: str, ipython_dir: str | None) -> dict[str, str]:
+        """What the kernel needs; the token is JUPYTERHUB_API_TOKEN (server_token_scopes)."""
+        return KernelEnvironment(
+            service_url=self.kernel_service_url or self.wmla_service_location().service_url(),
+            service_name=self.service_name,
+            user=self.user.name,
+            leaf=self.wmla_spawn.leaf,
+            folder=folder,
+            storage_root=self.storage_root,
+            job_id=self.wmla_spawn.job_id,
+            ipython_dir=ipython_dir,
+        ).variables()
+
+    def get_state(self) -> dict:
+        return {**super().get_state(), **save_state(self.wmla_spawn)}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        super().load_state(state)
+        load_state(self.wmla_spawn, state)
+
+    def clear_state(self) -> None:
+        # LocalProcessSpawner.poll() clears the state of a server that died by itself before
+        # JupyterHub's stop, which then skips stop(): keep the job id to release it
+        forget_job(self.wmla_spawn)
+        super().clear_state()

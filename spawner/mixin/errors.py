@@ -1,12 +1,6 @@
-"""The names the mixin's parts share: the notebook job's kind, the defaults, the error the spawn
-page shows."""
+"""The error a spawn fails with: its message is what the spawn page shows."""
 
 from __future__ import annotations
-
-NOTEBOOK_KIND = "notebook"
-DEFAULT_PLAN = "/sample-project/notebooks"
-SPAWNER_SERVICE = "wmla-spawner"
-GPU_GROUP = "wmla-gpu-notebooks"  # hub_config.culler.GPU_GROUP: the GPU culler's scope filter
 
 
 class AdmissionError(RuntimeError):

@@ -3,50 +3,60 @@ GPU idle culler's scopes are filtered to (hub_config.culler_services)."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
+
+from .spawn_log import SpawnLog
 
 
 class GpuGroup:
-    """Part of :class:`~spawner.mixin.WmlaSpawnerMixin`. Reads the trait ``gpu_group``, the base
-    spawner's ``user`` (its ``orm_user``, ``db`` and ``spawners``) and the other spawners'
-    ``wmla_gpus`` and ``active``."""
+    """Puts a hub user in ``group`` and takes them out, in the hub's own database. ``user`` is
+    JupyterHub's (its ``orm_user``, ``db`` and ``spawners``); ``server`` is the spawner this
+    group speaks for, left out when counting the user's other GPU servers. Never raises: the
+    group only speeds culling."""
 
-    gpu_group: str
-    user: Any
-    log: logging.Logger
-    _log_name: str
+    def __init__(self, group: str, user: Any, server: object, log: SpawnLog) -> None:
+        self.group = group
+        self.user = user
+        self.server = server
+        self.log = log
 
-    def _wmla_gpu_group(self, join: bool) -> None:
-        """Put the user in gpu_group (join) or take them out when none of their other servers
-        holds GPUs; in the hub's own database. Never raises: the group only speeds culling."""
+    def join(self) -> None:
+        """The user is in the group while this server holds GPUs."""
+        self._update(join=True)
+
+    def leave(self) -> None:
+        """Out of the group, unless another of the user's running servers holds GPUs."""
+        self._update(join=False)
+
+    def _update(self, join: bool) -> None:
         orm_user = getattr(self.user, "orm_user", None)
         db = getattr(self.user, "db", None)
-        if not self.gpu_group or orm_user is None or db is None:
+        if not self.group or orm_user is None or db is None:
             return
         try:
             from jupyterhub import orm
 
-            group = orm.Group.find(db, self.gpu_group)
+            group = orm.Group.find(db, self.group)
             if join:
                 if group is None:
-                    group = orm.Group(name=self.gpu_group)
+                    group = orm.Group(name=self.group)
                     db.add(group)
                 if group not in orm_user.groups:
                     orm_user.groups.append(group)
                     db.commit()
-                    self.log.info("%s: in hub group %s while it holds GPUs", self._log_name,
-                                  self.gpu_group)  # fmt: skip
+                    self.log.info("in hub group %s while it holds GPUs", self.group)
                 return
-            spawners = getattr(self.user, "spawners", {}) or {}
-            others = [
-                s for s in spawners.values()
-                if s is not self and getattr(s, "wmla_gpus", 0) and getattr(s, "active", False)
-            ]  # fmt: skip
-            if group is not None and group in orm_user.groups and not others:
+            if group is not None and group in orm_user.groups and not self._other_gpu_servers():
                 orm_user.groups.remove(group)
                 db.commit()
-                self.log.info("%s: out of hub group %s", self._log_name, self.gpu_group)
+                self.log.info("out of hub group %s", self.group)
         except Exception as err:  # a database hiccup must not fail a spawn or a stop
             db.rollback()
-            self.log.warning("%s: hub group %s: %s", self._log_name, self.gpu_group, err)
+            self.log.warning("hub group %s: %s", self.group, err)
+
+    def _other_gpu_servers(self) -> list[object]:
+        spawners = getattr(self.user, "spawners", {}) or {}
+        return [
+            s for s in spawners.values()
+            if s is not self.server and getattr(s, "wmla_gpus", 0) and getattr(s, "active", False)
+        ]  # fmt: skip

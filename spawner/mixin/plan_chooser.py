@@ -5,103 +5,121 @@ use."""
 from __future__ import annotations
 
 import html
-import inspect
-import logging
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
+from extension.clienterrors import WmlaError
+
 from .. import profiles as profile_shapes
-from .common import AdmissionError
+from .errors import AdmissionError
+from .record import SpawnRecord
+from .service_client import ServiceCalls
+from .spawn_log import SpawnLog
 
 
-class PlanChoice:
-    """Part of :class:`~spawner.mixin.WmlaSpawnerMixin`. Reads the traits ``profiles``,
-    ``plan_choice``, ``wmla_plan``, ``user_plans``, ``group_plans`` and ``default_plan``; the
-    base spawner's ``user``, ``user_options`` and ``profile_list`` (KubeSpawner's, or the local
-    spawner's own); writes ``_wmla_profile_plan``. Asks the service through ``_wmla_call``."""
+@dataclass(frozen=True)
+class PlanSettings:
+    """The spawner's plan traits: ``plan_choice``, ``wmla_plan``, ``user_plans``,
+    ``group_plans``, ``default_plan``, the deprecated ``profiles``, and the class the messages
+    name (``c.<class>.user_plans``)."""
 
-    profiles: list[dict]
     plan_choice: bool
     wmla_plan: str
-    user_plans: dict[str, str]
-    group_plans: dict[str, str]
+    user_plans: Mapping[str, str]
+    group_plans: Mapping[str, str]
     default_plan: str
-    _wmla_profile_plan: str
-    user: Any
-    user_options: dict
-    log: logging.Logger
-    _log_name: str
+    profiles: list[dict] = field(default_factory=list)
+    config_class: str = "WmlaLocalSpawner"
+
+
+class PlanChooser:
+    """The plan of one user's server: from the picked profile, the spawn page's pick (checked
+    with the service) or the configuration's mapping; and the spawn page's form."""
+
+    def __init__(
+        self,
+        settings: PlanSettings,
+        user: Any,
+        user_options: Mapping[str, Any] | None,
+        service: ServiceCalls,
+        log: SpawnLog,
+    ) -> None:
+        self.settings = settings
+        self.user = user
+        self.user_options = user_options or {}
+        self.service = service
+        self.log = log
 
     # -- profiles (KubeSpawner's profile_list shape, spawner/profiles.py) ------------------------
-    async def wmla_profile_list(self) -> list[dict]:
-        """The initialized profile list: ``profile_list`` (a list, a dict, or a callable of the
-        spawner, maybe async), else the deprecated ``profiles``; checked, with slugs and
-        defaults filled in as KubeSpawner does."""
-        source = getattr(self, "profile_list", None)
-        if callable(source):
-            source = source(self)
-            if inspect.isawaitable(source):
-                source = await source
-        if not source and self.profiles:
-            source = profile_shapes.from_legacy(self.profiles)
+    def profile_list(self, source: Any) -> list[dict]:
+        """The initialized profile list from ``profile_list``'s value (a callable's already
+        called), else the deprecated ``profiles``; checked, with slugs and defaults filled in
+        as KubeSpawner does."""
+        if not source and self.settings.profiles:
+            source = profile_shapes.from_legacy(self.settings.profiles)
         try:
-            return profile_shapes.initialize(source, f"c.{type(self).__name__}.profile_list")
+            where = f"c.{self.settings.config_class}.profile_list"
+            return profile_shapes.initialize(source, where)
         except profile_shapes.ProfileError as err:
             raise AdmissionError(str(err)) from None
 
-    def wmla_pick_profile(self, profiles: list[dict]) -> tuple[dict | None, list[dict]]:
+    def pick_profile(
+        self, spawn: SpawnRecord, profiles: list[dict]
+    ) -> tuple[dict | None, list[dict]]:
         """(the profile in user_options or the default, its overrides in order), for an
-        initialized list; remembers the plan it forces. A pick not in the list is refused."""
-        self._wmla_profile_plan = ""
+        initialized list; the spawn remembers the plan it forces. A pick not in the list is
+        refused."""
+        spawn.profile_plan = ""
         if not profiles:
             return None, []
         try:
             profile, overrides = profile_shapes.select(profiles, self.user_options)
         except profile_shapes.ProfileError as err:
             raise AdmissionError(str(err)) from None
-        self._wmla_profile_plan = profile_shapes.plan_of(overrides)
+        spawn.profile_plan = profile_shapes.plan_of(overrides)
         return profile, overrides
 
     # -- plan mapping ----------------------------------------------------------------------------
-    def wmla_plan_path(self) -> str:
+    def plan_path(self, spawn: SpawnRecord) -> str:
         """The plan: the picked profile's ``wmla_plan`` > the plan picked on the spawn page >
         wmla_plan > user_plans > group_plans > default (a picked plan is checked by
-        wmla_admit)."""
-        picked = (self.user_options or {}).get("plan") if self.plan_choice else None
-        plan = self._wmla_profile_plan or picked or self.wmla_mapped_plan()
+        check_picked_plan)."""
+        picked = self.user_options.get("plan") if self.settings.plan_choice else None
+        plan = spawn.profile_plan or picked or self.mapped_plan()
         if not isinstance(plan, str) or not plan.startswith("/") or plan.endswith("/"):
             raise AdmissionError(
                 f"the plan {plan!r} for {self.user.name} is not a plan path such as "
-                f"/project1/dev-team; fix c.{type(self).__name__}.user_plans / group_plans / "
-                "the profile's wmla_plan"
+                f"/project1/dev-team; fix c.{self.settings.config_class}.user_plans / "
+                "group_plans / the profile's wmla_plan"
             )
         return plan
 
-    def wmla_mapped_plan(self) -> str:
+    def mapped_plan(self) -> str:
         """The plan the configuration maps the user to: wmla_plan > user_plans > group_plans >
         default_plan."""
-        name = self.user.name
+        settings = self.settings
         groups = {g.name for g in getattr(self.user, "groups", []) or []}
-        plan = self.wmla_plan or self.user_plans.get(name)
+        plan = settings.wmla_plan or settings.user_plans.get(self.user.name)
         if not plan:
-            plan = next((p for g, p in self.group_plans.items() if g in groups), None)
-        return plan or self.default_plan
+            plan = next((p for g, p in settings.group_plans.items() if g in groups), None)
+        return plan or settings.default_plan
 
-    async def wmla_usable_plans(self) -> list[str]:
+    async def usable_plans(self) -> list[str]:
         """The plans the service lets this user submit to (its membership rules)."""
         groups = ",".join(sorted(g.name for g in getattr(self.user, "groups", []) or []))
         query = urlencode({"user": self.user.name, "groups": groups})
-        me = await self._wmla_call("GET", f"?{query}", what="the plans this user may use")
+        me = await self.service.call("GET", f"?{query}", what="the plans this user may use")
         return [str(p) for p in me.get("plans", [])]
 
-    async def _wmla_check_picked_plan(self) -> None:
+    async def check_picked_plan(self, spawn: SpawnRecord) -> None:
         """A plan picked on the spawn page (or sent as user_options) must be one the user may
         use: the spawner submits as a plan admin, so this is where membership is enforced."""
-        picked = (self.user_options or {}).get("plan")
-        if not self.plan_choice or picked is None or self._wmla_profile_plan:
+        picked = self.user_options.get("plan")
+        if not self.settings.plan_choice or picked is None or spawn.profile_plan:
             return
-        usable = await self.wmla_usable_plans()
+        usable = await self.usable_plans()
         if picked not in usable:
             raise AdmissionError(
                 f"{self.user.name} may not start a server in plan {picked!r}; pick one of "
@@ -109,28 +127,24 @@ class PlanChoice:
             )
 
     # -- the spawn page ------------------------------------------------------------------------
-    async def wmla_spawn_form(self) -> str:
+    async def spawn_form(self, profiles: list[dict]) -> str:
         """The spawn page: the profiles, and the plans the user may use when more than one
         (a service that cannot be asked leaves the plan choice out, never the spawn)."""
         plans: list[str] = []
-        if self.plan_choice:
-            from extension.client import WmlaError
-
+        if self.settings.plan_choice:
             try:
-                plans = await self.wmla_usable_plans()
+                plans = await self.usable_plans()
             except (WmlaError, AdmissionError) as err:
-                self.log.warning("%s: no plan choice on the spawn page: %s", self._log_name, err)
-        return self.wmla_options_form(plans, await self.wmla_profile_list())
+                self.log.warning("no plan choice on the spawn page: %s", err)
+        return self.options_form(plans, profiles)
 
-    def wmla_options_form(
-        self, plans: list[str] | None = None, profiles: list[dict] | None = None
-    ) -> str:
+    def options_form(self, plans: list[str] | None, profiles: list[dict] | None) -> str:
         """The form's HTML: the profiles as KubeSpawner's form names them (a radio group
         ``profile``, a select ``profile-option-<slug>--<option>`` per option), and a radio
         group of ``plans`` when there are two or more (the mapped plan checked)."""
         form = profile_shapes.form_html(profiles or [], self.user_options)
         if plans and len(plans) > 1:
-            mapped = self.wmla_mapped_plan()
+            mapped = self.mapped_plan()
             chosen = mapped if mapped in plans else plans[0]
             rows = [
                 f'<label class="form-check"><input class="form-check-input" type="radio" '
@@ -141,7 +155,8 @@ class PlanChoice:
             form += "<fieldset><legend>Plan</legend>" + "\n".join(rows) + "</fieldset>"
         return form
 
-    def wmla_options_from_form(self, formdata: Mapping[str, list]) -> dict:
+    @staticmethod
+    def options_from_form(formdata: Mapping[str, list]) -> dict:
         """KubeSpawner's user_options from the form (``profile`` and its options) and the
         picked ``plan``."""
         return profile_shapes.options_from_form(formdata, extra=("plan",))

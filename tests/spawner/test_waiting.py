@@ -1,9 +1,9 @@
 """The spawn page while a notebook job waits: its place in line, estimated start and reason.
 
-The mixin's admission loop runs for real on a WmlaLocalSpawner and (when kubespawner is
+The admission loop runs for real on a WmlaLocalSpawner and (when kubespawner is
 installed) a WmlaKubeSpawner; only the service is replaced, by a script of the job's JSON as
 ``GET /jobs/<id>`` answers it, one answer per look (the ``queue`` object of docs/service.md "Why
-a job waits, and until when", as literal dicts). The progress events are read from the mixin's
+a job waits, and until when", as literal dicts). The progress events are read from the spawner's
 own ``progress()`` stream, as JupyterHub reads them for the spawn page.
 """
 
@@ -62,7 +62,7 @@ class ScriptedService:
         self.answers = [copy.deepcopy(a) for a in answers]
         self.looks = 0
 
-    async def __call__(self, method: str, path: str, body=None, what="", retry=5.0):
+    async def call(self, method: str, path: str, body=None, what="", retry=5.0):
         if method == "POST":
             return self.answers[0]
         if method == "DELETE":  # a release
@@ -102,12 +102,13 @@ def make(request: pytest.FixtureRequest, tmp_path, monkeypatch):
 async def admit_and_watch(spawner, answers: list[dict]) -> tuple[list[str], object]:
     """Run the admission against the script; the messages of the progress stream, and how the
     admission ended (the plan, or the error)."""
-    spawner._wmla_call = ScriptedService(answers)
+    script = ScriptedService(answers)
+    spawner.wmla_service_client = lambda: script
     admission = asyncio.ensure_future(spawner.wmla_admit())
     await asyncio.sleep(0)  # the admission is waiting before the page opens the stream
     messages = []
     async for event in spawner.progress():
-        if event in spawner._wmla_events:  # the base spawner's own events come after
+        if event in spawner.wmla_spawn.events:  # the base spawner's own events come after
             messages.append(event["message"])
     try:
         outcome = await admission
@@ -143,7 +144,7 @@ async def test_the_spawn_page_follows_the_place_and_the_estimate_as_they_change(
 @pytest.mark.parametrize(
     ("answer", "line"),
     [
-        (job(), CORE),  # an older service: no queue key
+        (job(), CORE),  # the submission's answer: not placed in line yet
         (job(reason=""), f"waiting for room in {PLAN}"),
         (job(queue=None), CORE),
         (job(queue="soon"), CORE),
