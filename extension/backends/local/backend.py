@@ -193,7 +193,7 @@ class LocalBackend:
             await gang.ended.wait()  # a failure or stop under way decides the job's fate
             return
         if gang is not None:
-            ended = await self.supervisor.end(gang, grace, "resized", emit_released=False)
+            ended = await self.supervisor.end(gang, grace, reason=None)
             if ended is not EventKind.RELEASED:
                 return
         else:
@@ -229,7 +229,7 @@ class LocalBackend:
         if gang.state is not GangState.RUNNING:
             await gang.ended.wait()
             return
-        await self.supervisor.end(gang, grace, reason, emit_released=True)
+        await self.supervisor.end(gang, grace, reason)
 
     async def recover(self, specs: Sequence[JobSpec]) -> None:
         """Re-adopt the workers of ``specs`` from the records in ``state_dir``

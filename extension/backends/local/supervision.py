@@ -206,10 +206,11 @@ class Supervisor:
             return f"{why}; its log was not read: {err}"
         return f"{why}; last lines of {path}:\n{text}" if text else f"{why}; its log is empty"
 
-    async def end(self, gang: Gang, grace: float, reason: str, emit_released: bool) -> EventKind:
-        """Stop a running gang; returns how it ended: ``RELEASED`` when it was stopped (and,
-        with ``emit_released``, reported so with ``reason``), ``FINISHED`` or ``FAILED`` when
-        it ended by itself first."""
+    async def end(self, gang: Gang, grace: float, reason: str | None) -> EventKind:
+        """Stop a running gang; returns how it ended: ``RELEASED`` when it was stopped,
+        ``FINISHED`` or ``FAILED`` when it ended by itself first. A stop is reported
+        ``released`` with ``reason``; ``reason`` None (a resize, whose ``resized`` follows)
+        reports nothing, and a gang that exits 0 within the grace counts as stopped."""
         self.refresh(gang)
         if all(w.done for w in gang.workers):
             failed = [w for w in gang.workers if w.exit_code != 0 or w.vanished]
@@ -220,13 +221,13 @@ class Supervisor:
             return EventKind.FINISHED
         gang.state = GangState.STOPPING
         await self.terminate(gang, grace)
-        if emit_released and all(w.exit_code == 0 and not w.vanished for w in gang.workers):
+        if reason is not None and all(w.exit_code == 0 and not w.vanished for w in gang.workers):
             # every worker finished its work within the grace: the job is done, not stopped
             # (a worker that SIGTERM stops exits 143 through extension.runtime, or dies of it)
             self._finish(gang)
             return EventKind.FINISHED
         self.forget(gang)
-        if emit_released:
+        if reason is not None:
             self.emit(gang.job_id, EventKind.RELEASED, placement=gang.placement, message=reason)
         return EventKind.RELEASED
 
