@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .series import ZERO, StepSeries, Vec, sub
+from .transitions import Transition
 
 ROOT = "/"
 LIVE = frozenset({"PENDING", "RUNNING"})
@@ -145,7 +146,7 @@ class Ledger:
         old_req, old_used = (track.requested, track.used) if track else (ZERO, ZERO)
         d_req, d_used = sub(requested, old_req), sub(used, old_used)
         self.owners.setdefault(fact.leaf, fact.user)
-        preempted = fact.event == "preempting"
+        preempted = fact.event == Transition.PREEMPTING
         if d_req != ZERO or d_used != ZERO or preempted or track is None:
             for path in ancestors(fact.leaf):
                 node = self.node(path)

@@ -13,11 +13,13 @@ from collections.abc import Awaitable, Callable, Iterable
 from extension.backends.accounts import ensure_folder
 from extension.backends.base import ChecksAdmission, LocalAccounts
 from extension.backends.userfs import UserFiles
+from extension.metering.transitions import Transition
 from extension.scheduler import Job, JobState, PlanError, PlanTree, Snapshot, check_submission
 from extension.scheduler.plans import ROOT, leaf_path, parent_of
 from extension.webapi import Caller
 
 from . import runtime_limits
+from .records import JobKind, StoreChange
 from .store import JobRow, PlanRecord
 from .submission import Rejected, Submission, SubmissionError, user_root
 
@@ -132,7 +134,7 @@ class Actions:
         now = self.clock()
         job_id = new_job_id()
         self._check_fits(caller, sub, job_id, now)
-        if sub.kind != "notebook":  # a server's job is bounded by the hub's named servers
+        if sub.kind is not JobKind.NOTEBOOK:  # a server's job is bounded by the hub's named servers
             self.pending_cap.admit(caller.name)
         # the user leaf is created on first use (docs/scheduling.md "Words": user leaf)
         leaf = self.plans.copy().ensure_user_leaf(sub.plan, caller.name)
@@ -151,8 +153,8 @@ class Actions:
         # no loop running (tests drive the cycles): store it on its own
         await self.db.write(self.store.add_job, row, now)
         async with self._lock:  # not while a cycle reloads the jobs from the store
-            if job_id not in self.jobs:
-                self._take_in(row)
+            if job_id not in self.live:
+                self.live.take_in(row)
         return row
 
     def _check_plan(self, caller: Caller, plan: str) -> None:
@@ -174,7 +176,7 @@ class Actions:
         """The job's runtime limit: what it asked for within its plans' maximum, else their
         default (docs/runtime.md "Runtime limits"). Notebook servers get one only when the
         admin turned it on (``c.WmlaService.notebook_runtime_limit``)."""
-        if sub.kind == "notebook" and not self.limits.notebooks:
+        if sub.kind is JobKind.NOTEBOOK and not self.limits.notebooks:
             if sub.max_runtime is not None:
                 raise SubmissionError(
                     "max_runtime: notebook servers have no runtime limit on this instance "
@@ -222,7 +224,7 @@ class Actions:
     ) -> JobRow:
         """The job as the store keeps it: what was asked, where it runs, the env it gets."""
         workdir = user_root(self.storage_root, caller.name) / "jobs" / job_id
-        command = [] if sub.kind == "notebook" else [self.python, sub.model_main, *sub.args]
+        command = [] if sub.kind is JobKind.NOTEBOOK else [self.python, sub.model_main, *sub.args]
         env = {
             **sub.env,
             "WMLA_JOB_ID": job_id,
@@ -240,7 +242,7 @@ class Actions:
             user=caller.name,
             plan=sub.plan,
             leaf=leaf,
-            kind=sub.kind,
+            kind=sub.kind.value,
             state=JobState.PENDING.value,
             gpu=sub.per_worker.gpu,
             cpu=sub.per_worker.cpu,
@@ -310,20 +312,19 @@ class Actions:
                 raise Conflict(f"job {job_id} is already {row.state}; nothing to cancel")
             now = self.clock()
             reason = f"cancelled by {caller.name}"
-            if job_id in self.limits.stopping and not row.cancel_requested:
+            if self.live[job_id].stopping and not row.cancel_requested:
                 # the stop is under way already; a second one would only change the end state
                 why = row.reason or "its runtime limit was reached"
                 raise Conflict(
                     f"job {job_id} is already stopping ({why}); it ends TIMEOUT once its "
                     "workers have saved their checkpoint and exited"
                 )
-            if job.state is JobState.PENDING or self.kinds.get(job_id) == "notebook":
+            if job.state is JobState.PENDING or self.live.kind_of(job_id) is JobKind.NOTEBOOK:
                 await self._cancel_at_once(job, reason, now)
             elif not row.cancel_requested:
                 values = {"cancel_requested": True, "terminating": True, "reason": reason}
-                await self.db.write(
-                    self.store.update_jobs, [(job_id, values, "cancelling", reason)], now
-                )
+                change = StoreChange(job_id, values, Transition.CANCELLING, reason)
+                await self.db.write(self.store.update_jobs, [change], now)
                 job.terminating = True
                 self._queue_stop(job_id, self.config.grace, reason, now=True)
         await self.kick()
@@ -331,14 +332,14 @@ class Actions:
 
     def notebook_jobs(self) -> list[str]:
         """Ids of the live notebook jobs (reconcile.py checks them against the hub)."""
-        return [job_id for job_id, kind in self.kinds.items() if kind == "notebook"]
+        return self.live.notebooks()
 
     async def release_notebook(self, job_id: str, reason: str) -> None:
         """End a notebook job whose server is gone: its resources are free at once (the
         spawner runs the server; nothing runs under the backend)."""
         async with self._lock:
             job = self.jobs.get(job_id)
-            if job is None or self.kinds.get(job_id) != "notebook":
+            if job is None or self.live.kind_of(job_id) is not JobKind.NOTEBOOK:
                 return
             await self._cancel_at_once(job, reason, self.clock())
         await self.kick()
@@ -353,7 +354,8 @@ class Actions:
             "placement": [],
             "terminating": False,
         }
-        await self.db.write(self.store.update_jobs, [(job.id, values, "cancelled", reason)], now)
+        change = StoreChange(job.id, values, Transition.CANCELLED, reason)
+        await self.db.write(self.store.update_jobs, [change], now)
         self._end(job, JobState.CANCELLED)
 
     # -- plans -----------------------------------------------------------------------

@@ -38,6 +38,7 @@ from .privacy import (
     security_report,
 )
 from .reconcile import hub_api_from_env, hub_fetch, reconcile_forever
+from .records import InstanceBounds
 from .scheduling import Scheduler
 from .store import Store, sqlite_url
 from .submission import LimitRange, user_root
@@ -440,7 +441,7 @@ class WmlaService(Application):
         self.store = Store.open(url)
         self.scheduler = Scheduler(
             self.store,
-            {"quota": self._quota, "max_jobs": self._max_jobs},
+            InstanceBounds(self._quota, self._max_jobs),
             SchedulerConfig(grace=self.grace, min_runtime=self.min_runtime),
             storage_root=self.storage_root,
             python=self.python,

@@ -1,6 +1,6 @@
 """What a cycle's backend events and decisions change: one fold per event kind, one method per
-decision kind (the core's ``dispatch``). Each returns or collects the store's change for a job,
-``({column: value}, transition event or None, reason)``, and updates the live job in memory;
+decision kind. Each returns or collects the store's change for a job (a ``StoreChange``) and
+updates the live job in memory;
 the loop (scheduling.py) stores them all in one transaction before any backend call goes out.
 
 ``sched`` is the service's Scheduler (its live jobs, its queued backend calls).
@@ -12,7 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from extension.backends.base import BackendEvent, EventKind
+from extension.metering.transitions import Transition
 from extension.scheduler import (
+    Decision,
     Grow,
     Job,
     JobState,
@@ -25,28 +27,31 @@ from extension.scheduler import (
     steady_state,
 )
 
+from .live import LiveJob
+from .records import JobKind, StoreChange
 from .runtime_limits import deadline, timeout_reason
 from .store import FoldFacts, JobRow
 
-# a job's change for the store: ({column: value}, transition event or None, reason)
-Change = tuple[dict[str, Any], str | None, str]
-
 
 # -- events --------------------------------------------------------------------------------
-def on_running(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change:
+def on_running(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreChange:
     if ev.placement:
         job.placement = tuple(ev.placement)
-    return {"placement": list(job.placement)}, "running", ""
+    return StoreChange(job.id, {"placement": list(job.placement)}, Transition.RUNNING)
 
 
-def on_resized(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change:
-    target = sched._resize_to.pop(job.id, None)
+def on_resized(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreChange:
+    record = sched.live.get(job.id)
+    target = record.resize_to if record is not None else None
+    if record is not None:
+        record.resize_to = None
     job.placement = tuple(ev.placement) if ev.placement else (target or job.placement)
     job.terminating = False
-    return {"placement": list(job.placement), "terminating": False}, "resized", ""
+    values = {"placement": list(job.placement), "terminating": False}
+    return StoreChange(job.id, values, Transition.RESIZED)
 
 
-def on_ended(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change:
+def on_ended(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreChange:
     """finished, failed, lost: the workers are gone; a cancel under way ends CANCELLED, a stop
     at the runtime limit TIMEOUT (a job that finished by itself meanwhile stays FINISHED)."""
     state = JobState.FINISHED if ev.kind is EventKind.FINISHED else JobState.FAILED
@@ -61,7 +66,8 @@ def on_ended(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change:
         state, reason = JobState.TIMEOUT, timeout_reason(row.max_runtime, row.started)
     values = _ended(sched, job, state, ev, reason)
     values["exit_code"] = ev.exit_code
-    return values, "timed-out" if state is JobState.TIMEOUT else ev.kind.value, reason
+    ended = Transition.TIMED_OUT if state is JobState.TIMEOUT else Transition(ev.kind.value)
+    return StoreChange(job.id, values, ended, reason)
 
 
 def _ended(sched: Any, job: Job, state: JobState, ev: BackendEvent, reason: str) -> dict:
@@ -76,16 +82,18 @@ def _ended(sched: Any, job: Job, state: JobState, ev: BackendEvent, reason: str)
     }
 
 
-def on_released(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change:
+def on_released(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreChange:
     """A stop finished: cancelled, stopped at its runtime limit (TIMEOUT, also when the limit
     came during a preemption's grace), or preempted and back to the queue (it resumes from its
     checkpoint when started again)."""
     if row.timeout_requested and not row.cancel_requested:
         reason = timeout_reason(row.max_runtime, row.started)
-        return _ended(sched, job, JobState.TIMEOUT, ev, reason), "timed-out", reason
+        values = _ended(sched, job, JobState.TIMEOUT, ev, reason)
+        return StoreChange(job.id, values, Transition.TIMED_OUT, reason)
     if row.cancel_requested:
         reason = row.reason or "cancelled"
-        return _ended(sched, job, JobState.CANCELLED, ev, reason), "cancelled", reason
+        values = _ended(sched, job, JobState.CANCELLED, ev, reason)
+        return StoreChange(job.id, values, Transition.CANCELLED, reason)
     job.state, job.placement, job.started = JobState.PENDING, (), None
     job.terminating = False
     values = {
@@ -94,19 +102,19 @@ def on_released(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Chang
         "terminating": False,
         "preemptions": row.preemptions + 1,
     }
-    return values, "released", row.reason
+    return StoreChange(job.id, values, Transition.RELEASED, row.reason)
 
 
-def on_refused(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change:
+def on_refused(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreChange:
     """The service's own: a start the platform refused for now; back to the queue."""
     job.state, job.placement, job.started = JobState.PENDING, (), None
     job.terminating = False
     reason = f"waiting: the platform refused to start it for now: {ev.message}"
     values = {"state": JobState.PENDING.value, "placement": [], "terminating": False}
-    return {**values, "reason": reason}, "refused", reason
+    return StoreChange(job.id, {**values, "reason": reason}, Transition.REFUSED, reason)
 
 
-def on_checkpoint(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Change | None:
+def on_checkpoint(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreChange | None:
     """The runtime reported a checkpoint: kept on the job (``Job.checkpointed``), no transition.
     Only a newer one counts, and never one later than now. It is kept across a preemption: a
     job that restarts resumes from it, and ``churn.lost_work`` counts from the later of it and
@@ -115,11 +123,11 @@ def on_checkpoint(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Cha
     if job.checkpointed is not None and at <= job.checkpointed:
         return None  # the same report again (a re-adopted gang's), or an older one
     job.checkpointed = at
-    return {"checkpointed": at, "checkpoint_progress": ev.progress}, None, ""
+    return StoreChange(job.id, {"checkpointed": at, "checkpoint_progress": ev.progress})
 
 
 # one fold per event kind (base.EventKind); a kind without one fails the test that lists them
-FOLDS: dict[EventKind, Callable[[Any, Job, FoldFacts, BackendEvent], Change | None]] = {
+FOLDS: dict[EventKind, Callable[[Any, Job, FoldFacts, BackendEvent], StoreChange | None]] = {
     EventKind.RUNNING: on_running,
     EventKind.RESIZED: on_resized,
     EventKind.FINISHED: on_ended,
@@ -132,21 +140,20 @@ FOLDS: dict[EventKind, Callable[[Any, Job, FoldFacts, BackendEvent], Change | No
 
 
 # -- runtime limits (docs/runtime.md "Runtime limits") ---------------------------------------
-def _limited(sched: Any) -> list[tuple[Job, float]]:
+def _limited(sched: Any) -> list[tuple[LiveJob, float]]:
     """Running jobs with a runtime limit whose stop has not been asked for, and their deadline.
     A job being shrunk waits for its ``resized`` (that event brings the cycle that judges it):
     counted here, a deadline passed during the shrink's grace would spin the loop."""
     out = []
-    stopping, shrinking = sched.limits.stopping, sched._resize_to
-    for job_id, limit in sched.limits.jobs.items():
-        job = sched.jobs.get(job_id)
-        if job is None or job.state is not JobState.RUNNING or job_id in stopping:
+    for record in sched.live.values():
+        if record.max_runtime is None or record.stopping or record.resize_to is not None:
             continue
-        if job_id in shrinking:
+        job = record.job
+        if job.state is not JobState.RUNNING:
             continue
-        due = deadline(job.started, limit)
+        due = deadline(job.started, record.max_runtime)
         if due is not None:
-            out.append((job, due))
+            out.append((record, due))
     return out
 
 
@@ -155,7 +162,7 @@ def next_deadline(sched: Any) -> float | None:
     return min((due for _, due in _limited(sched)), default=None)
 
 
-def due_timeouts(sched: Any, now: float) -> list[tuple[str, dict, str | None, str]]:
+def due_timeouts(sched: Any, now: float) -> list[StoreChange]:
     """Jobs at their runtime limit: the usual stop (SIGTERM, ``grace``, SIGKILL; the runtime
     checkpoints on SIGTERM) with ``timeout_requested`` stored, so the job ends TIMEOUT when its
     workers are gone, also after a restart. A notebook (the spawner runs its server) ends
@@ -163,13 +170,13 @@ def due_timeouts(sched: Any, now: float) -> list[tuple[str, dict, str | None, st
     cancelled gets the flag only: that stop ends it (a cancel stays CANCELLED). A shrink under
     way is waited for: its ``resized`` event brings a cycle that judges the job again."""
     changes = []
-    for job, due in _limited(sched):
+    for record, due in _limited(sched):
         if now < due:
             continue
-        limit = sched.limits.jobs[job.id]
-        reason = timeout_reason(limit, job.started)
-        sched.limits.stopping.add(job.id)
-        if sched.kinds.get(job.id) == "notebook":
+        job = record.job
+        reason = timeout_reason(record.max_runtime, job.started)
+        record.stopping = True
+        if record.kind is JobKind.NOTEBOOK:
             sched._end(job, JobState.TIMEOUT)
             values = {
                 "state": JobState.TIMEOUT.value,
@@ -179,27 +186,38 @@ def due_timeouts(sched: Any, now: float) -> list[tuple[str, dict, str | None, st
                 "terminating": False,
                 "timeout_requested": True,
             }
-            changes.append((job.id, values, "timed-out", reason))
+            changes.append(StoreChange(job.id, values, Transition.TIMED_OUT, reason))
         elif job.terminating:
-            changes.append((job.id, {"timeout_requested": True}, None, ""))
+            changes.append(StoreChange(job.id, {"timeout_requested": True}))
         else:
             job.terminating = True
             values = {"timeout_requested": True, "terminating": True, "reason": reason}
-            changes.append((job.id, values, "timing-out", reason))
+            changes.append(StoreChange(job.id, values, Transition.TIMING_OUT, reason))
             sched._queue_stop(job.id, sched.config.grace, reason)
     return changes
 
 
 # -- decisions -----------------------------------------------------------------------------
 class CarryOut:
-    """A cycle's decisions applied to the live jobs (one method per kind, the core's
-    ``dispatch``): what each changes for the store, what the core decided for the log, and the
-    backend calls queued for after the store has it all."""
+    """A cycle's decisions applied to the live jobs (``apply``: one method per decision type,
+    each ``(decision, job)``): what each changes for the store, what the core decided for the
+    log, and the backend calls queued for after the store has it all."""
 
     def __init__(self, sched: Any, now: float) -> None:
         self.sched, self.now = sched, now
-        self.changes: list[tuple[str, dict, str | None, str]] = []
+        self.changes: list[StoreChange] = []
         self.log: list[tuple[str, str, dict]] = []
+        self._methods: dict[type, Callable[[Any, Job], None]] = {
+            Start: self.start,
+            Grow: self.grow,
+            Shrink: self.shrink,
+            Preempt: self.preempt,
+            Reject: self.reject,
+        }
+
+    def apply(self, decision: Decision, job: Job) -> None:
+        """Carry ``decision`` out on ``job`` with the method of its type."""
+        self._methods[type(decision)](decision, job)
 
     def start(self, d: Start, job: Job) -> None:
         job.state, job.placement, job.started = JobState.RUNNING, d.placement, self.now
@@ -209,25 +227,28 @@ class CarryOut:
             "started": self.now,
             "reason": "",
         }
-        self.changes.append((job.id, values, "started", ""))
+        self.changes.append(StoreChange(job.id, values, Transition.STARTED))
         self.log.append((job.id, "start", {"placement": list(d.placement)}))
-        if self.sched.kinds.get(job.id) != "notebook":  # the spawner runs notebook servers
+        # the spawner runs notebook servers
+        record = self.sched.live[job.id]
+        if record.kind is not JobKind.NOTEBOOK:
             self.sched._queue_backend(job.id, "start", tuple(d.placement))
         else:  # its GPUs, which the spawner fences the server to
-            self.sched.notebook_devices.hold(self.sched.specs[job.id], tuple(d.placement))
+            self.sched.notebook_devices.hold(record.spec, tuple(d.placement))
 
     def grow(self, d: Grow, job: Job) -> None:
         job.placement = job.placement + d.add
-        self.changes.append((job.id, {"placement": list(job.placement)}, "grown", ""))
+        values = {"placement": list(job.placement)}
+        self.changes.append(StoreChange(job.id, values, Transition.GROWN))
         self.log.append((job.id, "grow", {"add": list(d.add), "workers": d.workers}))
         self.sched._queue_backend(job.id, "resize", job.placement)
 
     def shrink(self, d: Shrink, job: Job) -> None:
         job.terminating = True
         target = _without(job.placement, d.release)
-        self.sched._resize_to[job.id] = target
+        self.sched.live[job.id].resize_to = target
         values = {"terminating": True, "reason": d.reason}
-        self.changes.append((job.id, values, "shrinking", d.reason))
+        self.changes.append(StoreChange(job.id, values, Transition.SHRINKING, d.reason))
         self.log.append((job.id, "shrink", {"release": list(d.release), "reason": d.reason}))
         self.sched._queue_backend(job.id, "resize", target, d.grace)
 
@@ -235,14 +256,14 @@ class CarryOut:
         cost = preemption_cost(self.sched, d, job, self.now)  # before anything changes
         job.terminating = True
         values = {"terminating": True, "reason": d.reason}
-        self.changes.append((job.id, values, "preempting", d.reason))
+        self.changes.append(StoreChange(job.id, values, Transition.PREEMPTING, d.reason))
         self.log.append((job.id, "preempt", {"reason": d.reason, "for": d.for_job, **cost}))
         self.sched._queue_stop(job.id, d.grace, d.reason)
 
     def reject(self, d: Reject, job: Job) -> None:
         self.sched._end(job, JobState.REJECTED)
         values = {"state": JobState.REJECTED.value, "ended": self.now, "reason": d.reason}
-        self.changes.append((job.id, values, "rejected", d.reason))
+        self.changes.append(StoreChange(job.id, values, Transition.REJECTED, d.reason))
         self.log.append((job.id, "reject", {"reason": d.reason}))
 
 
@@ -287,9 +308,9 @@ def resume_under_way(sched: Any, running: list[JobRow]) -> None:
             continue
         events = sched.store.transitions(row.id)
         stopping = row.cancel_requested or row.timeout_requested
-        if stopping or (events and events[-1].event == "preempting"):
+        if stopping or (events and events[-1].event == Transition.PREEMPTING):
             reason = row.reason or "stop resumed after restart"
             sched._queue_stop(row.id, sched.config.grace, reason, now=True)
         else:
             sched.jobs[row.id].terminating = False
-            sched.store.update_jobs([(row.id, {"terminating": False}, None, "")], sched.clock())
+            sched.store.update_jobs([StoreChange(row.id, {"terminating": False})], sched.clock())

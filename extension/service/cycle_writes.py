@@ -9,6 +9,8 @@ from typing import Any
 
 from sqlalchemy import bindparam
 
+from extension.metering.transitions import Transition
+
 from .rows import JobRow
 
 # what a transition copies from its job, and what commit_cycle reads of a job it changes
@@ -19,13 +21,15 @@ def job_values(row: JobRow) -> dict[str, Any]:
     return {c.key: getattr(row, c.key) for c in JobRow.__table__.columns}
 
 
-def transition_values(job: dict[str, Any], at: float, kind: str, reason: str) -> dict[str, Any]:
+def transition_values(
+    job: dict[str, Any], at: float, kind: Transition, reason: str
+) -> dict[str, Any]:
     placement = list(job.get("placement") or [])
     return {
         "at": at,
         "job_id": job["id"],
         "leaf": job["leaf"],
-        "event": kind,
+        "event": kind.value,
         "state": job["state"],
         "workers": len(placement),
         "gpu": job["gpu"],

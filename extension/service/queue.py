@@ -138,7 +138,13 @@ class WaitingLine:
             self._history = await sched.db.read(self._history_now)
             self._history_at = now
         ends, runtimes, guessed = forward_inputs(
-            jobs, now, sched.config.grace, limits, sched.kinds, self._history, self.default_runtime
+            jobs,
+            now,
+            sched.config.grace,
+            limits,
+            sched.live.kinds(),
+            self._history,
+            self.default_runtime,
         )
         loop = asyncio.get_running_loop()
         pool = self._executor()

@@ -3,8 +3,9 @@ consistent, and what the service says when it stops a job at its limit (docs/run
 "Runtime limits").
 
 Pure functions over the plans' settings, a mapping ``path -> (runtime_default, runtime_max)``
-(seconds or None) that the Scheduler keeps in a ``Limits`` next to the plan tree, with each live
-job's limit (the core knows nothing of runtimes; changes.py stops the jobs at their deadline).
+(seconds or None) that the Scheduler keeps in a ``Limits`` next to the plan tree; each live job's
+limit is on its record (live.py; the core knows nothing of runtimes; changes.py stops the jobs at
+their deadline).
 A job's path is its user leaf and every plan above it up to the root:
 
 - its **default** is the nearest ``runtime_default`` from the leaf up, capped at the maximum;
@@ -31,15 +32,13 @@ FIELDS = ("runtime_default", "runtime_max")
 
 
 class Limits:
-    """What the Scheduler keeps of runtime limits: each plan's (default, max), each live job's
-    limit (``jobs``, seconds), the live jobs being stopped at theirs (``stopping``), and whether
-    notebook jobs get limits (``c.WmlaService.notebook_runtime_limit``)."""
+    """What the Scheduler keeps of runtime limits besides each live job's (live.py): each plan's
+    (default, max), and whether notebook jobs get limits
+    (``c.WmlaService.notebook_runtime_limit``)."""
 
     def __init__(self, notebooks: bool = False) -> None:
         self.notebooks = notebooks
         self.plans: dict[str, PlanRuntime] = {}
-        self.jobs: dict[str, float] = {}
-        self.stopping: set[str] = set()
 
     def load(self, records: Iterable[Any]) -> None:
         """The plans' settings from their store records (``PlanRecord``)."""
@@ -48,21 +47,6 @@ class Limits:
             for r in records
             if r.runtime_default is not None or r.runtime_max is not None
         }
-
-    def take_in(self, row: Any) -> None:
-        """A live job's limit and flag from its store row (``JobRow``)."""
-        if row.max_runtime is not None:
-            self.jobs[row.id] = row.max_runtime
-        if row.timeout_requested:
-            self.stopping.add(row.id)
-
-    def forget(self, job_id: str) -> None:
-        self.jobs.pop(job_id, None)
-        self.stopping.discard(job_id)
-
-    def clear_jobs(self) -> None:
-        self.jobs.clear()  # in place: others hold it (the waiting line reads Scheduler.runtimes)
-        self.stopping.clear()
 
 
 @dataclass(frozen=True)

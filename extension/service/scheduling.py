@@ -21,7 +21,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,6 @@ from extension.backends.base import (
     BackendEvent,
     EventKind,
     HasQuota,
-    JobSpec,
     Opens,
     SyncsQueues,
 )
@@ -45,7 +44,6 @@ from extension.scheduler import (
     PlanTree,
     SchedulerConfig,
     Snapshot,
-    dispatch,
     schedule,
 )
 from extension.webapi import Caller  # noqa: F401 - re-exported
@@ -59,12 +57,13 @@ from .actions import (  # noqa: F401 - re-exported: the handlers import them her
     new_job_id,
     plans_after,
 )
-from .changes import FOLDS, CarryOut, Change, due_timeouts, next_deadline, resume_under_way
-from .jobrows import core_job as _core_job
-from .jobrows import job_spec as _spec
+from .changes import FOLDS, CarryOut, due_timeouts, next_deadline, resume_under_way
+from .jobrows import job_spec
+from .live import LiveJobs
 from .notebook_devices import NotebookDevices
 from .pending_cap import PendingCap
 from .queue import WaitingLine
+from .records import InstanceBounds, JobKind, StoreChange
 from .runtime_limits import Limits
 from .store import FoldFacts, JobRow, PlanRecord, Store
 from .storecalls import StoreCalls, StoreUnavailable
@@ -83,7 +82,7 @@ class Scheduler(Actions):
     def __init__(
         self,
         store: Store,
-        instance_bounds: dict[str, Any],
+        instance_bounds: InstanceBounds,
         config: SchedulerConfig,
         storage_root: str | Path,
         python: str,
@@ -94,7 +93,7 @@ class Scheduler(Actions):
     ) -> None:
         self.store = store
         self.db = StoreCalls(reset=store.engine.dispose)  # every store call, in threads
-        self.bounds = instance_bounds  # {"quota": Resources, "max_jobs": int | None}
+        self.bounds = instance_bounds
         self.config = config
         self.storage_root = Path(storage_root)
         self.python = python
@@ -105,10 +104,12 @@ class Scheduler(Actions):
         self.instance = Instance(())
         self.plans = PlanTree()
         self.members: dict[str, tuple[list[str], list[str]]] = {}
-        self.limits = Limits()  # runtime limits of plans and live jobs (runtime_limits.py)
-        self.jobs: dict[str, Job] = {}  # live (pending and running) jobs, in the core's terms
+        self.limits = Limits()  # the plans' runtime limits (runtime_limits.py)
         self.notebook_devices = NotebookDevices(lambda: self.backend, self.log)
-        self.pending_cap = PendingCap(max_pending_per_user, self.jobs.values, lambda: self.cycles)
+        self.live = LiveJobs(self.notebook_devices)  # pending and running jobs (live.py)
+        self.pending_cap = PendingCap(
+            max_pending_per_user, self.live.jobs.values, lambda: self.cycles
+        )
         self.index_cache = IndexCache()  # ours, kept between cycles (docs/scheduling.md "Cost")
         self.result: CycleResult | None = None  # the last cycle's
         self.reserved: str | None = None  # CycleResult.reserved, passed to the next cycle
@@ -116,9 +117,6 @@ class Scheduler(Actions):
         self.last_error: str | None = None  # why the last cycle failed, while it does
         self._events: list[BackendEvent] = []
         self._calls: list[tuple[str, Callable[[], Awaitable[None]]]] = []
-        self._resize_to: dict[str, tuple[str, ...]] = {}
-        self._reasons: dict[str, str] = {}  # last waiting reason written, per job
-        self.kinds: dict[str, str] = {}  # job id -> train | notebook
         self._wake = asyncio.Event()
         self._waiters: list[asyncio.Future] = []
         self._task: asyncio.Task | None = None
@@ -127,7 +125,6 @@ class Scheduler(Actions):
         self._stopping = False
         self._lock = asyncio.Lock()  # a cycle, a cancel, a plan change: one at a time
         self._stale = False  # the last cycle's write failed: reload the jobs from the store
-        self.specs: dict[str, JobSpec] = {}  # what the backend runs, per live job
         self._keys: dict[tuple[str, str], asyncio.Future] = {}  # submissions under way
         # submitted since the last cycle: stored by its transaction (group commit)
         self._submitted: list[tuple[JobRow, asyncio.Future]] = []
@@ -168,16 +165,9 @@ class Scheduler(Actions):
         self._reload_jobs()
 
     def _reload_jobs(self, rows: list[JobRow] | None = None) -> None:
-        self.jobs, self.kinds, self._reasons, self.specs = {}, {}, {}, {}
-        self.limits.clear_jobs()
+        self.live.clear()
         for row in self.store.jobs(states=LIVE) if rows is None else rows:
-            self._take_in(row)
-
-    def _take_in(self, row: JobRow) -> None:
-        self.jobs[row.id] = _core_job(row)
-        self.kinds[row.id] = row.kind
-        self.specs[row.id] = _spec(row)
-        self.limits.take_in(row)
+            self.live.take_in(row)
 
     async def start(self, backend: Backend, run_loop: bool = True) -> None:
         """Attach the backend, re-adopt running jobs, and start the loop task (tests may drive
@@ -189,10 +179,10 @@ class Scheduler(Actions):
         self._refresh_instance()
         self._sync_queues()
         live = self.store.jobs(states=[JobState.RUNNING.value])
-        running = [r for r in live if r.kind != "notebook"]
-        self.notebook_devices.keep({r.id for r in live if r.kind == "notebook"})
+        running = [r for r in live if r.kind != JobKind.NOTEBOOK]
+        self.notebook_devices.keep({r.id for r in live if r.kind == JobKind.NOTEBOOK})
         if running:
-            await backend.recover([_spec(r) for r in running])
+            await backend.recover([job_spec(r) for r in running])
             resume_under_way(self, running)
         if run_loop:
             self._task = asyncio.ensure_future(self._run())
@@ -202,10 +192,10 @@ class Scheduler(Actions):
         and by the backend's own (a namespace ResourceQuota on Kubernetes) when it has one."""
         backend = self.backend
         assert backend is not None
-        quota = self.bounds["quota"]
+        quota = self.bounds.quota
         if isinstance(backend, HasQuota):
             quota = quota.cap(backend.quota())
-        self.instance = Instance(tuple(backend.capacity()), quota, self.bounds.get("max_jobs"))
+        self.instance = Instance(tuple(backend.capacity()), quota, self.bounds.max_jobs)
 
     def _sync_queues(self) -> None:
         """Backends that mirror the plan tree (Volcano queues) get it after every change."""
@@ -259,9 +249,14 @@ class Scheduler(Actions):
         await future
 
     @property
+    def jobs(self) -> Mapping[str, Job]:
+        """The live jobs in the core's terms, by id (a view of ``live``)."""
+        return self.live.jobs
+
+    @property
     def runtimes(self) -> dict[str, float]:
         """Live job id -> its runtime limit in seconds (the waiting line reads it)."""
-        return self.limits.jobs
+        return self.live.runtimes()
 
     @property
     def figures(self) -> dict[str, PlanFigures]:
@@ -325,8 +320,8 @@ class Scheduler(Actions):
         self._checkpoints, self._events = {}, []
         submitted, self._submitted = self._submitted, []
         for row, _ in submitted:  # decided on in this very cycle
-            if row.id not in self.jobs:
-                self._take_in(row)
+            if row.id not in self.live:
+                self.live.take_in(row)
         try:
             result, log = await self._decide_and_store(events, [row for row, _ in submitted], now)
         except BaseException as err:
@@ -416,9 +411,8 @@ class Scheduler(Actions):
                     )
                     return
                 self.log.exception("backend call for %s failed", job_id)
-                self.emit(
-                    BackendEvent(job_id, "failed", self.clock(), message=f"backend error: {err}")
-                )
+                message = f"backend error: {err}"
+                self.emit(BackendEvent(job_id, EventKind.FAILED, self.clock(), message=message))
 
         task = asyncio.ensure_future(run())
         self._job_tasks[job_id] = task
@@ -433,7 +427,7 @@ class Scheduler(Actions):
 
     def _fold_events(
         self, events: list[BackendEvent], rows: dict[str, FoldFacts], now: float
-    ) -> list[tuple[float, tuple]]:
+    ) -> list[tuple[float, StoreChange]]:
         """Each event's change to its job, stamped with when it happened, not when it is read."""
         folded = []
         for ev in events:
@@ -443,49 +437,40 @@ class Scheduler(Actions):
                 continue  # a late event for a job that already ended
             change = self._event_change(job, row, ev)
             if change is not None:
-                folded.append((ev.at or now, (job.id, *change)))
+                folded.append((ev.at or now, change))
         return folded
 
-    def _event_change(self, job: Job, row: FoldFacts, ev: BackendEvent) -> Change | None:
-        """What the event changes: (column values, transition event, reason); one fold per
-        kind (docs/service.md "The scheduling loop")."""
+    def _event_change(self, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreChange | None:
+        """What the event changes; one fold per kind (docs/service.md "The scheduling loop")."""
         return FOLDS[ev.kind](self, job, row, ev)
 
     def _end(self, job: Job, state: JobState) -> None:
-        if self.kinds.get(job.id) == "notebook":
-            self.notebook_devices.release(job.id)
-        job.state = state
-        job.placement = ()
-        self.jobs.pop(job.id, None)
-        self.kinds.pop(job.id, None)
-        self.specs.pop(job.id, None)
-        self._reasons.pop(job.id, None)
-        self._resize_to.pop(job.id, None)
-        self.limits.forget(job.id)
+        self.live.end(job, state)
 
     def _apply(
         self, decisions: Iterable, waiting: dict[str, str], now: float
-    ) -> tuple[list[tuple[str, dict, str | None, str]], list[tuple[str, str, dict]]]:
+    ) -> tuple[list[StoreChange], list[tuple[str, str, dict]]]:
         """The decisions applied to the live jobs; returns the store's (changes, decisions)."""
         carry = CarryOut(self, now)
+        live = self.live
         for d in decisions:
-            job = self.jobs.get(d.job_id)
-            if job is None:
+            record = live.get(d.job_id)
+            if record is None:
                 continue
-            dispatch(d, carry, job)
-            self._reasons.pop(d.job_id, None)
+            carry.apply(d, record.job)
+            record.reason = None
         changes, log = carry.changes, carry.log
-        reasons = self._reasons
         for job_id, reason in waiting.items():
-            if reasons.get(job_id) != reason and job_id in self.jobs:  # write only what changed
-                changes.append((job_id, {"reason": reason}, None, ""))
-                reasons[job_id] = reason
+            record = live.get(job_id)
+            if record is not None and record.reason != reason:  # write only what changed
+                changes.append(StoreChange(job_id, {"reason": reason}))
+                record.reason = reason
         return changes, log
 
     def _queue_backend(
         self, job_id: str, what: str, placement: tuple, grace: float | None = None
     ) -> None:
-        spec = self.specs[job_id]
+        spec = self.live[job_id].spec
         assert self.backend is not None
         backend = self.backend
         if what == "start":

@@ -32,10 +32,12 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from extension.metering.transitions import Transition
 from extension.scheduler import UNLIMITED, Resources
 
 from .cycle_writes import ROW_COLUMNS, job_values, transition_values, update_jobs
 from .privacy import PRIVATE_DIR, make_dir, private_sqlite_file
+from .records import StoreChange
 from .rows import (  # noqa: F401 - re-exported: tests, metering's old callers, migrations
     Base,
     DecisionRow,
@@ -225,7 +227,7 @@ class Store:
         with self.session() as s:
             s.add(row)
             s.flush()
-            s.add(_transition(row, at, "submitted", ""))
+            s.add(_transition(row, at, Transition.SUBMITTED, ""))
 
     def jobs(
         self, user: str | None = None, states: Iterable[str] | None = None, limit: int = 0
@@ -284,14 +286,14 @@ class Store:
 
     def update_jobs(
         self,
-        changes: list[tuple[str, dict, str | None, str]],
+        changes: list[StoreChange],
         at: float,
         decisions: Iterable[tuple[str, str, dict]] = (),
     ) -> list[JobRow]:
-        """Apply ``(job_id, {column: value}, event or None, reason)`` in one transaction.
+        """Apply the changes in one transaction.
 
-        A change with an event writes a transition row with the job's values after the change.
-        Returns the updated rows.
+        A change with a transition writes a transition row with the job's values after the
+        change. Returns the updated rows.
         """
         with self.session() as s:
             out = _change_rows(s, changes, at)
@@ -301,8 +303,8 @@ class Store:
 
     def commit_cycle(
         self,
-        events: list[tuple[float, tuple[str, dict, str | None, str]]],
-        changes: list[tuple[str, dict, str | None, str]],
+        events: list[tuple[float, StoreChange]],
+        changes: list[StoreChange],
         at: float,
         decisions: Iterable[tuple[str, str, dict]] = (),
         new_rows: Iterable[JobRow] = (),
@@ -319,26 +321,27 @@ class Store:
         new_rows = list(new_rows)
         jobs, trans = JobRow.__table__, TransitionRow.__table__
         state = {r.id: {c: getattr(r, c) for c in ROW_COLUMNS} for r in new_rows}
-        history = [transition_values(state[r.id], r.submitted, "submitted", "") for r in new_rows]
+        submitted = Transition.SUBMITTED
+        history = [transition_values(state[r.id], r.submitted, submitted, "") for r in new_rows]
         todo = [*events, *((at, change) for change in changes)]
         with self.engine.begin() as conn:
             if new_rows:
                 conn.execute(insert(jobs), [job_values(r) for r in new_rows])
-            wanted = list({change[0] for _, change in todo} - set(state))
+            wanted = list({change.job_id for _, change in todo} - set(state))
             for start in range(0, len(wanted), 500):  # bound the IN list
                 query = select(*(jobs.c[c] for c in ROW_COLUMNS)).where(
                     jobs.c.id.in_(wanted[start : start + 500])
                 )
                 state.update((row.id, dict(row._mapping)) for row in conn.execute(query))
             updates: dict[str, dict] = {}
-            for when, (job_id, values, kind, reason) in todo:
-                row = state.get(job_id)
+            for when, change in todo:
+                row = state.get(change.job_id)
                 if row is None:
                     continue
-                row.update(values)
-                updates.setdefault(job_id, {}).update(values)
-                if kind is not None:
-                    history.append(transition_values(row, when, kind, reason))
+                row.update(change.values)
+                updates.setdefault(change.job_id, {}).update(change.values)
+                if change.transition is not None:
+                    history.append(transition_values(row, when, change.transition, change.reason))
             update_jobs(conn, updates)
             if history:
                 conn.execute(insert(trans), history)
@@ -473,28 +476,26 @@ def _lease(value: str) -> dict:
     return found if isinstance(found, dict) else {}
 
 
-def _change_rows(
-    s: Session, changes: Iterable[tuple[str, dict, str | None, str]], at: float
-) -> list[JobRow]:
+def _change_rows(s: Session, changes: Iterable[StoreChange], at: float) -> list[JobRow]:
     out = []
-    for job_id, values, kind, reason in changes:
-        row = s.get(JobRow, job_id)
+    for change in changes:
+        row = s.get(JobRow, change.job_id)
         if row is None:
             continue
-        for key, value in values.items():
+        for key, value in change.values.items():
             setattr(row, key, value)
-        if kind is not None:
-            s.add(_transition(row, at, kind, reason))
+        if change.transition is not None:
+            s.add(_transition(row, at, change.transition, change.reason))
         out.append(row)
     return out
 
 
-def _transition(row: JobRow, at: float, kind: str, reason: str) -> TransitionRow:
+def _transition(row: JobRow, at: float, kind: Transition, reason: str) -> TransitionRow:
     return TransitionRow(
         at=at,
         job_id=row.id,
         leaf=row.leaf,
-        event=kind,
+        event=kind.value,
         state=row.state,
         workers=len(row.placement or []),
         gpu=row.gpu,

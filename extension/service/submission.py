@@ -37,6 +37,8 @@ from extension.scheduler import QuantityError, Resources, parse_quantity
 from extension.scheduler.names import user_name_problem
 from extension.scheduler.resources import RESOURCES, format_amount
 
+from .records import JobKind
+
 KEYS = {
     "plan",
     "name",
@@ -235,13 +237,13 @@ class Submission:
     limits: Resources
     priority: int
     preemptible: bool
-    kind: str
-    model_dir: str  # absolute, inside the user's folder ("" for a notebook)
-    model_main: str  # absolute, inside model_dir
-    args: tuple[str, ...]
+    kind: JobKind
     env: dict[str, str]
     # seconds asked for; None: the plan's default (runtime_limits.py decides, at submit)
     max_runtime: float | None = None
+    model_dir: str = ""  # absolute, inside the user's folder ("" for a notebook)
+    model_main: str = ""  # absolute, inside model_dir
+    args: tuple[str, ...] = ()
 
 
 def user_root(storage_root: str | Path, user: str) -> Path:
@@ -295,18 +297,29 @@ def parse_submission(
     except QuantityError as err:
         raise SubmissionError(str(err)) from None
     priority, preemptible = _priority(body), _preemptible(body, kind)
-    if kind == "notebook" and (preemptible or lo != 1 or hi != 1):
+    if kind is JobKind.NOTEBOOK and (preemptible or lo != 1 or hi != 1):
         # the spawner runs the server, so nothing could stop or resize it on a decision
         raise SubmissionError("a notebook job is one worker and not preemptible")
     env = _env(body.get("env"))
     max_runtime = _max_runtime(body)
     root = user_root(storage_root, user)
     command = body.get("command")
-    if kind == "notebook":
+    asked = {
+        "plan": plan,
+        "min_workers": lo,
+        "max_workers": hi,
+        "per_worker": per_worker,
+        "limits": limits,
+        "priority": priority,
+        "preemptible": preemptible,
+        "kind": kind,
+        "env": env,
+        "max_runtime": max_runtime,
+    }
+    if kind is JobKind.NOTEBOOK:
         if command not in (None, {}):
             raise SubmissionError("a notebook job has no command: the spawner starts the server")
-        return Submission(plan, name or "notebook", lo, hi, per_worker, limits, priority,
-                          preemptible, kind, "", "", (), env, max_runtime)  # fmt: skip
+        return Submission(**asked, name=name or "notebook")
     model_dir, main, args = _command(command)
     try:  # last: the one check that may create an account and run a helper as the user
         user_files = files() if files is not None else UserFiles(None)
@@ -314,9 +327,12 @@ def parse_submission(
     except (UserFileError, AccountError) as err:
         raise SubmissionError(str(err)) from None
     return Submission(
-        plan, name or default_name(str(root), script), lo, hi, per_worker, limits, priority,
-        preemptible, kind, folder, script, tuple(args), env, max_runtime,
-    )  # fmt: skip
+        **asked,
+        name=name or default_name(str(root), script),
+        model_dir=folder,
+        model_main=script,
+        args=tuple(args),
+    )
 
 
 def _plan(body: dict) -> str:
@@ -338,11 +354,11 @@ def _name(body: dict) -> str:
     return name.strip()
 
 
-def _kind(body: dict) -> str:
+def _kind(body: dict) -> JobKind:
     kind = body.get("kind", "train")
     if kind not in ("train", "notebook"):
         raise SubmissionError(f"kind must be 'train' or 'notebook', got {kind!r}")
-    return kind
+    return JobKind(kind)
 
 
 def _priority(body: dict) -> int:
@@ -367,8 +383,8 @@ def _max_runtime(body: dict) -> float | None:
         raise SubmissionError(str(err)) from None
 
 
-def _preemptible(body: dict, kind: str) -> bool:
-    preemptible = body.get("preemptible", kind == "train")
+def _preemptible(body: dict, kind: JobKind) -> bool:
+    preemptible = body.get("preemptible", kind is JobKind.TRAIN)
     if not isinstance(preemptible, bool):
         raise SubmissionError(f"preemptible must be true or false, got {preemptible!r}")
     return preemptible

@@ -13,7 +13,7 @@ from extension.service.scheduling import Scheduler
 from tests.waiting_line import Line
 
 from . import test_views
-from .test_views import job
+from .test_views import job, set_live
 
 sched = test_views.sched  # the real Scheduler and store of the view-model tests
 
@@ -34,13 +34,13 @@ def queue(place: int, leaf: int, instance: int, start: float | None, text: str) 
 
 
 def with_jobs(sched: Scheduler) -> Scheduler:
-    sched.jobs = {
+    jobs = {
         "run": job("run", DEV, 4, ("n0",) * 4),
         "a": job("a", DEV, 2),
         "b": job("b", DEV, 1),
         "q": job("q", "/project1/qa", 1),
     }
-    sched.kinds = {"b": "notebook"}
+    set_live(sched, jobs, kinds={"b": "notebook"})
     return sched
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from extension.backends.base import JobSpec
 from extension.scheduler import (
     UNLIMITED,
     Instance,
@@ -23,6 +24,8 @@ from extension.scheduler import (
     schedule,
 )
 from extension.service.admin import views
+from extension.service.live import LiveJob
+from extension.service.records import InstanceBounds, JobKind
 from extension.service.scheduling import Scheduler
 from extension.service.store import PlanRecord, Store
 
@@ -41,7 +44,7 @@ def sched(tmp_path: Path, store_url: str) -> Scheduler:
     store = Store.open(store_url)
     s = Scheduler(
         store,
-        {"quota": Resources(UNLIMITED, UNLIMITED, UNLIMITED), "max_jobs": None},
+        InstanceBounds(Resources(UNLIMITED, UNLIMITED, UNLIMITED)),
         SchedulerConfig(),
         storage_root=tmp_path / "storage",
         python="python3",
@@ -57,6 +60,14 @@ def sched(tmp_path: Path, store_url: str) -> Scheduler:
 def run_cycle(s: Scheduler) -> None:
     """The figures a cycle would publish, from the same core."""
     s.result = schedule(Snapshot(s.plans, s.instance, list(s.jobs.values()), s.config), 1000)
+
+
+def set_live(s: Scheduler, jobs: dict[str, Job], kinds: dict[str, str] | None = None) -> None:
+    """``jobs`` become the scheduler's live jobs (train jobs unless ``kinds`` says otherwise)."""
+    s.live.clear()
+    for job_id, j in jobs.items():
+        spec = JobSpec(j.id, j.user, j.leaf, j.per_worker, (), "")
+        s.live.add(LiveJob(j, JobKind((kinds or {}).get(job_id, "train")), spec))
 
 
 def job(id: str, plan: str, workers: int, placement: tuple[str, ...] = ()) -> Job:
@@ -81,8 +92,8 @@ def test_rows_show_the_tree_with_each_childs_share_of_its_parent(sched: Schedule
 
 
 def test_live_figures_come_from_the_last_cycle(sched: Scheduler) -> None:
-    sched.jobs = {"j1": job("j1", "/project1/dev", 3, ("n0", "n0", "n1")),
-                  "j2": job("j2", "/project1/qa", 1)}  # fmt: skip
+    set_live(sched, {"j1": job("j1", "/project1/dev", 3, ("n0", "n0", "n1")),
+                     "j2": job("j2", "/project1/qa", 1)})  # fmt: skip
     run_cycle(sched)
     rows = {r["path"]: r for r in views.plan_rows(sched)}
     assert rows["/project1/dev"]["allocated"]["gpu"] == "3"
@@ -123,7 +134,7 @@ def test_preview_runs_the_core_on_a_copy(sched: Scheduler) -> None:
     # qa may take 4
     wanted = [("/project1/dev", 4), ("/project1/qa", 2), ("/project1/qa", 2),
               ("/project1/support", 2)]  # fmt: skip
-    sched.jobs = {f"j{i}": job(f"j{i}", p, n) for i, (p, n) in enumerate(wanted)}
+    set_live(sched, {f"j{i}": job(f"j{i}", p, n) for i, (p, n) in enumerate(wanted)})
     run_cycle(sched)
     before = sched.plans.copy()
     rec = PlanRecord("/project1/qa", 4, Resources(4, UNLIMITED, UNLIMITED), False, [], [])
@@ -169,7 +180,7 @@ def test_move_recreates_the_subtree_and_drops_user_leaves(sched: Scheduler) -> N
 
 
 def test_instance_view_counts_free_devices_per_node(sched: Scheduler) -> None:
-    sched.jobs = {"j1": job("j1", "/project1/dev", 3, ("n0", "n0", "n1"))}
+    set_live(sched, {"j1": job("j1", "/project1/dev", 3, ("n0", "n0", "n1"))})
     run_cycle(sched)
     lr = {"default_request": {"gpu": 1, "cpu": 250, "memory": 512 * 2**20}, "min": {"cpu": 10}}
     view = views.instance_view(sched, lr)

@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from extension.metering.accounting import ROOT, Fact, Ledger, ancestors
 from extension.metering.meter import Metering
 from extension.metering.series import StepSeries
+from extension.metering.transitions import Transition
 from extension.metering.usage import usage, usage_csv
+from extension.service.records import StoreChange
 from extension.service.store import JobRow, Store
 
 T0 = 1_800_000_000.0  # a whole hour in epoch seconds, so buckets line up with the script
@@ -57,7 +59,8 @@ def _job(job_id: str, user: str, plan: str, workers: tuple[int, int], at: float)
 
 
 def _change(store: Store, job: str, at: float, event: str, workers: int, state: str) -> None:
-    store.update_jobs([(job, {"state": state, "placement": ["n"] * workers}, event, "")], T0 + at)
+    values = {"state": state, "placement": ["n"] * workers}
+    store.update_jobs([StoreChange(job, values, Transition(event))], T0 + at)
 
 
 def write_script(store: Store, after=lambda: None) -> None:

@@ -21,6 +21,7 @@ from extension.service.queue import (
     ordinal,
     waiting_reason,
 )
+from extension.service.records import StoreChange
 from extension.service.scheduling import Caller
 
 from .test_scheduling import Rig
@@ -121,7 +122,7 @@ async def test_a_running_job_ends_at_its_users_median_runtime_in_that_plan(rig: 
         await rig.cycle()
         assert rig.state(done) == "FINISHED"
         at = rig.store.job(done).started
-        rig.store.update_jobs([(done, {"started": at, "ended": at + seconds}, None, "")], at)
+        rig.store.update_jobs([StoreChange(done, {"started": at, "ended": at + seconds})], at)
     big = await fill(rig)
     waiting = await rig.submit("user1", PLAN)
     await rig.cycle()

@@ -34,6 +34,7 @@ from extension.magics.options import OptionsError, parse_train, submission_body
 from extension.scheduler import UNLIMITED, PlanError, Resources, SchedulerConfig
 from extension.service import runtime_limits
 from extension.service.handlers import job_json
+from extension.service.records import InstanceBounds
 from extension.service.scheduling import Caller, Conflict, Scheduler
 from extension.service.store import Store, sqlite_url
 from extension.service.submission import LimitRange, SubmissionError, parse_submission
@@ -203,7 +204,7 @@ class LocalRig:
         self.store = Store.open(self.url)
         self.sched = Scheduler(
             self.store,
-            {"quota": Resources(UNLIMITED, UNLIMITED, UNLIMITED), "max_jobs": None},
+            InstanceBounds(Resources(UNLIMITED, UNLIMITED, UNLIMITED)),
             SchedulerConfig(grace=self.grace, min_runtime=0.0),
             storage_root=self.storage,
             python="python3",
@@ -659,13 +660,18 @@ async def test_a_deadline_during_a_shrink_waits_for_its_end_without_spinning_the
         await rig.cycle()
         running = rig.sched.jobs[job]
         assert next_deadline(rig.sched) == pytest.approx(running.started + 60)
-        rig.sched._resize_to[job] = ("local",)  # a shrink under way
+        rig.sched.live[job].resize_to = ("local",)  # a shrink under way
         now = running.started + 61
         assert next_deadline(rig.sched) is None and due_timeouts(rig.sched, now) == []
-        del rig.sched._resize_to[job]
-        [(job_id, values, event, reason)] = due_timeouts(rig.sched, now)
-        assert (job_id, event, values["timeout_requested"]) == (job, "timing-out", True)
-        assert reason.startswith("runtime limit of 1m reached") and next_deadline(rig.sched) is None
+        rig.sched.live[job].resize_to = None
+        [change] = due_timeouts(rig.sched, now)
+        assert (change.job_id, change.transition, change.values["timeout_requested"]) == (
+            job,
+            "timing-out",
+            True,
+        )
+        assert change.reason.startswith("runtime limit of 1m reached")
+        assert next_deadline(rig.sched) is None
     finally:
         rig.sched._calls.clear()  # the queued stop is not carried out here
         await rig.sched.stop()

@@ -15,6 +15,7 @@ import pytest
 
 from extension.backends.base import AdmissionRefused
 from extension.scheduler import UNLIMITED, Node, Resources, SchedulerConfig
+from extension.service.records import InstanceBounds
 from extension.service.scheduling import Caller, Conflict, Forbidden, NotFound, Scheduler
 from extension.service.store import PlanRecord, Store, sqlite_url
 from extension.service.submission import LimitRange, Rejected, parse_submission
@@ -58,7 +59,7 @@ class Rig:
         self.store = Store.open(self.url)
         self.sched = Scheduler(
             self.store,
-            {"quota": Resources(UNLIMITED, UNLIMITED, UNLIMITED), "max_jobs": None},
+            InstanceBounds(Resources(UNLIMITED, UNLIMITED, UNLIMITED)),
             SchedulerConfig(grace=0.0),
             storage_root=self.storage,
             python="python3",

@@ -12,7 +12,9 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
+from extension.metering.transitions import Transition
 from extension.scheduler import UNLIMITED, Resources
+from extension.service.records import StoreChange
 from extension.service.store import MIGRATIONS, Base, JobRow, PlanRecord, Store
 
 TABLES = {"plans", "jobs", "transitions", "decisions", "meta"}
@@ -170,7 +172,14 @@ def test_values_come_back_as_written(store_url: str) -> None:
         )
         store.add_job(row, at=1_800_000_000.123456)
         store.update_jobs(
-            [("job-1", {"state": "FAILED", "ended": 1_800_000_099.000001}, "failed", weird)],
+            [
+                StoreChange(
+                    "job-1",
+                    {"state": "FAILED", "ended": 1_800_000_099.000001},
+                    Transition.FAILED,
+                    weird,
+                )
+            ],
             at=1_800_000_099.000001,
         )
         store.set_meta("weird", weird)

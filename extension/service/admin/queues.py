@@ -24,10 +24,11 @@ def queue_tables(sched: Any) -> list[dict]:
     (then overall, then id: a total order even for jobs not placed yet)."""
     by_plan: dict[str, list[dict]] = {}
     for job_id, queue in _views(sched).items():
-        job = sched.jobs.get(job_id)
+        record = sched.live.get(job_id)
         # views are the last forward run's: a job that started or ended since is not waiting
-        if job is None or job.state is not JobState.PENDING:
+        if record is None or record.job.state is not JobState.PENDING:
             continue
+        job = record.job
         found = waiting({"queue": queue, "plan": job.plan})
         if found is None:
             continue
@@ -35,7 +36,7 @@ def queue_tables(sched: Any) -> list[dict]:
             {
                 "id": job_id,
                 "user": job.user,
-                "kind": getattr(sched, "kinds", {}).get(job_id, "train"),
+                "kind": record.kind.value,
                 "position": found.in_plan,
                 "leaf": found.leaf,
                 "instance": found.instance,
