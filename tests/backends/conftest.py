@@ -48,8 +48,9 @@ COUNTER = textwrap.dedent(
     steps = int(os.environ.get("STEPS", "1000000"))
     control = os.path.join(here, f"control-{me.rank}")
     while step < steps:
-        if os.path.exists(control):
-            sys.exit(int(open(control).read().strip()))
+        code = open(control).read().strip() if os.path.exists(control) else ""
+        if code:  # empty while the test is still writing it
+            sys.exit(int(code))
         step += 1
         time.sleep(0.05)
         runtime.report(step=step, world=me.world_size)
