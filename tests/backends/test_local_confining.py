@@ -22,6 +22,12 @@ pytestmark = pytest.mark.skipif(
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
+def ran(launcher: int) -> bool:
+    """The launcher's child is the worker's command already (not the launcher's fork)."""
+    kids = psutil.Process(launcher).children()
+    return bool(kids) and "time.sleep(60)" in " ".join(kids[0].cmdline())
+
+
 def existing(backend, names: list[str]) -> list[str]:
     return [n for n in names if backend.cgroups.confinement.open(n) is not None]
 
@@ -34,9 +40,8 @@ async def test_a_preemption_and_a_resize_take_the_cgroups_with_the_gang(local_ri
     first = backend.worker_cgroups("victim")
     assert len(first) == 2 and existing(backend, first) == first
     launchers = backend.worker_pids("victim")
-    await local_rig.wait_until(
-        lambda: all(psutil.Process(p).children() for p in launchers), "the workers forked"
-    )
+    # executed, not merely forked: the child joins its cgroup between the fork and the exec
+    await local_rig.wait_until(lambda: all(map(ran, launchers)), "the workers started")
     for launcher, name in zip(launchers, first):
         (worker,) = psutil.Process(launcher).children()  # the launcher itself stays outside
         assert f"/{name}" in Path(f"/proc/{worker.pid}/cgroup").read_text()
