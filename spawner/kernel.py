@@ -24,9 +24,8 @@ import os
 import shlex
 from pathlib import Path
 
+from extension.backends.accounts import Account, AccountError
 from extension.backends.userfs import UserFileError, UserFiles
-
-from .storage import Account, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +94,7 @@ def install_startup(
             try:
                 child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             except OSError as err:
-                raise StorageError(
+                raise AccountError(
                     f"{folder}/{'/'.join(parts[: parts.index(part) + 1])} is not a folder "
                     f"({err.strerror}); remove it so the magics can be set up"
                 ) from None

@@ -10,6 +10,7 @@ The overlays are pure (``spawner/objects.py``); here they become KubeSpawner tra
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 from kubespawner import KubeSpawner
 from traitlets import Bool, Unicode, default
@@ -170,7 +171,7 @@ class WmlaKubeSpawner(WmlaSpawnerMixin, KubeSpawner):
             raise
 
 
-def _as_list(value) -> list[dict]:
+def _as_list(value: Any) -> list[dict]:
     if isinstance(value, dict):  # KubeSpawner accepts a dict of volumes keyed by anything
         return list(value.values())
     return list(value or [])

@@ -10,41 +10,41 @@ runs as the hub's own account and only the API keeps users apart: the log says s
 from __future__ import annotations
 
 import asyncio
-import copy
 import os
 import pwd
-import shutil
-import site
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from jupyterhub.spawner import LocalProcessSpawner, set_user_setuid
-from traitlets import Bool, Dict, Integer, List, TraitError, Unicode, Union, default, validate
+from traitlets import (
+    Bool,
+    Dict,
+    Instance,
+    Integer,
+    List,
+    TraitError,
+    Unicode,
+    Union,
+    default,
+    validate,
+)
 from traitlets import Callable as CallableTrait
 
+from extension.backends.accounts import Account, AccountError, create_account, find_account, is_root
 from extension.backends.userfs import UserFileError, UserFiles
 from extension.confine import DEFAULT_GPU_TEMPLATE, DEFAULT_PIDS, check_template, enter
 
 from . import profiles as profile_shapes
-from . import storage
 from .confining import ServerCgroup, server_gpus, server_grant
 from .getting_started import MARKER, starter_files
 from .kernel import install_startup
-from .mixin import AdmissionError, WmlaSpawnerMixin
-from .storage import (
-    Account,
-    StorageError,
-    create_account,
-    ensure_folder,
-    find_account,
-    is_root,
-    unreachable,
-    user_folder,
-)
+from .mixin import WmlaSpawnerMixin
+from .profile_overrides import TraitOverrides
+from .server_python import ServerCommand, server_command
+from .storage import ensure_folder, user_folder
 
-PROJECT = Path(__file__).resolve().parents[1]  # holds spawner/ and extension/ (editable install)
 TERMINAL_BIN = Path(__file__).resolve().parent / "bin"  # wmla, python, python3 for terminals
 SERVER_CONFIG = Path(__file__).resolve().parent / "jupyter"  # the servers' extra Jupyter config
 
@@ -53,52 +53,6 @@ NOT_ROOT_WARNING = (
     "account (uid %s) and users' folders under %s are NOT separated by the operating system; "
     "only the wmla API keeps users apart. Run the hub as root for one system account per user."
 )
-
-
-def hub_package_paths() -> list[str]:
-    """Where the hub's Python packages are: what a server started with another interpreter
-    needs on PYTHONPATH. The hub's own ``PYTHONPATH`` (a hub run by a system Python over a
-    virtualenv's packages, as when it does not run as root), the folder JupyterHub was imported
-    from, the virtualenv's site-packages when the hub runs in one, and the project (installed
-    editable: the ``.pth`` file that finds it is read only in a site folder)."""
-    import jupyterhub
-
-    given = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    paths = [*given, str(Path(jupyterhub.__file__).resolve().parents[1])]
-    if sys.prefix != sys.base_prefix:  # a virtualenv: its site-packages (the system's are not)
-        paths += site.getsitepackages()
-    paths.append(str(PROJECT))
-    return [p for p in dict.fromkeys(os.path.abspath(p) for p in paths) if os.path.isdir(p)]
-
-
-def hub_prefixes() -> list[str]:
-    """The environments holding the hub's packages: for each package folder
-    ``<prefix>/lib/pythonX.Y/site-packages``, its ``<prefix>``, then ``sys.prefix`` (a system
-    Python running a virtualenv's packages has ``sys.prefix`` = /usr, while JupyterLab's files
-    are the virtualenv's)."""
-    prefixes = []
-    for path in hub_package_paths():
-        parts = Path(path).parts
-        if len(parts) > 3 and parts[-1] in ("site-packages", "dist-packages"):
-            if parts[-3] == "lib" and parts[-2].startswith("python"):
-                prefixes.append(str(Path(*parts[:-3])))
-    return list(dict.fromkeys([*prefixes, sys.prefix]))
-
-
-def hub_jupyter_paths() -> dict[str, str]:
-    """Where the hub's environment keeps Jupyter's configuration and data, for a server that
-    runs another interpreter over the hub's packages. Jupyter finds them from ``sys.prefix``,
-    which is then the other Python's, so without these the server starts without JupyterLab,
-    the terminals or the widgets' front-end (their ``jupyter_server_config.d`` entries and lab
-    extensions live in the hub's environment)."""
-    found = [Path(p) for p in hub_prefixes() if (Path(p) / "share" / "jupyter").is_dir()]
-    found = found or [Path(sys.prefix)]
-    lab = next((p for p in found if (p / "share" / "jupyter" / "lab").is_dir()), found[0])
-    return {
-        "JUPYTER_CONFIG_PATH": os.pathsep.join(str(p / "etc" / "jupyter") for p in found),
-        "JUPYTER_PATH": os.pathsep.join(str(p / "share" / "jupyter") for p in found),
-        "JUPYTERLAB_DIR": str(lab / "share" / "jupyter" / "lab"),
-    }
 
 
 def own_account() -> Account:
@@ -227,14 +181,16 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         """,
     ).tag(config=True)
 
+    wmla_overrides = Instance(
+        TraitOverrides, args=(), help="The picked profile's overrides (not configuration)."
+    )
+    wmla_command = Instance(
+        ServerCommand, allow_none=True, help="What the server runs (not configuration)."
+    )
     _wmla_account = None
     _wmla_cgroup: ServerCgroup | None = None
     _wmla_warned = False
     _wmla_cmd: list | None = None  # the configured cmd (start() may swap the interpreter)
-    _wmla_pythonpath = ""
-    _wmla_jupyter_env: dict[str, str] = {}
-    _wmla_python = ""  # the interpreter the server runs with (for `wmla` in its terminals)
-    _wmla_saved: dict[str, Any] = {}  # traits a profile overrode: their configured values
 
     # -- the spawn page --------------------------------------------------------------------
     @default("options_form")
@@ -261,28 +217,25 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         account = find_account(name, self.min_uid)
         if account is None:
             if not self.create_system_users:
-                raise StorageError(
+                raise AccountError(
                     f"no system account {name!r} for hub user {self.user.name}; create it, or "
                     "set c.WmlaLocalSpawner.create_system_users = True"
                 )
             account = create_account(name, self.wmla_folder, self.min_uid)
-            self.log.info("%s: created system account %s (uid %s)", self._log_name, name,
-                          account.uid)  # fmt: skip
+            self.wmla_log().info("created system account %s (uid %s)", name, account.uid)
         return account
 
-    def _prepare(self) -> tuple[Path, Account | None]:
+    def wmla_prepare(self) -> tuple[Path, Account | None]:
+        """Before the server starts (blocking, in a thread): its account, its command, its
+        folder, the magics' startup file and the getting-started files."""
         account = self.wmla_account()
         if self._wmla_cmd is None:
             self._wmla_cmd = list(self.cmd)
-        self.cmd, self._wmla_pythonpath = list(self._wmla_cmd), ""
-        self._wmla_jupyter_env, self._wmla_python = {}, sys.executable
         runner = account or own_account()  # not root: the servers run as the hub's account
-        if self.cmd:
-            why = unreachable(self.cmd[0], runner)
-            if why and os.sep not in self.cmd[0] and shutil.which(self.cmd[0]) is None:
-                why = f"{self.cmd[0]} is not on the hub's PATH"
-            if why:
-                self._use_account_python(runner, why)
+        self.wmla_command = server_command(
+            self._wmla_cmd, runner, self.account_python, self.user.name, self.wmla_log()
+        )
+        self.cmd = list(self.wmla_command.cmd)
         folder = ensure_folder(self.storage_root, self.user.name, account)
         if self.autoload_magics:
             install_startup(folder / ".ipython", folder, account)
@@ -298,34 +251,10 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
                 "install_missing", root=str(folder), files=starter_files(), marker=MARKER
             )
         except UserFileError as err:  # a convenience: the spawn goes on without it
-            self.log.warning("%s: no getting-started files: %s", self._log_name, err)
+            self.wmla_log().warning("no getting-started files: %s", err)
             return
         if written:
-            self.log.info("%s: put %s in %s", self._log_name, ", ".join(written), folder)
-
-    def _use_account_python(self, account: Account, why: str) -> None:
-        paths = hub_package_paths()
-        python = None
-        if self.account_python == "auto" and unreachable(sys.executable, account) is None:
-            if not any(storage.folder_unreachable(p, account) for p in paths):
-                python = sys.executable  # the hub's own interpreter (e.g. the hub not root)
-        if python is None and self.account_python:
-            python = storage.account_python(account, self.account_python, paths)
-        if python is None:
-            raise StorageError(
-                f"{self.user.name}'s server would run as account {account.name}, "
-                f"which cannot start {self.cmd[0]}: {why}. Install Python where every "
-                "account can read it (or set c.WmlaLocalSpawner.account_python to one), or set "
-                "c.WmlaLocalSpawner.system_users = False"
-            )
-        self.log.warning(
-            "%s: %s cannot run %s (%s); running the server with %s over the hub's packages",
-            self._log_name, account.name, self.cmd[0], why, python,
-        )  # fmt: skip
-        self.cmd = [python, "-m", "jupyterhub.singleuser"]
-        self._wmla_python = python
-        self._wmla_pythonpath = os.pathsep.join(paths)
-        self._wmla_jupyter_env = hub_jupyter_paths()
+            self.wmla_log().info("put %s in %s", ", ".join(written), folder)
 
     # -- the picked profile ---------------------------------------------------------------------
     async def wmla_load_profile(self) -> dict | None:
@@ -334,43 +263,15 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         What an earlier spawn's profile overrode is put back first, so a CPU server after a
         GPU one asks for no GPU."""
         profile, overrides = self.wmla_pick_profile(await self.wmla_profile_list())
-        self.wmla_apply_overrides(overrides)
+        self.wmla_overrides.apply(self, overrides, self.wmla_log())
         return profile
-
-    def wmla_apply_overrides(self, overrides: list[dict]) -> None:
-        for name, value in self._wmla_saved.items():
-            setattr(self, name, value)
-        self._wmla_saved = {}
-        known = self.traits(config=True)
-        left = []
-        for override in overrides:
-            for name, value in override.items():
-                if name not in known:
-                    left.append(name)
-                    continue
-                if callable(value):
-                    value = value(self)
-                current = getattr(self, name)
-                self._wmla_saved.setdefault(name, copy.deepcopy(current))
-                if isinstance(value, Mapping) and isinstance(current, dict):
-                    value = profile_shapes.merge(current, value)
-                try:
-                    setattr(self, name, value)
-                except TraitError as err:
-                    raise AdmissionError(
-                        f"the profile's kubespawner_override {name}={value!r} does not fit "
-                        f"c.{type(self).__name__}.{name}: {err}"
-                    ) from None
-        if left:
-            self.log.info("%s: profile settings left to KubeSpawner (not this spawner's): %s",
-                          self._log_name, ", ".join(dict.fromkeys(left)))  # fmt: skip
 
     # -- start -------------------------------------------------------------------------------
     async def start(self) -> tuple[str, int]:
         try:  # also a start cut short by start_timeout: JupyterHub then skips stop()
             await self.wmla_load_profile()
             await self.wmla_admit()
-            folder, self._wmla_account = await asyncio.to_thread(self._prepare)
+            folder, self._wmla_account = await asyncio.to_thread(self.wmla_prepare)
             self.wmla_note(f"your folder: {folder}", 30)
             self._wmla_cgroup = await asyncio.to_thread(self._wmla_confine)
             return await super().start()
@@ -448,13 +349,14 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         folder = str(self.wmla_folder)
         ipython_dir = str(self.wmla_folder / ".ipython") if self.autoload_magics else None
         env.update(self.wmla_env(folder, ipython_dir))
-        if self._wmla_pythonpath:
-            env["PYTHONPATH"] = self._wmla_pythonpath
-            env.update(self._wmla_jupyter_env)
+        command = self.wmla_command
+        if command is not None and command.pythonpath:
+            env["PYTHONPATH"] = command.pythonpath
+            env.update(command.jupyter_env)
         # Terminals: `wmla`, `python` and `python3` run the server's own interpreter (the hub's
         # PATH may name one the account cannot run), and the shell is not a login shell, whose
         # /etc/profile would reset PATH (spawner/jupyter/jupyter_server_config.json).
-        env["WMLA_PYTHON"] = self._wmla_python or sys.executable
+        env["WMLA_PYTHON"] = command.python if command is not None else sys.executable
         if self.wmla_gpus:  # the GPUs the service holds for this server, as a job's workers
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, server_gpus(self.wmla_granted)))
         env["PATH"] = os.pathsep.join(p for p in (str(TERMINAL_BIN), env.get("PATH")) if p)

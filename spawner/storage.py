@@ -1,4 +1,5 @@
-"""Each hub user's private folder ``<storage_root>/<user>`` and, as root, their system account.
+"""Each hub user's private folder ``<storage_root>/<user>``: a name that can be one folder,
+made 0700 and owned by the account the user's server runs as (extension.backends.accounts).
 
 GPFS style: one shared root, one folder per user. The root stays traversable (mode 0711 when we
 create it) so an account reaches its own folder; each folder is 0700 and owned by the account
@@ -12,18 +13,7 @@ import re
 from pathlib import Path
 
 from extension.backends import accounts
-from extension.backends.accounts import (  # noqa: F401 - part of this module's API
-    ACCOUNT,
-    Account,
-    account_python,
-    create_account,
-    find_account,
-    folder_unreachable,
-    is_root,
-    stat_mode,
-    unreachable,
-)
-from extension.backends.accounts import AccountError as StorageError
+from extension.backends.accounts import Account, AccountError
 from extension.scheduler.names import user_name_problem
 
 # The Linux-account form of a user name (extension.scheduler.names has the one definition of
@@ -37,7 +27,7 @@ def validate_username(user: str) -> str:
     name at all (``user_name_problem``), then of the narrower Linux-account form. Either
     refusal says what the folder's name needs, the narrower rule being the one that binds."""
     if user_name_problem(user) is not None or not USERNAME.match(user):
-        raise StorageError(
+        raise AccountError(
             f"hub user name {user!r} cannot name a private folder: use 1-63 lower-case letters, "
             "digits, '.', '_' or '-', starting and ending with a letter or digit"
         )

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from extension.backends.accounts import AccountError
 from spawner.kernel import STARTUP_NAME, install_startup, startup_script
 from spawner.local import WmlaLocalSpawner
 from spawner.mixin import AdmissionError
 from spawner.profiles import initialize
-from spawner.storage import StorageError, ensure_folder, user_folder, validate_username
+from spawner.storage import ensure_folder, user_folder, validate_username
 
 PROFILES = [  # KubeSpawner's profile_list shape (spawner/profiles.py)
     {"slug": "cpu", "display_name": "CPU only", "default": True},
@@ -167,9 +168,9 @@ def test_the_spawn_page_offers_the_users_plans_and_reads_the_pick() -> None:
     "name", ["../x", "a/b", "", ".", "..", "Alice", "-x", "x-", "a" * 64, "bob smith"]
 )
 def test_user_names_that_cannot_be_one_folder_are_refused(name: str, tmp_path: Path) -> None:
-    with pytest.raises(StorageError, match="cannot name a private folder"):
+    with pytest.raises(AccountError, match="cannot name a private folder"):
         validate_username(name)
-    with pytest.raises(StorageError):
+    with pytest.raises(AccountError):
         user_folder(tmp_path, name)
 
 
@@ -191,7 +192,7 @@ def test_the_startup_file_is_never_written_through_a_symlink(tmp_path: Path) -> 
     elsewhere.mkdir()
     (folder / ".ipython" / "profile_default").mkdir(parents=True)
     (folder / ".ipython" / "profile_default" / "startup").symlink_to(elsewhere)
-    with pytest.raises(StorageError, match="is not a folder"):
+    with pytest.raises(AccountError, match="is not a folder"):
         install_startup(folder / ".ipython", folder, None)
     assert list(elsewhere.iterdir()) == []
     (folder / ".ipython" / "profile_default" / "startup").unlink()
@@ -253,20 +254,20 @@ def test_a_server_cmd_the_hubs_account_cannot_start_runs_on_the_hubs_interpreter
     spawner = make("alice", system_users=False, autoload_magics=False, getting_started=False)
     spawner.storage_root = str(tmp_path)
     spawner.cmd = ["no-such-jupyterhub-singleuser"]
-    spawner._prepare()
+    spawner.wmla_prepare()
     assert spawner.cmd == [sys.executable, "-m", "jupyterhub.singleuser"]
-    assert spawner._wmla_python == sys.executable
-    paths = spawner._wmla_pythonpath.split(os.pathsep)
+    assert spawner.wmla_command.python == sys.executable
+    paths = spawner.wmla_command.pythonpath.split(os.pathsep)
     assert str(Path(__file__).resolve().parents[2]) in paths  # the project
     import jupyterhub
 
     assert str(Path(jupyterhub.__file__).resolve().parents[1]) in paths
-    assert Path(spawner._wmla_jupyter_env["JUPYTERLAB_DIR"], "static").is_dir()
+    assert Path(spawner.wmla_command.jupyter_env["JUPYTERLAB_DIR"], "static").is_dir()
     runnable = make("bob", system_users=False, autoload_magics=False, getting_started=False)
     runnable.storage_root = str(tmp_path)
     runnable.cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
-    runnable._prepare()
-    assert runnable._wmla_pythonpath == "" and runnable._wmla_jupyter_env == {}
+    runnable.wmla_prepare()
+    assert runnable.wmla_command.pythonpath == "" and runnable.wmla_command.jupyter_env == {}
 
 
 def test_jupyter_paths_follow_the_packages_not_the_interpreter(
@@ -274,7 +275,7 @@ def test_jupyter_paths_follow_the_packages_not_the_interpreter(
 ) -> None:
     """A system Python over a virtualenv's site-packages (PYTHONPATH): sys.prefix is /usr, and
     JupyterLab, its extensions and the server config are the virtualenv's."""
-    from spawner.local import hub_jupyter_paths, hub_package_paths
+    from spawner.server_python import hub_jupyter_paths, hub_package_paths
 
     env = tmp_path / "env"
     site = env / "lib" / "python3.11" / "site-packages"
