@@ -35,7 +35,9 @@ def _services(hub_pid: int) -> dict[int, str]:
             cmdline = " ".join(child.cmdline())
         except psutil.Error:
             continue
-        if "jupyterhub_idle_culler" in cmdline:
+        if "jupyterhub_idle_culler" in cmdline and "hub_config.pdeath" not in cmdline:
+            # exec'd: the parent-death signal is set (a wrapper still starting has not yet,
+            # and a hub killed in those milliseconds is the one case pdeath.py leaves out)
             found[child.pid] = "culler"
         elif "extension.service" in cmdline:
             found[child.pid] = "wmla service"
