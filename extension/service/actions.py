@@ -1,7 +1,8 @@
 """What the REST handlers ask of the scheduler: submit, look at and cancel jobs (also keyed by
-an Idempotency-Key), free a notebook's job, change plans. A mixin of ``Scheduler``
-(scheduling.py), which owns the state these read and change: the store, the live jobs, the
-plan tree, the loop's lock.
+an Idempotency-Key), free a notebook's job, change plans.
+
+``Actions`` is given the state these read and change (``ActionState``, which the Scheduler of
+scheduling.py implements): the store, the live jobs, the plan tree, the loop's lock.
 """
 
 from __future__ import annotations
@@ -9,18 +10,35 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Protocol
 
 from extension.backends.accounts import ensure_folder
-from extension.backends.base import ChecksAdmission, LocalAccounts
+from extension.backends.base import Backend, ChecksAdmission, LocalAccounts
 from extension.backends.userfs import UserFiles
 from extension.metering.transitions import Transition
-from extension.scheduler import Job, JobState, PlanError, PlanTree, Snapshot, check_submission
+from extension.scheduler import (
+    IndexCache,
+    Instance,
+    Job,
+    JobState,
+    PlanError,
+    PlanTree,
+    SchedulerConfig,
+    Snapshot,
+    check_submission,
+)
 from extension.scheduler.plans import ROOT, leaf_path, parent_of
 from extension.webapi import Caller
 
 from . import runtime_limits
+from .backend_calls import BackendCalls
+from .live import LiveJobs
+from .pending_cap import PendingCap
 from .records import JobKind, StoreChange
-from .store import JobRow, PlanRecord
+from .runtime_limits import Limits
+from .store import JobRow, PlanRecord, Store
+from .storecalls import StoreCalls
 from .submission import Rejected, Submission, SubmissionError, user_root
 
 
@@ -72,8 +90,44 @@ def runtimes_after(
     return out
 
 
+class ActionState(Protocol):
+    """What the actions read and change of the scheduler: its store, plans and live jobs, the
+    lock that keeps a change out of a cycle, and the loop that stores a submission."""
+
+    store: Store
+    db: StoreCalls
+    plans: PlanTree
+    members: dict[str, tuple[list[str], list[str]]]
+    limits: Limits
+    live: LiveJobs
+    calls: BackendCalls
+    instance: Instance
+    config: SchedulerConfig
+    index_cache: IndexCache
+    backend: Backend | None
+    pending_cap: PendingCap
+    storage_root: Path
+    python: str
+    lock: asyncio.Lock
+    clock: Callable[[], float]
+
+    @property
+    def loop_running(self) -> bool: ...
+
+    async def through_cycle(self, row: JobRow) -> None: ...
+
+    def sync_queues(self) -> None: ...
+
+    async def kick(self) -> None: ...
+
+
 class Actions:
-    """The handlers' side of the Scheduler (see the module's docstring)."""
+    """The handlers' side of the Scheduler (see the module's docstring), over the state it is
+    given."""
+
+    def __init__(self, state: ActionState) -> None:
+        self.state = state
+        self._keys: dict[tuple[str, str], asyncio.Future] = {}  # submissions under way
 
     # -- jobs -----------------------------------------------------------------------
     def may_submit(self, caller: Caller, plan: str) -> bool:
@@ -82,7 +136,7 @@ class Actions:
         listed = False
         path = plan
         while path != ROOT:
-            users, groups = self.members.get(path, ([], []))
+            users, groups = self.state.members.get(path, ([], []))
             if users or groups:
                 listed = True
                 if caller.name in users or caller.groups & set(groups):
@@ -91,7 +145,9 @@ class Actions:
         return not listed  # a plan nobody on its path restricts is open to every hub user
 
     def usable_plans(self, caller: Caller) -> list[str]:
-        return [p.path for p in self.plans if not p.user_leaf and self.may_submit(caller, p.path)]
+        return [
+            p.path for p in self.state.plans if not p.user_leaf and self.may_submit(caller, p.path)
+        ]
 
     async def submit_once(
         self,
@@ -110,7 +166,7 @@ class Actions:
         done = asyncio.get_running_loop().create_future()
         self._keys[(caller.name, key)] = done
         try:
-            row = await self.db.read(self.store.job_by_key, caller.name, key)
+            row = await self.state.db.read(self.state.store.job_by_key, caller.name, key)
             if row is not None:
                 if (row.request or {}).get("digest") != digest:
                     raise KeyReused(
@@ -131,40 +187,37 @@ class Actions:
         """Validate against the plans and the instance, store the job, and run a cycle."""
         self._check_plan(caller, sub.plan)
         max_runtime = self._runtime_limit(caller, sub)
-        now = self.clock()
+        now = self.state.clock()
         job_id = new_job_id()
         self._check_fits(caller, sub, job_id, now)
         if sub.kind is not JobKind.NOTEBOOK:  # a server's job is bounded by the hub's named servers
-            self.pending_cap.admit(caller.name)
+            self.state.pending_cap.admit(caller.name)
         # the user leaf is created on first use (docs/scheduling.md "Words": user leaf)
-        leaf = self.plans.copy().ensure_user_leaf(sub.plan, caller.name)
+        leaf = self.state.plans.copy().ensure_user_leaf(sub.plan, caller.name)
         row = self._job_row(caller, sub, job_id, leaf.path, now, key, digest)
         row.max_runtime = max_runtime
-        if leaf.path not in self.plans:
+        if leaf.path not in self.state.plans:
             await self._add_user_leaf(sub.plan, caller.name, now)
-        if self._task is not None and not self._task.done():
+        if self.state.loop_running:
             # the next cycle stores it with everything else it writes, in one commit, and
             # decides on it; the answer comes once it is stored (row: as that cycle left it)
-            stored = asyncio.get_running_loop().create_future()
-            self._submitted.append((row, stored))
-            self._wake.set()
-            await stored
+            await self.state.through_cycle(row)
             return row
         # no loop running (tests drive the cycles): store it on its own
-        await self.db.write(self.store.add_job, row, now)
-        async with self._lock:  # not while a cycle reloads the jobs from the store
-            if job_id not in self.live:
-                self.live.take_in(row)
+        await self.state.db.write(self.state.store.add_job, row, now)
+        async with self.state.lock:  # not while a cycle reloads the jobs from the store
+            if job_id not in self.state.live:
+                self.state.live.take_in(row)
         return row
 
     def _check_plan(self, caller: Caller, plan: str) -> None:
         """The plan exists, is not a user leaf, and the caller may submit to it."""
-        if plan not in self.plans:
+        if plan not in self.state.plans:
             raise NotFound(
                 f"there is no plan {plan!r}; plans you may use: "
                 f"{', '.join(self.usable_plans(caller)) or 'none (ask an admin)'}"
             )
-        if self.plans.get(plan).user_leaf:
+        if self.state.plans.get(plan).user_leaf:
             raise SubmissionError(f"{plan} is a user leaf; submit to its parent {parent_of(plan)}")
         if not self.may_submit(caller, plan):
             raise Forbidden(
@@ -176,7 +229,7 @@ class Actions:
         """The job's runtime limit: what it asked for within its plans' maximum, else their
         default (docs/runtime.md "Runtime limits"). Notebook servers get one only when the
         admin turned it on (``c.WmlaService.notebook_runtime_limit``)."""
-        if sub.kind is JobKind.NOTEBOOK and not self.limits.notebooks:
+        if sub.kind is JobKind.NOTEBOOK and not self.state.limits.notebooks:
             if sub.max_runtime is not None:
                 raise SubmissionError(
                     "max_runtime: notebook servers have no runtime limit on this instance "
@@ -184,7 +237,7 @@ class Actions:
                 )
             return None
         leaf = leaf_path(sub.plan, caller.name)
-        return runtime_limits.job_limit(self.limits.plans, leaf, sub.plan, sub.max_runtime)
+        return runtime_limits.job_limit(self.state.limits.plans, leaf, sub.plan, sub.max_runtime)
 
     def _check_fits(self, caller: Caller, sub: Submission, job_id: str, now: float) -> None:
         """Rejected when the job can never run as asked (docs/scheduling.md "Admission"), by
@@ -201,12 +254,12 @@ class Actions:
             preemptible=sub.preemptible,
         )
         try:
-            snapshot = Snapshot(self.plans, self.instance, [], self.config)
-            problem = check_submission(snapshot, job, self.index_cache)
+            snapshot = Snapshot(self.state.plans, self.state.instance, [], self.state.config)
+            problem = check_submission(snapshot, job, self.state.index_cache)
         except PlanError as err:
             raise SubmissionError(str(err)) from None
-        if problem is None and isinstance(self.backend, ChecksAdmission):
-            found = self.backend.admission_problem(sub.per_worker, sub.min_workers)
+        if problem is None and isinstance(self.state.backend, ChecksAdmission):
+            found = self.state.backend.admission_problem(sub.per_worker, sub.min_workers)
             if found is not None and found[1]:
                 problem = f"rejected: {found[0]}"
         if problem:
@@ -223,8 +276,10 @@ class Actions:
         digest: str,
     ) -> JobRow:
         """The job as the store keeps it: what was asked, where it runs, the env it gets."""
-        workdir = user_root(self.storage_root, caller.name) / "jobs" / job_id
-        command = [] if sub.kind is JobKind.NOTEBOOK else [self.python, sub.model_main, *sub.args]
+        workdir = user_root(self.state.storage_root, caller.name) / "jobs" / job_id
+        command = (
+            [] if sub.kind is JobKind.NOTEBOOK else [self.state.python, sub.model_main, *sub.args]
+        )
         env = {
             **sub.env,
             "WMLA_JOB_ID": job_id,
@@ -268,17 +323,17 @@ class Actions:
         )
 
     async def _add_user_leaf(self, plan: str, user: str, now: float) -> None:
-        async with self._lock:  # the tree changes: not in the middle of a cycle
-            tree = self.plans.copy()
+        async with self.state.lock:  # the tree changes: not in the middle of a cycle
+            tree = self.state.plans.copy()
             leaf = tree.ensure_user_leaf(plan, user)
-            if leaf.path in self.plans:  # another submission made it meanwhile
+            if leaf.path in self.state.plans:  # another submission made it meanwhile
                 return
-            await self.db.write(
-                self.store.save_plans, [PlanRecord(leaf.path, 1.0, leaf.limit, True)], now
+            await self.state.db.write(
+                self.state.store.save_plans, [PlanRecord(leaf.path, 1.0, leaf.limit, True)], now
             )
-            self.plans = tree
-            self.members[leaf.path] = ([], [])
-            self._sync_queues()
+            self.state.plans = tree
+            self.state.members[leaf.path] = ([], [])
+            self.state.sync_queues()
 
     def files_for(self, user: str, create: bool = False) -> UserFiles:
         """``user``'s files with the rights their jobs run with (docs/security.md).
@@ -287,62 +342,63 @@ class Actions:
         their private folder first. Raises AccountError when the user has no account and gets
         none. Blocking when it creates: call it from a thread on an event loop.
         """
-        if not isinstance(self.backend, LocalAccounts):  # no local accounts (Kubernetes)
+        if not isinstance(self.state.backend, LocalAccounts):  # no local accounts (Kubernetes)
             return UserFiles(None)
-        folder = user_root(self.storage_root, user)
-        account = self.backend.account_for(user, home=str(folder) if create else None)
+        folder = user_root(self.state.storage_root, user)
+        account = self.state.backend.account_for(user, home=str(folder) if create else None)
         if create:
-            ensure_folder(self.storage_root, user, account)
+            ensure_folder(self.state.storage_root, user, account)
         return UserFiles.of(account)
 
     async def visible_job(self, caller: Caller, job_id: str) -> JobRow:
         """The job if the caller may see it; 404 for everyone else (its existence is private)."""
         row = None
         if isinstance(job_id, str) and len(job_id) <= 64:
-            row = await self.db.read(self.store.job, job_id)
+            row = await self.state.db.read(self.state.store.job, job_id)
         if row is None or (row.user != caller.name and not caller.admin):
             raise NotFound(f"there is no job {job_id!r} of yours")
         return row
 
     async def cancel(self, caller: Caller, job_id: str) -> JobRow:
         row = await self.visible_job(caller, job_id)
-        async with self._lock:  # the store first, then the live job: a failed write changes none
-            job = self.jobs.get(job_id)
+        # the store first, then the live job: a failed write changes none
+        async with self.state.lock:
+            job = self.state.live.jobs.get(job_id)
             if job is None:
                 raise Conflict(f"job {job_id} is already {row.state}; nothing to cancel")
-            now = self.clock()
+            now = self.state.clock()
             reason = f"cancelled by {caller.name}"
-            if self.live[job_id].stopping and not row.cancel_requested:
+            if self.state.live[job_id].stopping and not row.cancel_requested:
                 # the stop is under way already; a second one would only change the end state
                 why = row.reason or "its runtime limit was reached"
                 raise Conflict(
                     f"job {job_id} is already stopping ({why}); it ends TIMEOUT once its "
                     "workers have saved their checkpoint and exited"
                 )
-            if job.state is JobState.PENDING or self.live.kind_of(job_id) is JobKind.NOTEBOOK:
+            if job.state is JobState.PENDING or self.state.live.kind_of(job_id) is JobKind.NOTEBOOK:
                 await self._cancel_at_once(job, reason, now)
             elif not row.cancel_requested:
                 values = {"cancel_requested": True, "terminating": True, "reason": reason}
                 change = StoreChange(job_id, values, Transition.CANCELLING, reason)
-                await self.db.write(self.store.update_jobs, [change], now)
+                await self.state.db.write(self.state.store.update_jobs, [change], now)
                 job.terminating = True
-                self._queue_stop(job_id, self.config.grace, reason, now=True)
-        await self.kick()
-        return await self.db.read(self.store.job, job_id) or row
+                self.state.calls.stop(job_id, self.state.config.grace, reason, now=True)
+        await self.state.kick()
+        return await self.state.db.read(self.state.store.job, job_id) or row
 
     def notebook_jobs(self) -> list[str]:
         """Ids of the live notebook jobs (reconcile.py checks them against the hub)."""
-        return self.live.notebooks()
+        return self.state.live.notebooks()
 
     async def release_notebook(self, job_id: str, reason: str) -> None:
         """End a notebook job whose server is gone: its resources are free at once (the
         spawner runs the server; nothing runs under the backend)."""
-        async with self._lock:
-            job = self.jobs.get(job_id)
-            if job is None or self.live.kind_of(job_id) is not JobKind.NOTEBOOK:
+        async with self.state.lock:
+            job = self.state.live.jobs.get(job_id)
+            if job is None or self.state.live.kind_of(job_id) is not JobKind.NOTEBOOK:
                 return
-            await self._cancel_at_once(job, reason, self.clock())
-        await self.kick()
+            await self._cancel_at_once(job, reason, self.state.clock())
+        await self.state.kick()
 
     async def _cancel_at_once(self, job: Job, reason: str, now: float) -> None:
         """End a job nothing runs under (pending, or a notebook: the spawner runs its server):
@@ -355,8 +411,8 @@ class Actions:
             "terminating": False,
         }
         change = StoreChange(job.id, values, Transition.CANCELLED, reason)
-        await self.db.write(self.store.update_jobs, [change], now)
-        self._end(job, JobState.CANCELLED)
+        await self.state.db.write(self.state.store.update_jobs, [change], now)
+        self.state.live.end(job, JobState.CANCELLED)
 
     # -- plans -----------------------------------------------------------------------
     async def change_plans(
@@ -367,26 +423,32 @@ class Actions:
     ) -> None:
         """Validate on a copy of the tree, then write to the store, then swap the tree in."""
         delete = list(delete)
-        async with self._lock:
-            tree = plans_after(self.plans, records, create, delete)
-            runtimes = runtimes_after(self.limits.plans, records, delete)
-            await self.db.write(self.store.save_plans, records, self.clock(), delete=delete)
-            self.plans = tree
-            self.limits.plans = runtimes
+        async with self.state.lock:
+            tree = plans_after(self.state.plans, records, create, delete)
+            runtimes = runtimes_after(self.state.limits.plans, records, delete)
+            await self.state.db.write(
+                self.state.store.save_plans, records, self.state.clock(), delete=delete
+            )
+            self.state.plans = tree
+            self.state.limits.plans = runtimes
             for path in delete:
-                self.members.pop(path, None)
+                self.state.members.pop(path, None)
             for rec in records:
-                self.members[rec.path] = (list(rec.users), list(rec.groups))
-            self._sync_queues()
-        await self.kick()
+                self.state.members[rec.path] = (list(rec.users), list(rec.groups))
+            self.state.sync_queues()
+        await self.state.kick()
 
     def live_jobs_under(self, path: str) -> list[Job]:
-        return [j for j in self.jobs.values() if j.leaf == path or j.leaf.startswith(path + "/")]
+        return [
+            j
+            for j in self.state.live.jobs.values()
+            if j.leaf == path or j.leaf.startswith(path + "/")
+        ]
 
     def record(self, path: str) -> PlanRecord:
-        plan = self.plans.get(path)
-        users, groups = self.members.get(path, ([], []))
-        default, most = self.limits.plans.get(path, runtime_limits.NONE)
+        plan = self.state.plans.get(path)
+        users, groups = self.state.members.get(path, ([], []))
+        default, most = self.state.limits.plans.get(path, runtime_limits.NONE)
         return PlanRecord(
             plan.path, plan.share, plan.limit, plan.user_leaf, users, groups, default, most
         )

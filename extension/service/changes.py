@@ -3,23 +3,26 @@ decision kind. Each returns or collects the store's change for a job (a ``StoreC
 updates the live job in memory;
 the loop (scheduling.py) stores them all in one transaction before any backend call goes out.
 
-``sched`` is the service's Scheduler (its live jobs, its queued backend calls).
+``sched`` is what a cycle works on (``CycleState``, which the service's Scheduler implements):
+the live jobs, the backend calls queued for after the commit, the last cycle's result.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from extension.backends.base import BackendEvent, EventKind
 from extension.metering.transitions import Transition
 from extension.scheduler import (
+    CycleResult,
     Decision,
     Grow,
     Job,
     JobState,
     Preempt,
     Reject,
+    SchedulerConfig,
     Shrink,
     Start,
     held_work,
@@ -27,20 +30,34 @@ from extension.scheduler import (
     steady_state,
 )
 
-from .live import LiveJob
+from .backend_calls import BackendCalls
+from .live import LiveJob, LiveJobs
+from .notebook_devices import NotebookDevices
 from .records import JobKind, StoreChange
 from .runtime_limits import deadline, timeout_reason
-from .store import FoldFacts, JobRow
+from .store import FoldFacts, JobRow, Store
+
+
+class CycleState(Protocol):
+    """What the folds and decisions read and change."""
+
+    live: LiveJobs
+    calls: BackendCalls
+    notebook_devices: NotebookDevices
+    config: SchedulerConfig
+    result: CycleResult | None
+    store: Store
+    clock: Callable[[], float]
 
 
 # -- events --------------------------------------------------------------------------------
-def on_running(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreChange:
+def on_running(sched: CycleState, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreChange:
     if ev.placement:
         job.placement = tuple(ev.placement)
     return StoreChange(job.id, {"placement": list(job.placement)}, Transition.RUNNING)
 
 
-def on_resized(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreChange:
+def on_resized(sched: CycleState, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreChange:
     record = sched.live.get(job.id)
     target = record.resize_to if record is not None else None
     if record is not None:
@@ -51,7 +68,7 @@ def on_resized(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreC
     return StoreChange(job.id, values, Transition.RESIZED)
 
 
-def on_ended(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreChange:
+def on_ended(sched: CycleState, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreChange:
     """finished, failed, lost: the workers are gone; a cancel under way ends CANCELLED, a stop
     at the runtime limit TIMEOUT (a job that finished by itself meanwhile stays FINISHED)."""
     state = JobState.FINISHED if ev.kind is EventKind.FINISHED else JobState.FAILED
@@ -70,9 +87,9 @@ def on_ended(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreCha
     return StoreChange(job.id, values, ended, reason)
 
 
-def _ended(sched: Any, job: Job, state: JobState, ev: BackendEvent, reason: str) -> dict:
+def _ended(sched: CycleState, job: Job, state: JobState, ev: BackendEvent, reason: str) -> dict:
     """The job is over (``state``): out of the live jobs; the store's columns for it."""
-    sched._end(job, state)
+    sched.live.end(job, state)
     return {
         "state": state.value,
         "placement": [],
@@ -82,7 +99,7 @@ def _ended(sched: Any, job: Job, state: JobState, ev: BackendEvent, reason: str)
     }
 
 
-def on_released(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreChange:
+def on_released(sched: CycleState, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreChange:
     """A stop finished: cancelled, stopped at its runtime limit (TIMEOUT, also when the limit
     came during a preemption's grace), or preempted and back to the queue (it resumes from its
     checkpoint when started again)."""
@@ -105,7 +122,7 @@ def on_released(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Store
     return StoreChange(job.id, values, Transition.RELEASED, row.reason)
 
 
-def on_refused(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreChange:
+def on_refused(sched: CycleState, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreChange:
     """The service's own: a start the platform refused for now; back to the queue."""
     job.state, job.placement, job.started = JobState.PENDING, (), None
     job.terminating = False
@@ -114,7 +131,9 @@ def on_refused(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreC
     return StoreChange(job.id, {**values, "reason": reason}, Transition.REFUSED, reason)
 
 
-def on_checkpoint(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> StoreChange | None:
+def on_checkpoint(
+    sched: CycleState, job: Job, row: FoldFacts, ev: BackendEvent
+) -> StoreChange | None:
     """The runtime reported a checkpoint: kept on the job (``Job.checkpointed``), no transition.
     Only a newer one counts, and never one later than now. It is kept across a preemption: a
     job that restarts resumes from it, and ``churn.lost_work`` counts from the later of it and
@@ -127,7 +146,8 @@ def on_checkpoint(sched: Any, job: Job, row: FoldFacts, ev: BackendEvent) -> Sto
 
 
 # one fold per event kind (base.EventKind); a kind without one fails the test that lists them
-FOLDS: dict[EventKind, Callable[[Any, Job, FoldFacts, BackendEvent], StoreChange | None]] = {
+Fold = Callable[[CycleState, Job, FoldFacts, BackendEvent], StoreChange | None]
+FOLDS: dict[EventKind, Fold] = {
     EventKind.RUNNING: on_running,
     EventKind.RESIZED: on_resized,
     EventKind.FINISHED: on_ended,
@@ -140,7 +160,7 @@ FOLDS: dict[EventKind, Callable[[Any, Job, FoldFacts, BackendEvent], StoreChange
 
 
 # -- runtime limits (docs/runtime.md "Runtime limits") ---------------------------------------
-def _limited(sched: Any) -> list[tuple[LiveJob, float]]:
+def _limited(sched: CycleState) -> list[tuple[LiveJob, float]]:
     """Running jobs with a runtime limit whose stop has not been asked for, and their deadline.
     A job being shrunk waits for its ``resized`` (that event brings the cycle that judges it):
     counted here, a deadline passed during the shrink's grace would spin the loop."""
@@ -157,12 +177,12 @@ def _limited(sched: Any) -> list[tuple[LiveJob, float]]:
     return out
 
 
-def next_deadline(sched: Any) -> float | None:
+def next_deadline(sched: CycleState) -> float | None:
     """The nearest deadline of a running job (the loop sleeps no longer than until then)."""
     return min((due for _, due in _limited(sched)), default=None)
 
 
-def due_timeouts(sched: Any, now: float) -> list[StoreChange]:
+def due_timeouts(sched: CycleState, now: float) -> list[StoreChange]:
     """Jobs at their runtime limit: the usual stop (SIGTERM, ``grace``, SIGKILL; the runtime
     checkpoints on SIGTERM) with ``timeout_requested`` stored, so the job ends TIMEOUT when its
     workers are gone, also after a restart. A notebook (the spawner runs its server) ends
@@ -177,7 +197,7 @@ def due_timeouts(sched: Any, now: float) -> list[StoreChange]:
         reason = timeout_reason(record.max_runtime, job.started)
         record.stopping = True
         if record.kind is JobKind.NOTEBOOK:
-            sched._end(job, JobState.TIMEOUT)
+            sched.live.end(job, JobState.TIMEOUT)
             values = {
                 "state": JobState.TIMEOUT.value,
                 "ended": now,
@@ -193,7 +213,7 @@ def due_timeouts(sched: Any, now: float) -> list[StoreChange]:
             job.terminating = True
             values = {"timeout_requested": True, "terminating": True, "reason": reason}
             changes.append(StoreChange(job.id, values, Transition.TIMING_OUT, reason))
-            sched._queue_stop(job.id, sched.config.grace, reason)
+            sched.calls.stop(job.id, sched.config.grace, reason)
     return changes
 
 
@@ -203,7 +223,7 @@ class CarryOut:
     each ``(decision, job)``): what each changes for the store, what the core decided for the
     log, and the backend calls queued for after the store has it all."""
 
-    def __init__(self, sched: Any, now: float) -> None:
+    def __init__(self, sched: CycleState, now: float) -> None:
         self.sched, self.now = sched, now
         self.changes: list[StoreChange] = []
         self.log: list[tuple[str, str, dict]] = []
@@ -232,7 +252,7 @@ class CarryOut:
         # the spawner runs notebook servers
         record = self.sched.live[job.id]
         if record.kind is not JobKind.NOTEBOOK:
-            self.sched._queue_backend(job.id, "start", tuple(d.placement))
+            self.sched.calls.start(record.spec, tuple(d.placement))
         else:  # its GPUs, which the spawner fences the server to
             self.sched.notebook_devices.hold(record.spec, tuple(d.placement))
 
@@ -241,16 +261,18 @@ class CarryOut:
         values = {"placement": list(job.placement)}
         self.changes.append(StoreChange(job.id, values, Transition.GROWN))
         self.log.append((job.id, "grow", {"add": list(d.add), "workers": d.workers}))
-        self.sched._queue_backend(job.id, "resize", job.placement)
+        spec = self.sched.live[job.id].spec
+        self.sched.calls.resize(spec, job.placement, self.sched.config.grace)
 
     def shrink(self, d: Shrink, job: Job) -> None:
         job.terminating = True
         target = _without(job.placement, d.release)
-        self.sched.live[job.id].resize_to = target
+        record = self.sched.live[job.id]
+        record.resize_to = target
         values = {"terminating": True, "reason": d.reason}
         self.changes.append(StoreChange(job.id, values, Transition.SHRINKING, d.reason))
         self.log.append((job.id, "shrink", {"release": list(d.release), "reason": d.reason}))
-        self.sched._queue_backend(job.id, "resize", target, d.grace)
+        self.sched.calls.resize(record.spec, target, d.grace)
 
     def preempt(self, d: Preempt, job: Job) -> None:
         cost = preemption_cost(self.sched, d, job, self.now)  # before anything changes
@@ -258,16 +280,16 @@ class CarryOut:
         values = {"terminating": True, "reason": d.reason}
         self.changes.append(StoreChange(job.id, values, Transition.PREEMPTING, d.reason))
         self.log.append((job.id, "preempt", {"reason": d.reason, "for": d.for_job, **cost}))
-        self.sched._queue_stop(job.id, d.grace, d.reason)
+        self.sched.calls.stop(job.id, d.grace, d.reason)
 
     def reject(self, d: Reject, job: Job) -> None:
-        self.sched._end(job, JobState.REJECTED)
+        self.sched.live.end(job, JobState.REJECTED)
         values = {"state": JobState.REJECTED.value, "ended": self.now, "reason": d.reason}
         self.changes.append(StoreChange(job.id, values, Transition.REJECTED, d.reason))
         self.log.append((job.id, "reject", {"reason": d.reason}))
 
 
-def preemption_cost(sched: Any, d: Preempt, job: Job, now: float) -> dict[str, Any]:
+def preemption_cost(sched: CycleState, d: Preempt, job: Job, now: float) -> dict[str, Any]:
     """What a preemption costs, stored with the decision (the churn figures are summed from these,
     docs/metering.md "Churn"): the victim's held and lost GPU-seconds at the decision
     (``churn.held_work``/``lost_work``; 0 for a victim without GPUs, where the simulator counts its
@@ -276,7 +298,7 @@ def preemption_cost(sched: Any, d: Preempt, job: Job, now: float) -> dict[str, A
     cycle's figures, in which the reclaimer's leaf already had demand (``churn.within_one_gang``).
     No previous cycle, or a reclaimer no longer known, is not the steady state."""
     previous = sched.result.plans if sched.result is not None else None
-    reclaimer = sched.jobs.get(d.for_job)
+    reclaimer = sched.live.jobs.get(d.for_job)
     steady = False
     if previous and reclaimer is not None:
         steady = steady_state(previous, reclaimer)
@@ -299,7 +321,7 @@ def _without(placement: tuple[str, ...], release: tuple[str, ...]) -> tuple[str,
     return tuple(out)
 
 
-def resume_under_way(sched: Any, running: list[JobRow]) -> None:
+def resume_under_way(sched: CycleState, running: list[JobRow]) -> None:
     """At a restart, what was under way for the re-adopted ``running`` jobs when the service
     went away: a stop is sent again (one at the runtime limit too: it still ends TIMEOUT), a
     shrink is forgotten (the next cycle decides again at today's figures)."""
@@ -310,7 +332,7 @@ def resume_under_way(sched: Any, running: list[JobRow]) -> None:
         stopping = row.cancel_requested or row.timeout_requested
         if stopping or (events and events[-1].event == Transition.PREEMPTING):
             reason = row.reason or "stop resumed after restart"
-            sched._queue_stop(row.id, sched.config.grace, reason, now=True)
+            sched.calls.stop(row.id, sched.config.grace, reason, now=True)
         else:
-            sched.jobs[row.id].terminating = False
+            sched.live.jobs[row.id].terminating = False
             sched.store.update_jobs([StoreChange(row.id, {"terminating": False})], sched.clock())

@@ -25,16 +25,25 @@ import copy
 import logging
 import multiprocessing
 import time
-from typing import Any
-
-from sqlalchemy import and_, or_, select
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from extension.queue_text import ordinal
-from extension.scheduler import JobState, Snapshot
+from extension.scheduler import (
+    CycleResult,
+    Instance,
+    JobState,
+    PlanTree,
+    SchedulerConfig,
+    Snapshot,
+)
 from extension.scheduler.resources import format_amount
 from extension.sim.runtimes import RunHistory, forward_inputs
 
+from .live import LiveJobs
 from .rows import JobRow
+from .store import Store
+from .storecalls import StoreCalls
 
 HISTORY_SECONDS = 60.0  # finished jobs' runtimes are read again at most this often
 HISTORY_ROWS = 5000  # the most recent finished jobs they are read from
@@ -42,13 +51,36 @@ SETTLE = 2  # cycles the loop runs on a decision's backend events at the same in
 DUTY = 10  # a refresh waits at least this many times as long as the last one took
 
 
+class LineSource(Protocol):
+    """What the line reads of the scheduler: its plans, instance and live jobs, the last
+    cycle's result, and the store (the runtimes of the jobs that ran their course)."""
+
+    plans: PlanTree
+    instance: Instance
+    config: SchedulerConfig
+    reserved: str | None
+    live: LiveJobs
+    result: CycleResult | None
+    store: Store
+    db: StoreCalls
+    log: logging.Logger
+    clock: Callable[[], float]
+
+    @property
+    def loop_started(self) -> bool: ...
+
+    @property
+    def runtimes(self) -> dict[str, float]: ...
+
+
 class WaitingLine:
     """The line of one Scheduler (``sched.queue``): ``view(job_id)`` for the job's JSON,
-    ``views()`` for the admin page and metering; ``refresh()`` runs one forward estimate."""
+    ``views()`` for the admin page and metering; ``refresh()`` runs one forward estimate;
+    ``after_cycle`` is the scheduler's cycle hook that starts one when it is time."""
 
     def __init__(
         self,
-        sched: Any,
+        sched: LineSource,
         interval: float = 2.0,
         budget: float = 0.15,
         default_runtime: float = 3600.0,
@@ -73,11 +105,6 @@ class WaitingLine:
         self.runs = 0  # forward runs done (the tests read it)
         self.last_wall: float | None = None  # seconds the last refresh took, start to views
 
-    def attach(self) -> WaitingLine:
-        self.sched.queue = self
-        self.sched.cycle_hooks.append(self._after_cycle)
-        return self
-
     # -- what the API shows --------------------------------------------------------------------
     def view(self, row: JobRow) -> dict | None:
         """The ``queue`` object of a job's JSON: None unless it is pending."""
@@ -94,12 +121,12 @@ class WaitingLine:
         return dict(self._views)
 
     # -- refreshing ----------------------------------------------------------------------------
-    def _after_cycle(self, result: Any, now: float, seconds: float) -> None:
+    def after_cycle(self, result: Any, now: float, seconds: float) -> None:
         """A cycle hook (runs on the loop): start a forward run unless one is under way or the
         last began less than ``interval`` ago; then one is started when that time is up."""
-        if self._closed or self.interval <= 0 or self.sched._task is None:
+        if self._closed or self.interval <= 0 or not self.sched.loop_started:
             return
-        if not any(j.state is JobState.PENDING for j in self.sched.jobs.values()):
+        if not any(j.state is JobState.PENDING for j in self.sched.live.jobs.values()):
             self._views = {}
             return
         if self._running is not None or self._again is not None:
@@ -131,7 +158,7 @@ class WaitingLine:
         sched = self.sched
         self._last = time.monotonic()
         now = sched.clock()
-        jobs = [copy.copy(j) for j in sched.jobs.values()]  # the loop changes the live ones
+        jobs = [copy.copy(j) for j in sched.live.jobs.values()]  # the loop changes the live ones
         snapshot = Snapshot(sched.plans, sched.instance, jobs, sched.config, sched.reserved)
         limits = dict(sched.runtimes)  # live job id -> its runtime limit
         if now - self._history_at >= HISTORY_SECONDS:
@@ -160,23 +187,8 @@ class WaitingLine:
 
     def _history_now(self) -> RunHistory:
         """In a store thread: the runtimes of the jobs that ran their course lately."""
-        store = self.sched.store
-        # how jobs end when they ran their course: training jobs finish (or reach their
-        # limit), notebook servers are stopped by their users (the spawner cancels the job)
-        ended = [JobState.FINISHED.value, JobState.TIMEOUT.value]
-        ran_out = or_(
-            JobRow.state.in_(ended),
-            and_(JobRow.kind == "notebook", JobRow.state == JobState.CANCELLED.value),
-        )
-        query = (
-            select(JobRow.user, JobRow.plan, JobRow.kind, JobRow.started, JobRow.ended)
-            .where(JobRow.started.is_not(None), ran_out)
-            .order_by(JobRow.ended.desc())
-            .limit(HISTORY_ROWS)
-        )
         history = RunHistory(self.history)
-        with store.session() as s:
-            rows = list(s.execute(query))
+        rows = self.sched.store.ran_their_course(HISTORY_ROWS)
         for user, plan, kind, started, end in reversed(rows):  # the most recent last
             if end is not None and end >= started:
                 history.add(user, plan, kind, end - started)
@@ -196,7 +208,7 @@ class WaitingLine:
     def _build(self, jobs: list, estimates: Any, now: float, guessed: set[str]) -> dict:
         """The views of the jobs still pending now, placed in the forward run's start order."""
         sched = self.sched
-        live = sched.jobs
+        live = sched.live.jobs
         placed = estimates.jobs
         pending = [
             j

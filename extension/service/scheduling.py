@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from extension.backends.base import (
-    AdmissionRefused,
     Backend,
     BackendEvent,
     EventKind,
@@ -34,6 +33,7 @@ from extension.backends.base import (
     Opens,
     SyncsQueues,
 )
+from extension.backends.userfs import UserFiles
 from extension.scheduler import (
     CycleResult,
     IndexCache,
@@ -57,6 +57,7 @@ from .actions import (  # noqa: F401 - re-exported: the handlers import them her
     new_job_id,
     plans_after,
 )
+from .backend_calls import BackendCalls
 from .changes import FOLDS, CarryOut, due_timeouts, next_deadline, resume_under_way
 from .jobrows import job_spec
 from .live import LiveJobs
@@ -67,6 +68,7 @@ from .records import InstanceBounds, JobKind, StoreChange
 from .runtime_limits import Limits
 from .store import FoldFacts, JobRow, PlanRecord, Store
 from .storecalls import StoreCalls, StoreUnavailable
+from .submission import Submission
 
 LIVE = (JobState.PENDING.value, JobState.RUNNING.value)
 # the least time from one cycle's start to the next one's: under a stream of submissions a
@@ -76,8 +78,10 @@ CYCLE_GAP = 0.05
 Clock = Callable[[], float]
 
 
-class Scheduler(Actions):
-    """Plans, jobs and the loop. The REST handlers call the public methods."""
+class Scheduler:
+    """Plans, jobs and the loop, built from collaborators: the live jobs (live.py), the backend
+    calls (backend_calls.py), the actions the REST handlers ask for (actions.py) and the
+    waiting line (queue.py). The handlers call the public methods."""
 
     def __init__(
         self,
@@ -115,17 +119,16 @@ class Scheduler(Actions):
         self.reserved: str | None = None  # CycleResult.reserved, passed to the next cycle
         self.cycles = 0
         self.last_error: str | None = None  # why the last cycle failed, while it does
+        self.calls = BackendCalls(lambda: self.backend, self.emit, clock, self.log)
+        self.actions = Actions(self)
         self._events: list[BackendEvent] = []
-        self._calls: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         self._wake = asyncio.Event()
         self._waiters: list[asyncio.Future] = []
         self._task: asyncio.Task | None = None
-        self._job_tasks: dict[str, asyncio.Task] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
-        self._lock = asyncio.Lock()  # a cycle, a cancel, a plan change: one at a time
+        self.lock = asyncio.Lock()  # a cycle, a cancel, a plan change: one at a time
         self._stale = False  # the last cycle's write failed: reload the jobs from the store
-        self._keys: dict[tuple[str, str], asyncio.Future] = {}  # submissions under way
         # submitted since the last cycle: stored by its transaction (group commit)
         self._submitted: list[tuple[JobRow, asyncio.Future]] = []
         self.cycle_hooks: list[Callable[[Any, float, float], None]] = []  # (result, now, s)
@@ -136,7 +139,8 @@ class Scheduler(Actions):
         # of their own (they change the victims' order only; the next cycle folds them)
         self._checkpoints: dict[str, BackendEvent] = {}
         # every pending job's place in line, reason and start estimate (queue.py), off the loop
-        self.queue = WaitingLine(self).attach()
+        self.queue = WaitingLine(self)
+        self.cycle_hooks.append(self.queue.after_cycle)
 
     # -- start and stop -----------------------------------------------------------------------
     def load(self, default_plans: dict[str, dict] | None = None) -> None:
@@ -177,7 +181,7 @@ class Scheduler(Actions):
         if isinstance(backend, Opens):  # e.g. the Kubernetes backend lists the cluster first
             await backend.open()
         self._refresh_instance()
-        self._sync_queues()
+        self.sync_queues()
         live = self.store.jobs(states=[JobState.RUNNING.value])
         running = [r for r in live if r.kind != JobKind.NOTEBOOK]
         self.notebook_devices.keep({r.id for r in live if r.kind == JobKind.NOTEBOOK})
@@ -185,7 +189,24 @@ class Scheduler(Actions):
             await backend.recover([job_spec(r) for r in running])
             resume_under_way(self, running)
         if run_loop:
-            self._task = asyncio.ensure_future(self._run())
+            self.start_loop()
+
+    def start_loop(self) -> None:
+        """Start the loop task (``start`` does unless told not to)."""
+        self._task = asyncio.ensure_future(self._run())
+
+    @property
+    def loop_started(self) -> bool:
+        return self._task is not None
+
+    @property
+    def loop_running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    @property
+    def events_waiting(self) -> list[BackendEvent]:
+        """The backend's events the next cycle folds (checkpoints aside)."""
+        return list(self._events)
 
     def _refresh_instance(self) -> None:
         """The instance the core sees: the backend's nodes now, cut by the configured quota
@@ -197,12 +218,10 @@ class Scheduler(Actions):
             quota = quota.cap(backend.quota())
         self.instance = Instance(tuple(backend.capacity()), quota, self.bounds.max_jobs)
 
-    def _sync_queues(self) -> None:
+    def sync_queues(self) -> None:
         """Backends that mirror the plan tree (Volcano queues) get it after every change."""
-        backend = self.backend
-        if isinstance(backend, SyncsQueues):
-            plans = self.plans.copy()
-            self._dispatch("plans", lambda: backend.sync_queues(plans))
+        if isinstance(self.backend, SyncsQueues):
+            self.calls.sync_queues(self.plans.copy())
 
     async def stop(self) -> None:
         self._stopping = True
@@ -213,7 +232,7 @@ class Scheduler(Actions):
             except (asyncio.TimeoutError, asyncio.CancelledError):
                 self._task.cancel()
         self.queue.close()
-        tasks = list(self._job_tasks.values())
+        tasks = self.calls.under_way()
         if tasks:  # a stop in its grace period finishes; the workers outlive us anyway
             await asyncio.wait(tasks, timeout=5)
         if self.backend is not None:
@@ -239,9 +258,64 @@ class Scheduler(Actions):
             loop.call_soon_threadsafe(self._events.append, event)
             loop.call_soon_threadsafe(self._wake.set)
 
+    async def through_cycle(self, row: JobRow) -> None:
+        """Hand a new job to the next cycle, which stores it with everything else it writes, in
+        one commit, and decides on it; returns once it is stored (``row`` as the cycle left it)."""
+        stored = asyncio.get_running_loop().create_future()
+        self._submitted.append((row, stored))
+        self._wake.set()
+        await stored
+
+    # -- what the REST handlers ask for (actions.py) ------------------------------------------
+    def may_submit(self, caller: Caller, plan: str) -> bool:
+        return self.actions.may_submit(caller, plan)
+
+    def usable_plans(self, caller: Caller) -> list[str]:
+        return self.actions.usable_plans(caller)
+
+    async def submit_once(
+        self,
+        caller: Caller,
+        sub: Submission | Callable[[], Awaitable[Submission]],
+        key: str,
+        digest: str,
+    ) -> tuple[JobRow, bool]:
+        return await self.actions.submit_once(caller, sub, key, digest)
+
+    async def submit(
+        self, caller: Caller, sub: Submission, key: str | None = None, digest: str = ""
+    ) -> JobRow:
+        return await self.actions.submit(caller, sub, key=key, digest=digest)
+
+    def files_for(self, user: str, create: bool = False) -> UserFiles:
+        return self.actions.files_for(user, create)
+
+    async def visible_job(self, caller: Caller, job_id: str) -> JobRow:
+        return await self.actions.visible_job(caller, job_id)
+
+    async def cancel(self, caller: Caller, job_id: str) -> JobRow:
+        return await self.actions.cancel(caller, job_id)
+
+    def notebook_jobs(self) -> list[str]:
+        return self.live.notebooks()
+
+    async def release_notebook(self, job_id: str, reason: str) -> None:
+        await self.actions.release_notebook(job_id, reason)
+
+    async def change_plans(
+        self, records: list[PlanRecord], create: bool, delete: Iterable[str] = ()
+    ) -> None:
+        await self.actions.change_plans(records, create, delete)
+
+    def live_jobs_under(self, path: str) -> list[Job]:
+        return self.actions.live_jobs_under(path)
+
+    def record(self, path: str) -> PlanRecord:
+        return self.actions.record(path)
+
     async def kick(self) -> None:
         """Ask for a cycle and wait until one that started after this call has finished."""
-        if self._task is None or self._task.done():
+        if not self.loop_running:
             return
         future = asyncio.get_running_loop().create_future()
         self._waiters.append(future)
@@ -306,7 +380,7 @@ class Scheduler(Actions):
 
     async def cycle(self) -> None:
         """One pass: events, decisions, store, then backend calls (in that order)."""
-        async with self._lock:
+        async with self.lock:
             await self._cycle()
 
     async def _cycle(self) -> None:
@@ -334,9 +408,7 @@ class Scheduler(Actions):
         # the reservation holder is tried first next cycle (docs/scheduling.md "Admission 4"):
         # what a reclaim freed goes to the reclaimer, not back to its victim
         self.reserved = result.reserved
-        calls, self._calls = self._calls, []
-        for job_id, call in calls:
-            self._dispatch(job_id, call)
+        self.calls.run_queued()
         seconds = time.perf_counter() - began
         hooks = [(h, (result, now, seconds)) for h in self.cycle_hooks]
         hooks += [(h, (log, now)) for h in self.decision_hooks if log]
@@ -380,7 +452,7 @@ class Scheduler(Actions):
         """Nothing of the cycle is stored: carry none of it out, keep its events (they are
         folded again next cycle), tell its submitters, and take the jobs back as the store
         has them."""
-        self._calls.clear()
+        self.calls.discard_queued()
         self._events[:0] = events
         for _, done in submitted:
             if not done.done():
@@ -390,40 +462,9 @@ class Scheduler(Actions):
             self._reload_jobs(await self.db.read(self.store.jobs, states=LIVE))
             self._stale = False
 
-    def _dispatch(self, job_id: str, call: Callable[[], Awaitable[None]]) -> None:
-        """Run a backend call as its own task, after the job's earlier calls (a stop waits for
-        the start before it); the loop goes on deciding while a grace period runs."""
-        previous = self._job_tasks.get(job_id)
-
-        async def run() -> None:
-            if previous is not None:
-                with contextlib.suppress(Exception):
-                    await previous
-            try:
-                await call()
-            except Exception as err:  # the backend could not do it: the job fails, visibly
-                if isinstance(err, AdmissionRefused) and not err.permanent:
-                    # refused for now, before anything was created (a namespace quota that may
-                    # free up): back to the queue with the platform's words, not a failure
-                    self.log.warning("backend refused %s for now: %s", job_id, err)
-                    self.emit(
-                        BackendEvent(job_id, EventKind.REFUSED, self.clock(), message=str(err))
-                    )
-                    return
-                self.log.exception("backend call for %s failed", job_id)
-                message = f"backend error: {err}"
-                self.emit(BackendEvent(job_id, EventKind.FAILED, self.clock(), message=message))
-
-        task = asyncio.ensure_future(run())
-        self._job_tasks[job_id] = task
-        task.add_done_callback(
-            lambda t: self._job_tasks.get(job_id) is t and self._job_tasks.pop(job_id)
-        )
-
     async def drain(self) -> None:
         """Wait for every backend call under way (tests, shutdown)."""
-        while self._job_tasks:
-            await asyncio.gather(*list(self._job_tasks.values()), return_exceptions=True)
+        await self.calls.drain()
 
     def _fold_events(
         self, events: list[BackendEvent], rows: dict[str, FoldFacts], now: float
@@ -444,9 +485,6 @@ class Scheduler(Actions):
         """What the event changes; one fold per kind (docs/service.md "The scheduling loop")."""
         return FOLDS[ev.kind](self, job, row, ev)
 
-    def _end(self, job: Job, state: JobState) -> None:
-        self.live.end(job, state)
-
     def _apply(
         self, decisions: Iterable, waiting: dict[str, str], now: float
     ) -> tuple[list[StoreChange], list[tuple[str, str, dict]]]:
@@ -466,28 +504,6 @@ class Scheduler(Actions):
                 changes.append(StoreChange(job_id, {"reason": reason}))
                 record.reason = reason
         return changes, log
-
-    def _queue_backend(
-        self, job_id: str, what: str, placement: tuple, grace: float | None = None
-    ) -> None:
-        spec = self.live[job_id].spec
-        assert self.backend is not None
-        backend = self.backend
-        if what == "start":
-            self._calls.append((job_id, lambda: backend.start(spec, placement)))
-        else:
-            grace = self.config.grace if grace is None else grace
-            self._calls.append((job_id, lambda: backend.resize(spec, placement, grace)))
-
-    def _queue_stop(self, job_id: str, grace: float, reason: str, now: bool = False) -> None:
-        """A stop for the next dispatch, or at once (``now``) for a user's cancel."""
-        backend = self.backend
-        assert backend is not None
-        call = (job_id, lambda: backend.stop(job_id, grace, reason))
-        if now:
-            self._dispatch(*call)
-        else:
-            self._calls.append(call)
 
 
 def _failed_submission(err: BaseException) -> Exception:

@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
+    and_,
     create_engine,
     event,
     func,
     insert,
+    or_,
     select,
     update,
 )
@@ -33,11 +35,11 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from extension.metering.transitions import Transition
-from extension.scheduler import UNLIMITED, Resources
+from extension.scheduler import UNLIMITED, JobState, Resources
 
 from .cycle_writes import ROW_COLUMNS, job_values, transition_values, update_jobs
 from .privacy import PRIVATE_DIR, make_dir, private_sqlite_file
-from .records import StoreChange
+from .records import JobKind, StoreChange
 from .rows import (  # noqa: F401 - re-exported: tests, metering's old callers, migrations
     Base,
     DecisionRow,
@@ -353,6 +355,24 @@ class Store:
                 setattr(row, key, value)
 
     # -- the lease: one service per database -------------------------------------------------------
+    def ran_their_course(self, limit: int) -> list[tuple[str, str, str, float, float]]:
+        """(user, plan, kind, started, ended) of the latest ``limit`` jobs that ran their course,
+        the most recent first: training jobs that finished (or reached their limit), notebook
+        servers their users stopped (the spawner cancels the job). The waiting line's history."""
+        ended = [JobState.FINISHED.value, JobState.TIMEOUT.value]
+        ran_out = or_(
+            JobRow.state.in_(ended),
+            and_(JobRow.kind == JobKind.NOTEBOOK.value, JobRow.state == JobState.CANCELLED.value),
+        )
+        query = (
+            select(JobRow.user, JobRow.plan, JobRow.kind, JobRow.started, JobRow.ended)
+            .where(JobRow.started.is_not(None), ran_out)
+            .order_by(JobRow.ended.desc())
+            .limit(limit)
+        )
+        with self.session() as s:
+            return [tuple(row) for row in s.execute(query)]
+
     def take_lease(self, owner: str, holder: dict, now: float, ttl: float) -> dict | None:
         """Take the service lease for ``owner`` unless another live owner holds it; returns
         None when taken, else what the other holder wrote. Compare-and-set on the meta row, so

@@ -290,33 +290,10 @@ def parse_submission(
         raise SubmissionError(
             f"unknown field {unknown[0]!r}; the fields are {', '.join(sorted(KEYS))}"
         )
-    plan, name, kind = _plan(body), _name(body), _kind(body)
-    lo, hi = _workers(body.get("workers", 1), max_workers)
-    try:
-        per_worker, limits = limit_range.apply(body.get("resources"), body.get("limits"))
-    except QuantityError as err:
-        raise SubmissionError(str(err)) from None
-    priority, preemptible = _priority(body), _preemptible(body, kind)
-    if kind is JobKind.NOTEBOOK and (preemptible or lo != 1 or hi != 1):
-        # the spawner runs the server, so nothing could stop or resize it on a decision
-        raise SubmissionError("a notebook job is one worker and not preemptible")
-    env = _env(body.get("env"))
-    max_runtime = _max_runtime(body)
+    asked, name = _asked(body, limit_range, max_workers)
     root = user_root(storage_root, user)
     command = body.get("command")
-    asked = {
-        "plan": plan,
-        "min_workers": lo,
-        "max_workers": hi,
-        "per_worker": per_worker,
-        "limits": limits,
-        "priority": priority,
-        "preemptible": preemptible,
-        "kind": kind,
-        "env": env,
-        "max_runtime": max_runtime,
-    }
-    if kind is JobKind.NOTEBOOK:
+    if asked["kind"] is JobKind.NOTEBOOK:
         if command not in (None, {}):
             raise SubmissionError("a notebook job has no command: the spawner starts the server")
         return Submission(**asked, name=name or "notebook")
@@ -333,6 +310,34 @@ def parse_submission(
         model_main=script,
         args=tuple(args),
     )
+
+
+def _asked(body: dict, limit_range: LimitRange, max_workers: int) -> tuple[dict[str, Any], str]:
+    """The fields every job has, checked in the order the errors are reported, as
+    ``Submission``'s keywords; and the name as given ("" when none)."""
+    plan, name, kind = _plan(body), _name(body), _kind(body)
+    lo, hi = _workers(body.get("workers", 1), max_workers)
+    try:
+        per_worker, limits = limit_range.apply(body.get("resources"), body.get("limits"))
+    except QuantityError as err:
+        raise SubmissionError(str(err)) from None
+    priority, preemptible = _priority(body), _preemptible(body, kind)
+    if kind is JobKind.NOTEBOOK and (preemptible or lo != 1 or hi != 1):
+        # the spawner runs the server, so nothing could stop or resize it on a decision
+        raise SubmissionError("a notebook job is one worker and not preemptible")
+    asked = {
+        "plan": plan,
+        "min_workers": lo,
+        "max_workers": hi,
+        "per_worker": per_worker,
+        "limits": limits,
+        "priority": priority,
+        "preemptible": preemptible,
+        "kind": kind,
+        "env": _env(body.get("env")),
+        "max_runtime": _max_runtime(body),
+    }
+    return asked, name
 
 
 def _plan(body: dict) -> str:

@@ -83,7 +83,7 @@ async def test_no_checkpoint_is_null_and_a_restart_keeps_it(rig: Rig) -> None:
 
 async def test_checkpoints_ask_for_no_cycle_and_the_next_one_folds_the_latest(rig: Rig) -> None:
     big = await big_job(rig)
-    rig.sched._task = asyncio.ensure_future(rig.sched._run())  # the loop, tick 5 s
+    rig.sched.start_loop()  # the loop, tick 5 s
     await asyncio.sleep(0.2)  # its first wait begins
     cycles = rig.sched.cycles
     at = rig.clock()

@@ -109,7 +109,7 @@ class LoopWatch:
 
 
 def kinds(rig: Rig) -> list[str]:
-    return [e.kind for e in rig.sched._events]
+    return [e.kind for e in rig.sched.events_waiting]
 
 
 async def wait_for(predicate, timeout: float = 10.0) -> None:
@@ -135,7 +135,7 @@ async def test_a_locked_database_loses_no_event_and_never_blocks_the_loop(rig: R
     locker = Locker(rig.tmp / "wmla.sqlite")
     try:
         await wait_for(lambda: kinds(rig)[-1:] == ["finished"])  # its workers exit while locked
-        exited_at = rig.sched._events[-1].at
+        exited_at = rig.sched.events_waiting[-1].at
         with LoopWatch() as watch:
             assert await rig.sched.run_cycle() is False
         assert "database" in rig.sched.last_error and not rig.sched.db.up

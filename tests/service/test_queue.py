@@ -247,12 +247,10 @@ def test_the_reason_names_the_jobs_main_resource() -> None:
 
 def test_a_line_without_estimates_never_starts_a_run() -> None:
     class Sched:
-        cycle_hooks: list = []
-        jobs: dict = {}
-        _task = object()
+        loop_started = True
 
-    line = WaitingLine(Sched(), interval=0).attach()
-    line._after_cycle(None, 0.0, 0.0)
+    line = WaitingLine(Sched(), interval=0)
+    line.after_cycle(None, 0.0, 0.0)
     assert line._running is None and line._pool is None
 
 

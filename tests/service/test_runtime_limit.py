@@ -393,7 +393,7 @@ async def test_a_restart_during_the_timeout_stop_still_ends_timeout(local) -> No
         assert time.monotonic() < deadline
         await asyncio.sleep(0.05)
     pids = first.pids(job)
-    for task in list(first.sched._job_tasks.values()):  # the service dies mid-grace
+    for task in first.sched.calls.under_way():  # the service dies mid-grace
         task.cancel()
     await first.stop()
     assert pids and not any(gone(pid) for pid in pids)  # the worker outlived the service
@@ -673,6 +673,6 @@ async def test_a_deadline_during_a_shrink_waits_for_its_end_without_spinning_the
         assert change.reason.startswith("runtime limit of 1m reached")
         assert next_deadline(rig.sched) is None
     finally:
-        rig.sched._calls.clear()  # the queued stop is not carried out here
+        rig.sched.calls.discard_queued()  # the queued stop is not carried out here
         await rig.sched.stop()
         rig.store.close()
