@@ -1,4 +1,4 @@
-"""Rules of the house on imports (ARCHITECTURE.md "Rules of the house", issue 17): the core
+"""Rules of the house on imports (docs/architecture.md "Rules of the house", issue 17): the core
 imports nothing of the extension outside itself; scheduler <- backends <- service; metering
 and sim never import the service's handlers or store tables; no package imports another that
 imports it back, and no module cycles inside a package. Every import counts, also one inside
