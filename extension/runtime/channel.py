@@ -5,7 +5,8 @@ since its last checkpoint (docs/scheduling.md "Reclaim 4"); this is how it learn
 ``checkpoint.save()`` calls it after every checkpoint it writes; a script that checkpoints its
 own way calls it itself, after the checkpoint is safely on disk.
 
-The channel is a datagram socket the backend's launcher (``extension/backends/local/worker_launcher.py``) made before it
+The channel is a datagram socket the backend's launcher (``backends/local/worker_launcher.py``)
+made before it
 started this worker and handed down as an inherited file descriptor, named by
 ``WMLA_REPORT_FD`` (rank 0 only). It carries no job id: the launcher at the other end knows which
 job it started, so a report can only ever be about this job. A report is one small datagram sent
