@@ -10,6 +10,7 @@ import logging
 
 from extension.confine import (
     DEFAULT_PIDS,
+    SERVERS_SCOPE,
     ConfineError,
     Confinement,
     Grant,
@@ -29,7 +30,7 @@ def confinement() -> Confinement:
     """The hub's one confinement of notebook servers (scope ``notebooks``), detected once."""
     global _CONFINEMENT
     if _CONFINEMENT is None:
-        _CONFINEMENT = detect("notebooks", users_memory=users_memory_default())
+        _CONFINEMENT = detect(SERVERS_SCOPE, users_memory=users_memory_default())
     return _CONFINEMENT
 
 

@@ -281,9 +281,10 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
             raise
 
     def _wmla_confine(self) -> ServerCgroup:
-        """The server's cgroup, made with its notebook job's grant before the server starts."""
+        """The server's cgroup, made with its notebook job's grant before the server starts;
+        named by the job's id, so the service meters what the server uses as a job's."""
         account = self._wmla_account.name if self._wmla_account else self.user.name
-        name = f"{account}-{self.name or 'default'}"
+        name = self.wmla_job_id or f"{account}-{self.name or 'default'}"
         grant = server_grant(self.wmla_granted, self.wmla_gpus, self.gpu_device_template,
                              self.pids_limit)  # fmt: skip
         if self.wmla_gpus and not server_gpus(self.wmla_granted):

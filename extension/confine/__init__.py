@@ -33,6 +33,7 @@ from .v2 import CgroupV2
 __all__ = [
     "DEFAULT_GPU_TEMPLATE",
     "DEFAULT_PIDS",
+    "SERVERS_SCOPE",
     "USER_OOM_SCORE_ADJ",
     "Cgroup",
     "ConfineError",
@@ -52,6 +53,7 @@ __all__ = [
 ]
 
 PARENT = "wmla"  # every user's cgroup lives under <mount>/wmla/<scope>/
+SERVERS_SCOPE = "notebooks"  # the notebook servers', each named by its notebook job's id
 
 
 class Cgroup(Protocol):

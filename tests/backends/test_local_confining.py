@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from extension.confine import Grant
+from extension.confine import SERVERS_SCOPE, Grant, detect, enter
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not Path("/sys/fs/cgroup/pids").is_dir(),
@@ -86,3 +86,22 @@ async def test_a_notebook_holds_its_gpu_like_a_gang_and_across_a_restart(local_r
     assert again.held_devices("nb") is None
     assert again.devices_in_use() == {"local": [1, 2]}
     await again.stop("job", grace=1, reason="done")
+
+
+async def test_a_notebook_servers_cgroup_is_metered_as_its_job(local_rig) -> None:
+    """The spawner names a server's cgroup by its notebook job's id (spawner/confining.py): the
+    backend's worker_pids and job_usage find it, so metering samples the server as a job."""
+    backend = local_rig.backend()
+    servers = detect(SERVERS_SCOPE)
+    job_id = f"job-nb{os.getpid()}"
+    group = servers.create(job_id, Grant(500, 256 << 20))
+    server = subprocess.Popen(["sleep", "60"], preexec_fn=lambda: enter(group.enter_files()))
+    try:
+        assert backend.worker_pids(job_id) == [server.pid]
+        usage = backend.job_usage(job_id)
+        assert usage is not None and usage.memory_limit_bytes == 256 << 20
+        assert backend.worker_pids("job-none") == [] and backend.job_usage("job-none") is None
+    finally:
+        server.kill()
+        server.wait(10)
+        group.remove(5.0)

@@ -15,8 +15,10 @@ from extension.backends.userfs import UserFiles, off_loop
 from extension.confine import (
     DEFAULT_GPU_TEMPLATE,
     DEFAULT_PIDS,
+    SERVERS_SCOPE,
     Report,
     Usage,
+    detect,
 )
 from extension.scheduler import Node
 
@@ -130,6 +132,9 @@ class LocalBackend:
         self.cgroups = cgroups or WorkerCgroups.detect(
             jobs_scope(self.state_dir), gpu_device_template, pids_limit, users_memory_limit
         )
+        # the spawner's notebook servers, each in a cgroup named by its notebook job's id
+        # (spawner/confining.py): read here, never made, so metering sees what they use
+        self.servers = detect(SERVERS_SCOPE)
         self.devices = DeviceTable(self._nodes)
         self.records = GangRecords(self.state_dir)
         self.holds = DeviceHolds(HoldRecords(self.state_dir), self.devices)
@@ -278,8 +283,12 @@ class LocalBackend:
         return [(w.node, w.devices) for w in gang.workers] if gang else []
 
     def worker_pids(self, job_id: str) -> list[int]:
+        """The launchers of a gang, or the processes of a notebook job's server."""
         gang = self.supervisor.gang(job_id)
-        return [w.pid for w in gang.workers] if gang else []
+        if gang:
+            return [w.pid for w in gang.workers]
+        server = self.servers.open(job_id)
+        return sorted(server.pids()) if server is not None else []
 
     @property
     def enforcement(self) -> Report:
@@ -287,9 +296,13 @@ class LocalBackend:
         return self.cgroups.report
 
     def job_usage(self, job_id: str) -> Usage | None:
-        """What the kernel counted for the gang's workers (their cgroups), or None."""
+        """What the kernel counted for the gang's workers (their cgroups), or a notebook job's
+        server (its cgroup); None when there is none."""
         gang = self.supervisor.gang(job_id)
-        return self.cgroups.usage(gang.cgroups) if gang else None
+        if gang:
+            return self.cgroups.usage(gang.cgroups)
+        server = self.servers.open(job_id)
+        return server.usage() if server is not None else None
 
     def worker_cgroups(self, job_id: str) -> list[str]:
         gang = self.supervisor.gang(job_id)
