@@ -137,14 +137,8 @@ class Metering(LoggingConfigurable):
     def attach(self, scheduler: Any) -> None:
         """Feed from the scheduling loop: ``scheduler.cycle_hooks`` gets ``on_cycle``."""
         self.scheduler = scheduler
-        hooks = getattr(scheduler, "cycle_hooks", None)
-        if hooks is None:  # an older loop without hooks: queries and scrapes refresh instead
-            self.log.warning("the scheduler has no cycle_hooks; metering refreshes on reads only")
-            return
-        hooks.append(self.on_cycle)
-        decided = getattr(scheduler, "decision_hooks", None)
-        if decided is not None:
-            decided.append(self.on_decisions)
+        scheduler.cycle_hooks.append(self.on_cycle)
+        scheduler.decision_hooks.append(self.on_decisions)
 
     def on_cycle(self, result: Any, now: float, seconds: float) -> None:
         """Called by the loop after each cycle; never raises (the loop must go on)."""

@@ -9,6 +9,7 @@ or on the command line (``--WmlaService.x=...``).
 from __future__ import annotations
 
 import asyncio
+import copy
 import gc
 import importlib
 import json
@@ -43,6 +44,15 @@ from .scheduling import Scheduler
 from .store import Store, sqlite_url
 from .submission import LimitRange, user_root
 from .web import listen, web_application
+
+# the plans of a first start (an empty store): /sample-project with training, inference and
+# notebooks, open to every hub user
+DEFAULT_PLANS: dict[str, dict] = {
+    "/sample-project": {},
+    "/sample-project/training": {},
+    "/sample-project/inference": {},
+    "/sample-project/notebooks": {},
+}
 
 
 class WmlaService(Application):
@@ -307,9 +317,7 @@ class WmlaService(Application):
 
     @default("default_plans")
     def _default_plans(self) -> dict:
-        from hub_config import default_plans
-
-        return default_plans()
+        return copy.deepcopy(DEFAULT_PLANS)
 
     python = Unicode(
         "python",

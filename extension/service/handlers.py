@@ -20,19 +20,15 @@ from extension.backends.accounts import AccountError
 from extension.backends.userfs import UserFileError, off_loop
 from extension.scheduler import UNLIMITED, JobState, PlanError, QuantityError, Resources
 from extension.scheduler.plans import ROOT
-from extension.webapi import (  # noqa: F401 - re-exported: the admin pages import them here
-    ADMIN_SCOPE,
-    APIError,
-    APIHandler,
-    BaseHandler,
-    Caller,
-)
+from extension.webapi import APIError, APIHandler, BaseHandler, Caller
 
 from . import runtime_limits
+from .actions import Conflict, Forbidden, KeyReused, NotFound
 from .openapi import openapi_document
 from .pending_cap import TooManyPending
-from .scheduling import Conflict, Forbidden, KeyReused, NotFound, Scheduler
-from .store import JobRow, PlanRecord
+from .rows import JobRow
+from .scheduling import Scheduler
+from .store import PlanRecord
 from .submission import Rejected, Submission, SubmissionError, parse_submission
 
 PLAN_KEYS = {"path", "share", "limit", "members", "runtime_default", "runtime_max"}

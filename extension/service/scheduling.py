@@ -46,17 +46,9 @@ from extension.scheduler import (
     Snapshot,
     schedule,
 )
-from extension.webapi import Caller  # noqa: F401 - re-exported
+from extension.webapi import Caller
 
-from .actions import (  # noqa: F401 - re-exported: the handlers import them here
-    Actions,
-    Conflict,
-    Forbidden,
-    KeyReused,
-    NotFound,
-    new_job_id,
-    plans_after,
-)
+from .actions import Actions
 from .backend_calls import BackendCalls
 from .changes import FOLDS, CarryOut, due_timeouts, next_deadline, resume_under_way
 from .jobrows import job_spec
@@ -65,8 +57,9 @@ from .notebook_devices import NotebookDevices
 from .pending_cap import PendingCap
 from .queue import WaitingLine
 from .records import InstanceBounds, JobKind, StoreChange
+from .rows import JobRow
 from .runtime_limits import Limits
-from .store import FoldFacts, JobRow, PlanRecord, Store
+from .store import FoldFacts, PlanRecord, Store
 from .storecalls import StoreCalls, StoreUnavailable
 from .submission import Submission
 

@@ -40,14 +40,7 @@ from extension.scheduler import UNLIMITED, JobState, Resources
 from .cycle_writes import ROW_COLUMNS, job_values, transition_values, update_jobs
 from .privacy import PRIVATE_DIR, make_dir, private_sqlite_file
 from .records import JobKind, StoreChange
-from .rows import (  # noqa: F401 - re-exported: tests, metering's old callers, migrations
-    Base,
-    DecisionRow,
-    JobRow,
-    MetaRow,
-    PlanRow,
-    TransitionRow,
-)
+from .rows import DecisionRow, JobRow, MetaRow, PlanRow, TransitionRow
 
 log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).with_name("migrations")

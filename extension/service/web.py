@@ -15,8 +15,9 @@ from tornado.httpserver import HTTPServer
 
 from extension.metering.handlers import metering_routes
 from extension.service.admin import admin_routes
+from extension.webapi import APIError, APIHandler
 
-from .handlers import APIError, APIHandler, IndexHandler, routes
+from .handlers import IndexHandler, routes
 
 
 class NotFoundHandler(APIHandler):

@@ -17,7 +17,8 @@ from extension.metering.series import StepSeries
 from extension.metering.transitions import Transition
 from extension.metering.usage import usage, usage_csv
 from extension.service.records import StoreChange
-from extension.service.store import JobRow, Store
+from extension.service.rows import JobRow
+from extension.service.store import Store
 
 T0 = 1_800_000_000.0  # a whole hour in epoch seconds, so buckets line up with the script
 GIB = 2**30

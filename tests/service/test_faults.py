@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from extension.service.scheduling import Caller, KeyReused
+from extension.service.actions import KeyReused
 from extension.service.storecalls import StoreUnavailable
 from extension.service.submission import LimitRange, parse_submission
+from extension.webapi import Caller
 
 from .test_scheduling import Rig
 

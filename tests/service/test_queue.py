@@ -22,7 +22,7 @@ from extension.service.queue import (
     waiting_reason,
 )
 from extension.service.records import StoreChange
-from extension.service.scheduling import Caller
+from extension.webapi import Caller
 
 from .test_scheduling import Rig
 

@@ -33,11 +33,13 @@ from extension.durations import DurationError, format_duration, parse_duration
 from extension.magics.options import OptionsError, parse_train, submission_body
 from extension.scheduler import UNLIMITED, PlanError, Resources, SchedulerConfig
 from extension.service import runtime_limits
+from extension.service.actions import Conflict
 from extension.service.handlers import job_json
 from extension.service.records import InstanceBounds
-from extension.service.scheduling import Caller, Conflict, Scheduler
+from extension.service.scheduling import Scheduler
 from extension.service.store import Store, sqlite_url
 from extension.service.submission import LimitRange, SubmissionError, parse_submission
+from extension.webapi import Caller
 from tests.backends.conftest import kill_everything_under
 
 from .hub import PROXY, Client, Hub

@@ -15,10 +15,12 @@ import pytest
 
 from extension.backends.base import AdmissionRefused
 from extension.scheduler import UNLIMITED, Node, Resources, SchedulerConfig
+from extension.service.actions import Conflict, Forbidden, NotFound
 from extension.service.records import InstanceBounds
-from extension.service.scheduling import Caller, Conflict, Forbidden, NotFound, Scheduler
+from extension.service.scheduling import Scheduler
 from extension.service.store import PlanRecord, Store, sqlite_url
 from extension.service.submission import LimitRange, Rejected, parse_submission
+from extension.webapi import Caller
 
 from .backend_double import InProcessBackend
 
@@ -277,7 +279,7 @@ def test_alembic_schema_matches_the_models(store_url: str) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
-    from extension.service.store import Base
+    from extension.service.rows import Base
 
     store = Store.open(store_url)
     with store.engine.connect() as conn:

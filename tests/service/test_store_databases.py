@@ -15,7 +15,8 @@ from alembic.script import ScriptDirectory
 from extension.metering.transitions import Transition
 from extension.scheduler import UNLIMITED, Resources
 from extension.service.records import StoreChange
-from extension.service.store import MIGRATIONS, Base, JobRow, PlanRecord, Store
+from extension.service.rows import Base, JobRow
+from extension.service.store import MIGRATIONS, PlanRecord, Store
 
 TABLES = {"plans", "jobs", "transitions", "decisions", "meta"}
 

@@ -15,8 +15,9 @@ import pytest
 from sqlalchemy import exc
 
 from extension.service import storecalls
-from extension.service.scheduling import CYCLE_GAP, Caller
+from extension.service.scheduling import CYCLE_GAP
 from extension.service.storecalls import StoreCalls, StoreUnavailable
+from extension.webapi import Caller
 
 from .test_faults import submission
 from .test_scheduling import Rig

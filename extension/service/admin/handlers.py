@@ -22,10 +22,12 @@ from tornado import web
 
 from extension.scheduler import PlanError, QuantityError
 from extension.scheduler.plans import ROOT
+from extension.webapi import ADMIN_SCOPE, APIError, BaseHandler, Caller
 
-from ..handlers import ADMIN_SCOPE, APIError, BaseHandler, parse_plan
-from ..scheduling import Caller, Scheduler
+from ..handlers import parse_plan
+from ..scheduling import Scheduler
 from . import views
+from .preview import Previews
 from .queues import queue_tables
 
 HERE = Path(__file__).resolve().parent
@@ -309,7 +311,8 @@ class PlanFormHandler(PlansPage):
             action = "delete"
         records, create, delete = self._records(action, form)
         try:
-            rows = views.preview(self.sched, records, create, delete, self.sched.clock())
+            previews = self.settings.setdefault("wmla_previews", Previews())
+            rows = await previews.rows(self.sched, records, create, delete, self.sched.clock())
         except (PlanError, QuantityError) as err:
             raise FormError(400, str(err), action) from None
         self._show(200, form, action, preview=rows)

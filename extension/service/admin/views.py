@@ -15,6 +15,7 @@ from typing import Any
 from extension.durations import format_duration
 from extension.scheduler import (
     UNLIMITED,
+    IndexCache,
     Job,
     PlanError,
     PlanTree,
@@ -25,7 +26,8 @@ from extension.scheduler import (
 from extension.scheduler.plans import ROOT, parent_of, split_path
 from extension.scheduler.resources import RESOURCES, format_amount
 
-from ..scheduling import Scheduler, plans_after
+from ..actions import plans_after
+from ..scheduling import Scheduler
 from ..store import PlanRecord
 
 ACTIONS = ("create", "update", "move", "delete")
@@ -238,11 +240,19 @@ def apply_to_copy(
 
 
 def preview(
-    sched: Scheduler, records: list[PlanRecord], create: bool, delete: list[str], now: float
+    sched: Any,
+    records: list[PlanRecord],
+    create: bool,
+    delete: list[str],
+    now: float,
+    cache: IndexCache | None = None,
 ) -> list[dict]:
     """Deserved shares before and after the change, from the same core on a copy of the tree
     and of the current jobs (jobs under deleted plans leave with them). Each row: path, share of
-    its parent (%) before and after, deserved gpu/cpu before and after, changed."""
+    its parent (%) before and after, deserved gpu/cpu before and after, changed. ``sched``: the
+    Scheduler or what preview.py copied of it; ``cache``: the index cache of the caller's
+    thread (none: one for this preview only)."""
+    cache = IndexCache() if cache is None else cache
     after_tree = apply_to_copy(sched.plans, records, create, delete)
     gone = tuple(delete)
     jobs = [
@@ -250,10 +260,10 @@ def preview(
         for j in sched.jobs.values()
         if j.plan in after_tree and not any(j.leaf == d or j.leaf.startswith(d + "/") for d in gone)
     ]
-    result = schedule(Snapshot(after_tree, sched.instance, jobs, sched.config), now)
+    result = schedule(Snapshot(after_tree, sched.instance, jobs, sched.config), now, cache)
     before, after = sched.figures, result.plans
-    busy_before = saturated(sched.plans, sched, now)
-    busy_after = saturated(after_tree, sched, now)
+    busy_before = saturated(sched.plans, sched, now, cache)
+    busy_after = saturated(after_tree, sched, now, cache)
     paths = sorted({p.path for p in sched.plans} | {p.path for p in after_tree})
     rows = []
     for path in paths:
@@ -280,7 +290,7 @@ def preview(
     return rows
 
 
-def saturated(tree: PlanTree, sched: Scheduler, now: float) -> dict[str, float]:
+def saturated(tree: PlanTree, sched: Any, now: float, cache: IndexCache) -> dict[str, float]:
     """Deserved GPUs if every plan wanted all it may take: the same core, on the instance, with
     one elastic job per childless plan asking for one device per worker up to the plan's
     limit (synthetic jobs, never stored). Empty when the instance has no GPUs."""
@@ -298,7 +308,7 @@ def saturated(tree: PlanTree, sched: Scheduler, now: float) -> dict[str, float]:
             Job(f"preview-{len(jobs)}", "preview", plan.path, Resources(1, 0, 0), 1, int(cap),
                 submitted=0.0)
         )  # fmt: skip
-    result = schedule(Snapshot(tree, sched.instance, jobs, sched.config), now)
+    result = schedule(Snapshot(tree, sched.instance, jobs, sched.config), now, cache)
     return {path: fig.deserved.gpu for path, fig in result.plans.items()}
 
 

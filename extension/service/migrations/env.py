@@ -3,7 +3,7 @@
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from extension.service.store import Base
+from extension.service.rows import Base
 
 config = context.config
 target_metadata = Base.metadata
