@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
-from extension.backends.accounts import ensure_folder
+from extension.backends.accounts import AccountError, ensure_folder
 from extension.backends.base import Backend, ChecksAdmission, LocalAccounts
-from extension.backends.userfs import UserFiles
+from extension.backends.userfs import UserFileError, UserFiles, off_loop
 from extension.metering.transitions import Transition
 from extension.scheduler import (
     IndexCache,
@@ -39,7 +39,7 @@ from .records import JobKind, StoreChange
 from .runtime_limits import Limits
 from .store import JobRow, PlanRecord, Store
 from .storecalls import StoreCalls
-from .submission import Rejected, Submission, SubmissionError, user_root
+from .submission import Rejected, Submission, SubmissionError, resolve_command, user_root
 
 
 class NotFound(LookupError):
@@ -160,7 +160,7 @@ class Actions:
         whose answer was lost (a 503 while the service restarted, a dropped connection) gets
         the job the first one made instead of a second job; the same key with another body
         (``digest``) is KeyReused. ``sub`` may be a coroutine function that parses the body:
-        it runs only when the key is new (parsing may create the user's account)."""
+        it runs only when the key is new."""
         while (under_way := self._keys.get((caller.name, key))) is not None:
             await asyncio.shield(under_way)  # one submission per key at a time
         done = asyncio.get_running_loop().create_future()
@@ -184,7 +184,9 @@ class Actions:
     async def submit(
         self, caller: Caller, sub: Submission, key: str | None = None, digest: str = ""
     ) -> JobRow:
-        """Validate against the plans and the instance, store the job, and run a cycle."""
+        """Resolve the command as the user (making their account first), validate against the
+        plans and the instance, store the job, and run a cycle."""
+        sub = await self._as_user(caller, sub)
         self._check_plan(caller, sub.plan)
         max_runtime = self._runtime_limit(caller, sub)
         now = self.state.clock()
@@ -209,6 +211,21 @@ class Actions:
             if job_id not in self.state.live:
                 self.state.live.take_in(row)
         return row
+
+    async def _as_user(self, caller: Caller, sub: Submission) -> Submission:
+        """``sub`` with its command's paths resolved with the user's own rights: as root, where
+        the backend runs jobs as the users, their account and private folder are made here
+        when missing (``files_for``). In a thread: that runs helpers."""
+        if sub.resolved:
+            return sub
+        return await off_loop(self._resolved, caller.name, sub)
+
+    def _resolved(self, user: str, sub: Submission) -> Submission:
+        try:
+            files = self.files_for(user, create=True)
+        except (UserFileError, AccountError) as err:
+            raise SubmissionError(str(err)) from None
+        return resolve_command(sub, files, self.state.storage_root, user)
 
     def _check_plan(self, caller: Caller, plan: str) -> None:
         """The plan exists, is not a user leaf, and the caller may submit to it."""

@@ -379,16 +379,13 @@ class JobsHandler(APIHandler):
         self._created(row, 201 if new else 200)
 
     async def _parse(self, body: Any, caller: Caller) -> Submission:
-        # In a thread: resolving the command's paths runs a helper as the user's account (and
-        # may create that account), which must not hold up the event loop.
-        return await off_loop(
-            parse_submission,
+        # pure: the submission action resolves the command as the user (Actions.submit)
+        return parse_submission(
             body,
             user=caller.name,
             storage_root=self.service.storage_root,
             limit_range=self.service.limit_range_obj,
             max_workers=self.service.max_workers_per_job,
-            files=functools.partial(self.sched.files_for, caller.name, True),
         )
 
     def _created(self, row: JobRow, status: int) -> None:

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from extension.backends.accounts import AccountError
 from extension.backends.userfs import UserFileError, UserFiles
 from extension.durations import DurationError, parse_duration
 from extension.scheduler import QuantityError, Resources, parse_quantity
@@ -241,9 +240,10 @@ class Submission:
     env: dict[str, str]
     # seconds asked for; None: the plan's default (runtime_limits.py decides, at submit)
     max_runtime: float | None = None
-    model_dir: str = ""  # absolute, inside the user's folder ("" for a notebook)
-    model_main: str = ""  # absolute, inside model_dir
+    model_dir: str = ""  # as given until resolved, then absolute ("" for a notebook)
+    model_main: str = ""  # as given until resolved, then absolute, inside model_dir
     args: tuple[str, ...] = ()
+    resolved: bool = True  # the paths are resolved (resolve_command), or a notebook has none
 
 
 def user_root(storage_root: str | Path, user: str) -> Path:
@@ -277,12 +277,10 @@ def parse_submission(
     storage_root: str | Path,
     limit_range: LimitRange,
     max_workers: int,
-    files: Callable[[], UserFiles] | None = None,
 ) -> Submission:
-    """The submission, checked. ``files()``, called once the rest of the body passed, gives
-    the user's files with the user's own rights (as root: their account, created if needed);
-    the command's paths are resolved through it (default: in-process, as the service).
-    Blocking when it runs a helper: call it from a thread on an event loop."""
+    """The submission, checked; pure: it creates nothing and reads no file. A training job's
+    command paths are as given until ``resolve_command`` resolves them with the user's own
+    rights (the submission action does, once the user has an account)."""
     if not isinstance(body, dict):
         raise SubmissionError("the body must be a JSON object; see GET api/v1/openapi.json")
     unknown = sorted(set(body) - KEYS)
@@ -291,25 +289,33 @@ def parse_submission(
             f"unknown field {unknown[0]!r}; the fields are {', '.join(sorted(KEYS))}"
         )
     asked, name = _asked(body, limit_range, max_workers)
-    root = user_root(storage_root, user)
+    user_root(storage_root, user)  # a user name that is no folder name is refused here
     command = body.get("command")
     if asked["kind"] is JobKind.NOTEBOOK:
         if command not in (None, {}):
             raise SubmissionError("a notebook job has no command: the spawner starts the server")
         return Submission(**asked, name=name or "notebook")
     model_dir, main, args = _command(command)
-    try:  # last: the one check that may create an account and run a helper as the user
-        user_files = files() if files is not None else UserFiles(None)
-        folder, script = user_files.resolve_command(str(root), model_dir, main)
-    except (UserFileError, AccountError) as err:
-        raise SubmissionError(str(err)) from None
     return Submission(
-        **asked,
-        name=name or default_name(str(root), script),
-        model_dir=folder,
-        model_main=script,
-        args=tuple(args),
+        **asked, name=name, model_dir=model_dir, model_main=main, args=tuple(args), resolved=False
     )
+
+
+def resolve_command(
+    sub: Submission, files: UserFiles, storage_root: str | Path, user: str
+) -> Submission:
+    """``sub`` with its command's paths resolved inside ``user``'s folder with the user's own
+    rights (``files``; refused outside it), and named after its script when it has no name.
+    Blocking when it runs a helper: call it from a thread on an event loop."""
+    if sub.resolved:
+        return sub
+    root = str(user_root(storage_root, user))
+    try:
+        folder, script = files.resolve_command(root, sub.model_dir, sub.model_main)
+    except UserFileError as err:
+        raise SubmissionError(str(err)) from None
+    name = sub.name or default_name(root, script)
+    return replace(sub, name=name, model_dir=folder, model_main=script, resolved=True)
 
 
 def _asked(body: dict, limit_range: LimitRange, max_workers: int) -> tuple[dict[str, Any], str]:

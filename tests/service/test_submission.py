@@ -8,9 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from extension.backends.userfs import UserFiles
 from extension.scheduler import UNLIMITED, Resources
 from extension.service.app import WmlaService
-from extension.service.submission import LimitRange, SubmissionError, parse_submission
+from extension.service.submission import (
+    LimitRange,
+    SubmissionError,
+    parse_submission,
+    resolve_command,
+)
 from hub_config import (
     ADMIN_SCOPE,
     custom_scopes,
@@ -47,13 +53,14 @@ def parse(storage: Path, limit_range=None, **body):
         "plan": "/sample-project/training",
         "command": {"model_dir": "models/mnist", "model_main": "main.py"},
     }
-    return parse_submission(
+    sub = parse_submission(
         {**base, **body},
         user="user1",
         storage_root=storage,
         limit_range=LimitRange.from_config(limit_range or SEED_LIMIT_RANGE),
         max_workers=64,
     )
+    return resolve_command(sub, UserFiles(None), storage, "user1")  # in-process, as the service
 
 
 @pytest.mark.parametrize(
