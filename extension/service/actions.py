@@ -16,7 +16,6 @@ from typing import Protocol
 from extension.backends.accounts import AccountError, ensure_folder
 from extension.backends.base import Backend, ChecksAdmission, LocalAccounts
 from extension.backends.userfs import UserFileError, UserFiles, off_loop
-from extension.metering.transitions import Transition
 from extension.scheduler import (
     IndexCache,
     Instance,
@@ -32,10 +31,10 @@ from extension.scheduler.plans import ROOT, leaf_path, parent_of
 from extension.webapi import Caller
 
 from . import runtime_limits
-from .backend_calls import BackendCalls
+from .cancels import Cancel
 from .live import LiveJobs
 from .pending_cap import PendingCap
-from .records import JobKind, StoreChange
+from .records import JobKind
 from .runtime_limits import Limits
 from .store import JobRow, PlanRecord, Store
 from .storecalls import StoreCalls
@@ -52,10 +51,6 @@ class Forbidden(PermissionError):
 
 class KeyReused(ValueError):
     """An Idempotency-Key sent again with a different submission."""
-
-
-class Conflict(RuntimeError):
-    pass
 
 
 def plans_after(
@@ -100,7 +95,6 @@ class ActionState(Protocol):
     members: dict[str, tuple[list[str], list[str]]]
     limits: Limits
     live: LiveJobs
-    calls: BackendCalls
     instance: Instance
     config: SchedulerConfig
     index_cache: IndexCache
@@ -115,6 +109,8 @@ class ActionState(Protocol):
     def loop_running(self) -> bool: ...
 
     async def through_cycle(self, row: JobRow) -> None: ...
+
+    async def cancel_through_cycle(self, cancel: Cancel) -> None: ...
 
     def sync_queues(self) -> None: ...
 
@@ -377,30 +373,10 @@ class Actions:
         return row
 
     async def cancel(self, caller: Caller, job_id: str) -> JobRow:
+        """Cancel through the cycle (cancels.py): the job as the store has it now, once the
+        cycle stored the cancel; Conflict when there is nothing to cancel."""
         row = await self.visible_job(caller, job_id)
-        # the store first, then the live job: a failed write changes none
-        async with self.state.lock:
-            job = self.state.live.jobs.get(job_id)
-            if job is None:
-                raise Conflict(f"job {job_id} is already {row.state}; nothing to cancel")
-            now = self.state.clock()
-            reason = f"cancelled by {caller.name}"
-            if self.state.live[job_id].stopping and not row.cancel_requested:
-                # the stop is under way already; a second one would only change the end state
-                why = row.reason or "its runtime limit was reached"
-                raise Conflict(
-                    f"job {job_id} is already stopping ({why}); it ends TIMEOUT once its "
-                    "workers have saved their checkpoint and exited"
-                )
-            if job.state is JobState.PENDING or self.state.live.kind_of(job_id) is JobKind.NOTEBOOK:
-                await self._cancel_at_once(job, reason, now)
-            elif not row.cancel_requested:
-                values = {"cancel_requested": True, "terminating": True, "reason": reason}
-                change = StoreChange(job_id, values, Transition.CANCELLING, reason)
-                await self.state.db.write(self.state.store.update_jobs, [change], now)
-                job.terminating = True
-                self.state.calls.stop(job_id, self.state.config.grace, reason, now=True)
-        await self.state.kick()
+        await self._through_cycle(job_id, f"cancelled by {caller.name}", row)
         return await self.state.db.read(self.state.store.job, job_id) or row
 
     def notebook_jobs(self) -> list[str]:
@@ -410,26 +386,13 @@ class Actions:
     async def release_notebook(self, job_id: str, reason: str) -> None:
         """End a notebook job whose server is gone: its resources are free at once (the
         spawner runs the server; nothing runs under the backend)."""
-        async with self.state.lock:
-            job = self.state.live.jobs.get(job_id)
-            if job is None or self.state.live.kind_of(job_id) is not JobKind.NOTEBOOK:
-                return
-            await self._cancel_at_once(job, reason, self.state.clock())
-        await self.state.kick()
+        if self.state.live.kind_of(job_id) is JobKind.NOTEBOOK:
+            await self._through_cycle(job_id, reason, None)
 
-    async def _cancel_at_once(self, job: Job, reason: str, now: float) -> None:
-        """End a job nothing runs under (pending, or a notebook: the spawner runs its server):
-        its resources are free at once. The store first: a failed write changes nothing."""
-        values = {
-            "state": JobState.CANCELLED.value,
-            "ended": now,
-            "reason": reason,
-            "placement": [],
-            "terminating": False,
-        }
-        change = StoreChange(job.id, values, Transition.CANCELLED, reason)
-        await self.state.db.write(self.state.store.update_jobs, [change], now)
-        self.state.live.end(job, JobState.CANCELLED)
+    async def _through_cycle(self, job_id: str, reason: str, row: JobRow | None) -> None:
+        done = asyncio.get_running_loop().create_future()
+        cancel = Cancel(job_id, reason, self.state.clock(), row, done)
+        await self.state.cancel_through_cycle(cancel)
 
     # -- plans -----------------------------------------------------------------------
     async def change_plans(

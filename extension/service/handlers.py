@@ -23,7 +23,8 @@ from extension.scheduler.plans import ROOT
 from extension.webapi import APIError, APIHandler, BaseHandler, Caller
 
 from . import runtime_limits
-from .actions import Conflict, Forbidden, KeyReused, NotFound
+from .actions import Forbidden, KeyReused, NotFound
+from .cancels import Conflict
 from .openapi import openapi_document
 from .pending_cap import TooManyPending
 from .rows import JobRow

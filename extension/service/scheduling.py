@@ -1,6 +1,7 @@
 """The scheduling loop: the store, the pure core and a backend, tied together.
 
-One task runs cycles, so everything it does is serialized: a cycle (1) folds in the events the
+One task runs cycles, so everything it does is serialized: a cycle (1) takes in the jobs
+submitted and applies the cancels asked for since the last one, folds in the events the
 backend emitted, (2) runs ``schedule(snapshot, now)`` on the plans and live jobs, (3) writes what
 the events and the decisions change to the store in one transaction, one transition row per
 change of state or of workers held, and only then (4) carries the decisions out through the
@@ -22,6 +23,7 @@ import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,7 @@ from extension.webapi import Caller
 
 from .actions import Actions
 from .backend_calls import BackendCalls
+from .cancels import Cancel, Conflict, cancel_change
 from .changes import FOLDS, CarryOut, due_timeouts, next_deadline, resume_under_way
 from .jobrows import job_spec
 from .live import LiveJobs
@@ -124,6 +127,7 @@ class Scheduler:
         self._stale = False  # the last cycle's write failed: reload the jobs from the store
         # submitted since the last cycle: stored by its transaction (group commit)
         self._submitted: list[tuple[JobRow, asyncio.Future]] = []
+        self._cancels: list[Cancel] = []  # asked for since the last cycle (cancels.py)
         self.cycle_hooks: list[Callable[[Any, float, float], None]] = []  # (result, now, s)
         # hook(decisions, now) once a cycle's (job id, kind, detail) are stored (metering's
         # churn counters); must not raise
@@ -250,6 +254,22 @@ class Scheduler:
         else:
             loop.call_soon_threadsafe(self._events.append, event)
             loop.call_soon_threadsafe(self._wake.set)
+
+    async def cancel_through_cycle(self, cancel: Cancel) -> None:
+        """Hand a cancel to the next cycle, which applies and stores it with everything else
+        it writes; returns once it is stored (Conflict: nothing to cancel). Where cycles are
+        driven by hand (tests), the cancel runs one."""
+        self._cancels.append(cancel)
+        if self.loop_running:
+            self._wake.set()
+        else:
+            try:
+                await self.cycle()
+            except Exception:
+                if not cancel.done.done():  # failed before it took the cancel
+                    self._cancels.remove(cancel)
+                    raise
+        await cancel.done
 
     async def through_cycle(self, row: JobRow) -> None:
         """Hand a new job to the next cycle, which stores it with everything else it writes, in
@@ -389,13 +409,15 @@ class Scheduler:
         for row, _ in submitted:  # decided on in this very cycle
             if row.id not in self.live:
                 self.live.take_in(row)
+        cancels = self._take_cancels()
+        new_rows = [row for row, _ in submitted]
         try:
-            result, log = await self._decide_and_store(events, [row for row, _ in submitted], now)
+            result, log = await self._decide_and_store(events, new_rows, cancels, now)
         except BaseException as err:
-            await self._undo(events, submitted, err)
+            await self._undo(events, submitted, cancels, err)
             raise
         self.result = result
-        for _, done in submitted:
+        for done in [done for _, done in submitted] + [c.done for c, _ in cancels]:
             if not done.done():
                 done.set_result(None)
         # the reservation holder is tried first next cycle (docs/scheduling.md "Admission 4"):
@@ -411,15 +433,37 @@ class Scheduler:
             except Exception:  # a listener's failure is not the cycle's
                 self.log.exception("cycle hook %r failed", hook)
 
+    def _take_cancels(self) -> list[tuple[Cancel, StoreChange | None]]:
+        """The cancels asked for since the last cycle, applied to the live jobs (before the
+        events: they were asked for first); one with nothing to cancel is answered at once."""
+        cancels, self._cancels = self._cancels, []
+        out = []
+        for cancel in cancels:
+            try:
+                out.append((cancel, cancel_change(self, cancel)))
+            except Conflict as err:
+                if not cancel.done.done():
+                    cancel.done.set_exception(err)
+        return out
+
     async def _decide_and_store(
-        self, events: list[BackendEvent], new_rows: list[JobRow], now: float
+        self,
+        events: list[BackendEvent],
+        new_rows: list[JobRow],
+        cancels: list[tuple[Cancel, StoreChange | None]],
+        now: float,
     ) -> tuple[CycleResult, list[tuple[str, str, dict]]]:
         """Steps 1-3: fold the events, run the core, store it all in one transaction; returns
         the result and the decisions stored."""
+        asked = [(c.at, change) for c, change in cancels if change is not None]
         facts = {}
         if events:
             facts = await self.db.cycle_read(self.store.fold_facts, {e.job_id for e in events})
-        folded = self._fold_events(events, facts, now)
+        for _, change in asked:  # the events see a cancel as stored before them
+            found = facts.get(change.job_id)
+            if found is not None and change.values.get("cancel_requested"):
+                facts[change.job_id] = replace(found, cancel_requested=True, reason=change.reason)
+        folded = [*asked, *self._fold_events(events, facts, now)]
         # before the core: a job stopping at its limit is terminating (its resources on their
         # way back, never a victim), a notebook ended there frees its resources in this cycle
         timeouts = due_timeouts(self, now)
@@ -440,16 +484,19 @@ class Scheduler:
         self,
         events: list[BackendEvent],
         submitted: list[tuple[JobRow, asyncio.Future]],
+        cancels: list[tuple[Cancel, StoreChange | None]],
         err: BaseException,
     ) -> None:
         """Nothing of the cycle is stored: carry none of it out, keep its events (they are
-        folded again next cycle), tell its submitters, and take the jobs back as the store
-        has them."""
+        folded again next cycle), tell its submitters and cancellers, and take the jobs back as
+        the store has them."""
         self.calls.discard_queued()
         self._events[:0] = events
-        for _, done in submitted:
+        answers = [(done, "the job was not stored") for _, done in submitted]
+        answers += [(c.done, "the job was not cancelled") for c, _ in cancels]
+        for done, what in answers:
             if not done.done():
-                done.set_exception(_failed_submission(err))
+                done.set_exception(_failed_write(err, what))
         self._stale = True
         with contextlib.suppress(Exception):  # else the next cycle reloads first
             self._reload_jobs(await self.db.read(self.store.jobs, states=LIVE))
@@ -499,11 +546,12 @@ class Scheduler:
         return changes, log
 
 
-def _failed_submission(err: BaseException) -> Exception:
-    """What a submitter of a cycle that stored nothing is told (each its own exception)."""
+def _failed_write(err: BaseException, what: str) -> Exception:
+    """What a submitter or canceller of a cycle that stored nothing is told (each its own
+    exception)."""
     if isinstance(err, StoreUnavailable):
         return StoreUnavailable(str(err), err.retry_after)
-    return RuntimeError(f"the scheduling cycle failed, the job was not stored: {err}")
+    return RuntimeError(f"the scheduling cycle failed, {what}: {err}")
 
 
 def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:

@@ -33,7 +33,7 @@ from extension.durations import DurationError, format_duration, parse_duration
 from extension.magics.options import OptionsError, parse_train, submission_body
 from extension.scheduler import UNLIMITED, PlanError, Resources, SchedulerConfig
 from extension.service import runtime_limits
-from extension.service.actions import Conflict
+from extension.service.cancels import Conflict
 from extension.service.handlers import job_json
 from extension.service.records import InstanceBounds
 from extension.service.scheduling import Scheduler

@@ -15,7 +15,8 @@ import pytest
 
 from extension.backends.base import AdmissionRefused
 from extension.scheduler import UNLIMITED, Node, Resources, SchedulerConfig
-from extension.service.actions import Conflict, Forbidden, NotFound
+from extension.service.actions import Forbidden, NotFound
+from extension.service.cancels import Conflict
 from extension.service.records import InstanceBounds
 from extension.service.scheduling import Scheduler
 from extension.service.store import PlanRecord, Store, sqlite_url
