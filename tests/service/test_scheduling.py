@@ -199,7 +199,7 @@ async def test_cancel_pending_and_running(rig: Rig) -> None:
     assert rig.state(waiting) == "CANCELLED"
     with pytest.raises(NotFound):
         await rig.sched.cancel(Caller("user2"), running)  # not yours: as if it did not exist
-    await rig.sched.cancel(Caller("user1"), running)  # the stop goes out at once
+    await rig.sched.cancel(Caller("user1"), running)  # its cycle stores it, then the stop
     await rig.sched.drain()
     await rig.cycle()
     assert rig.state(running) == "CANCELLED"
