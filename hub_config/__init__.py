@@ -35,20 +35,6 @@ from .culler import culler_services, culler_settings  # noqa: F401 - re-exported
 SERVICE_NAME = "wmla"
 ADMIN_SCOPE = "custom:wmla:admin"
 
-# The seed's defaults (000_e3bbfd5fbfa67fae): /sample-project with training, inference, notebooks,
-# open to every hub user; created by the service on its first start.
-DEFAULT_PLANS: dict[str, dict] = {
-    "/sample-project": {},
-    "/sample-project/training": {},
-    "/sample-project/inference": {},
-    "/sample-project/notebooks": {},
-}
-
-
-def default_plans() -> dict[str, dict]:
-    return json.loads(json.dumps(DEFAULT_PLANS))
-
-
 def custom_scopes() -> dict[str, dict]:
     """``c.JupyterHub.custom_scopes``: the plan-admin scope the service checks."""
     return {

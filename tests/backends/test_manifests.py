@@ -600,7 +600,7 @@ def test_the_shipped_queues_are_what_sync_queues_makes_for_the_default_plans():
 
     import yaml
 
-    from hub_config import DEFAULT_PLANS
+    from extension.service.app import DEFAULT_PLANS
 
     path = pathlib.Path(__file__).resolve().parents[2] / "hub_config" / "k8s" / "queues.yaml"
     shipped = [q for q in yaml.safe_load_all(path.read_text()) if q]

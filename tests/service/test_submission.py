@@ -10,7 +10,7 @@ import pytest
 
 from extension.backends.userfs import UserFiles
 from extension.scheduler import UNLIMITED, Resources
-from extension.service.app import WmlaService
+from extension.service.app import DEFAULT_PLANS, WmlaService
 from extension.service.submission import (
     LimitRange,
     SubmissionError,
@@ -20,7 +20,6 @@ from extension.service.submission import (
 from hub_config import (
     ADMIN_SCOPE,
     custom_scopes,
-    default_plans,
     embedded_passwords,
     roles,
     server_token_scopes,
@@ -167,7 +166,7 @@ def test_hub_config_helpers(tmp_path: Path) -> None:
     assert admin["users"] == ["alice"] and ADMIN_SCOPE in admin["scopes"]
     assert service["services"] == ["wmla"] and "read:servers" in service["scopes"]
     assert "access:services!service=wmla" in server_token_scopes()
-    assert set(default_plans()) == {
+    assert set(DEFAULT_PLANS) == {
         "/sample-project",
         "/sample-project/training",
         "/sample-project/inference",
