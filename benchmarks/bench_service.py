@@ -479,7 +479,7 @@ def make_users(hub: Hub, names: list[str], accounts: str = "") -> list[str]:
         assert r.status_code == 201, r.text
         tokens.append(r.json()["token"])
         if accounts:
-            from extension.backends.accounts import create_account, ensure_folder
+            from extension.userfs.accounts import create_account, ensure_folder
 
             account = create_account(accounts.format(username=name), hub.storage / name)
             ensure_folder(hub.storage, name, account)

@@ -35,6 +35,7 @@ from .culler import culler_services, culler_settings  # noqa: F401 - re-exported
 SERVICE_NAME = "wmla"
 ADMIN_SCOPE = "custom:wmla:admin"
 
+
 def custom_scopes() -> dict[str, dict]:
     """``c.JupyterHub.custom_scopes``: the plan-admin scope the service checks."""
     return {

@@ -24,8 +24,9 @@ import os
 import shlex
 from pathlib import Path
 
-from extension.backends.accounts import Account, AccountError
-from extension.backends.userfs import UserFileError, UserFiles
+from extension.userfs.accounts import Account, AccountError
+from extension.userfs.errors import UserFileError
+from extension.userfs.files import UserFiles
 
 log = logging.getLogger(__name__)
 

@@ -32,9 +32,10 @@ from traitlets import (
 )
 from traitlets import Callable as CallableTrait
 
-from extension.backends.accounts import Account, AccountError, create_account, find_account, is_root
-from extension.backends.userfs import UserFileError, UserFiles
 from extension.confine import DEFAULT_GPU_TEMPLATE, DEFAULT_PIDS, check_template, enter
+from extension.userfs.accounts import Account, AccountError, create_account, find_account, is_root
+from extension.userfs.errors import UserFileError
+from extension.userfs.files import UserFiles
 
 from . import profiles as profile_shapes
 from .confining import ServerCgroup, server_gpus, server_grant

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from extension.backends.accounts import (
+from extension.userfs.accounts import (
     Account,
     AccountError,
     account_python,

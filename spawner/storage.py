@@ -1,5 +1,5 @@
 """Each hub user's private folder ``<storage_root>/<user>``: a name that can be one folder,
-made 0700 and owned by the account the user's server runs as (extension.backends.accounts).
+made 0700 and owned by the account the user's server runs as (extension.userfs.accounts).
 
 GPFS style: one shared root, one folder per user. The root stays traversable (mode 0711 when we
 create it) so an account reaches its own folder; each folder is 0700 and owned by the account
@@ -12,9 +12,9 @@ import os
 import re
 from pathlib import Path
 
-from extension.backends import accounts
-from extension.backends.accounts import Account, AccountError
 from extension.scheduler.names import user_name_problem
+from extension.userfs import accounts
+from extension.userfs.accounts import Account, AccountError
 
 # The Linux-account form of a user name (extension.scheduler.names has the one definition of
 # user names; this narrows it): folder names, label values and Linux account names all accept

@@ -13,9 +13,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
-from extension.backends.accounts import AccountError, ensure_folder
 from extension.backends.base import Backend, ChecksAdmission, LocalAccounts
-from extension.backends.userfs import UserFileError, UserFiles, off_loop
 from extension.scheduler import (
     IndexCache,
     Instance,
@@ -28,6 +26,9 @@ from extension.scheduler import (
     check_submission,
 )
 from extension.scheduler.plans import ROOT, leaf_path, parent_of
+from extension.userfs.accounts import AccountError, ensure_folder
+from extension.userfs.errors import UserFileError
+from extension.userfs.files import UserFiles, off_loop
 from extension.webapi import Caller
 
 from . import runtime_limits

@@ -26,8 +26,8 @@ from traitlets import Bool, Dict, Float, Int, TraitError, Unicode, default, vali
 from traitlets.config import Application, Config
 
 from extension.backends.capacity import detect_nodes
-from extension.backends.userfs import close_helpers
 from extension.scheduler import UNLIMITED, Resources, SchedulerConfig
+from extension.userfs.pool import close_helpers
 
 from .lease import Lease, LeaseHeld, watch
 from .privacy import (

@@ -16,10 +16,11 @@ from typing import Any
 
 from tornado import web
 
-from extension.backends.accounts import AccountError
-from extension.backends.userfs import UserFileError, off_loop
 from extension.scheduler import UNLIMITED, JobState, PlanError, QuantityError, Resources
 from extension.scheduler.plans import ROOT
+from extension.userfs.accounts import AccountError
+from extension.userfs.errors import UserFileError
+from extension.userfs.files import off_loop
 from extension.webapi import APIError, APIHandler, BaseHandler, Caller
 
 from . import runtime_limits

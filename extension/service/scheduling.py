@@ -35,7 +35,6 @@ from extension.backends.base import (
     Opens,
     SyncsQueues,
 )
-from extension.backends.userfs import UserFiles
 from extension.scheduler import (
     CycleResult,
     IndexCache,
@@ -48,6 +47,7 @@ from extension.scheduler import (
     Snapshot,
     schedule,
 )
+from extension.userfs.files import UserFiles
 from extension.webapi import Caller
 
 from .actions import Actions

@@ -30,11 +30,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from extension.backends.userfs import UserFileError, UserFiles
 from extension.durations import DurationError, parse_duration
 from extension.scheduler import QuantityError, Resources, parse_quantity
 from extension.scheduler.names import user_name_problem
 from extension.scheduler.resources import RESOURCES, format_amount
+from extension.userfs.errors import UserFileError
+from extension.userfs.files import UserFiles
 
 from .records import JobKind
 

@@ -1,4 +1,4 @@
-"""The pooled userfs helpers (extension/backends/userfs.py), with real processes and real
+"""The pooled userfs helpers (extension/userfs/pool.py), with real processes and real
 throw-away system accounts: each helper runs as its account only, serves only it, and a user
 who stops, kills or rewrites their own helper cannot hang the service or make it believe more
 than a helper of theirs could say (docs/security.md, "The helper").
@@ -28,10 +28,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from extension.backends import userfs_ops
-from extension.backends import userfs_pool as userfs
-from extension.backends.accounts import Account, create_account, ensure_folder
-from extension.backends.userfs import HELPER_ENV, HelperPool, UserFileError, UserFiles
+from extension.userfs import ops as userfs_ops
+from extension.userfs import pool as userfs
+from extension.userfs.accounts import Account, create_account, ensure_folder
+from extension.userfs.errors import UserFileError
+from extension.userfs.files import UserFiles
+from extension.userfs.pool import HELPER_ENV, HelperPool
 
 AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("useradd") is not None
 pytestmark = pytest.mark.skipif(not AS_ROOT, reason="helpers drop to accounts: root, useradd")
@@ -425,11 +427,11 @@ def test_close_ends_a_helper_in_the_middle_of_a_request(
 SERVICE = """
 import os, sys, time
 sys.path.insert(0, {root!r})
-from extension.backends.accounts import Account
-from extension.backends.userfs import UserFiles
+from extension.userfs.accounts import Account
+from extension.userfs.files import UserFiles
 files = UserFiles(Account({name!r}, {uid}, {gid}))
 files.check_runnable("/bin/sh")
-from extension.backends.userfs import HELPERS
+from extension.userfs.pool import HELPERS
 print(*HELPERS.pids(), flush=True)
 time.sleep(60)
 """

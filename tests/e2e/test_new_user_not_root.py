@@ -40,7 +40,7 @@ import psutil
 import pytest
 import requests
 
-from extension.backends.accounts import (
+from extension.userfs.accounts import (
     create_account,
     find_account,
     folder_unreachable,

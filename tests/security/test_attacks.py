@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from extension.backends.accounts import create_account, ensure_folder
+from extension.userfs.accounts import create_account, ensure_folder
 from tests.service.hub import PROXY, Client, Hub
 
 AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("useradd") is not None

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from extension.backends.accounts import create_account, ensure_folder
 from extension.confine import detect
+from extension.userfs.accounts import create_account, ensure_folder
 from tests.service.hub import PROXY, Client, Hub
 
 AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("useradd") is not None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from extension.backends.accounts import Account, AccountError, ensure_folder
+from extension.userfs.accounts import Account, AccountError, ensure_folder
 
 NOBODY = Account("nobody", 65534, 65534)
 

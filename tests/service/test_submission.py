@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from extension.backends.userfs import UserFiles
 from extension.scheduler import UNLIMITED, Resources
 from extension.service.app import DEFAULT_PLANS, WmlaService
 from extension.service.submission import (
@@ -17,6 +16,7 @@ from extension.service.submission import (
     parse_submission,
     resolve_command,
 )
+from extension.userfs.files import UserFiles
 from hub_config import (
     ADMIN_SCOPE,
     custom_scopes,

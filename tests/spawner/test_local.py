@@ -27,7 +27,7 @@ import psutil
 import pytest
 import requests
 
-from extension.backends.accounts import Account, account_python, unreachable
+from extension.userfs.accounts import Account, account_python, unreachable
 from tests.service.hub import PROXY, REPO, Client, Hub
 from tests.spawner.helpers import hub_request, notebook_jobs, server_model, wait_for
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from extension.backends.accounts import AccountError
+from extension.userfs.accounts import AccountError
 from spawner.kernel import STARTUP_NAME, install_startup, startup_script
 from spawner.local import WmlaLocalSpawner
 from spawner.mixin import AdmissionError

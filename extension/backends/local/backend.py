@@ -9,9 +9,7 @@ import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
-from extension.backends.accounts import MIN_UID, Account
 from extension.backends.base import Emit, EventKind, JobSpec
-from extension.backends.userfs import UserFiles, off_loop
 from extension.confine import (
     DEFAULT_GPU_TEMPLATE,
     DEFAULT_PIDS,
@@ -21,6 +19,8 @@ from extension.confine import (
     detect,
 )
 from extension.scheduler import Node
+from extension.userfs.accounts import MIN_UID, Account
+from extension.userfs.files import UserFiles, off_loop
 
 from .allocation import DeviceTable, RendezvousPorts
 from .confining import WorkerCgroups

@@ -28,10 +28,11 @@ from datetime import datetime, timezone
 
 import psutil
 
-from extension.backends.accounts import Account, AccountError, account_python, unreachable
 from extension.backends.base import JobSpec
-from extension.backends.userfs import UserFileError, UserFiles
 from extension.confine import ConfineError
+from extension.userfs.accounts import Account, AccountError, account_python, unreachable
+from extension.userfs.errors import UserFileError
+from extension.userfs.files import UserFiles
 
 from .allocation import DeviceTable, RendezvousPorts
 from .confining import WorkerCgroups

@@ -18,9 +18,10 @@ from typing import Any
 
 import psutil
 
-from extension.backends.accounts import AccountError
 from extension.backends.base import EventKind
-from extension.backends.userfs import UserFileError, off_loop
+from extension.userfs.accounts import AccountError
+from extension.userfs.errors import UserFileError
+from extension.userfs.files import off_loop
 
 from .allocation import DeviceTable
 from .confining import WorkerCgroups

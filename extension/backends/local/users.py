@@ -7,8 +7,9 @@ import logging
 import os
 from dataclasses import dataclass
 
-from extension.backends.accounts import Account, AccountError, create_account, find_account
-from extension.backends.userfs import UserFileError, UserFiles
+from extension.userfs.accounts import Account, AccountError, create_account, find_account
+from extension.userfs.errors import UserFileError
+from extension.userfs.files import UserFiles
 
 log = logging.getLogger("wmla.backends.local")
 

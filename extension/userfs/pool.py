@@ -17,8 +17,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from extension.backends import userfs_ops
-from extension.backends.accounts import Account, system_python, unreachable
+from extension.userfs import ops as userfs_ops
+from extension.userfs.accounts import Account, system_python, unreachable
+from extension.userfs.errors import UserFileError
 
 # What the helper starts with: nothing of the service's environment (tokens, LD_*, PYTHON*).
 HELPER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -34,14 +35,6 @@ MAX_PATH = 4096  # characters of a path a helper answers (resolve_command)
 # the account needs no access to the project's folder.
 _SOURCE = Path(userfs_ops.__file__).read_text(encoding="utf-8")
 Identity = tuple[str, int, int, tuple[int, ...]]  # name, uid, gid, groups
-
-
-class UserFileError(Exception):
-    """An operation on a user's files was refused or failed; the message says why."""
-
-    def __init__(self, message: str, missing: bool = False) -> None:
-        super().__init__(message)
-        self.missing = missing  # the path did not exist
 
 
 @functools.lru_cache(maxsize=1024)

@@ -43,17 +43,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from extension.backends import userfs_ops
-from extension.backends.accounts import Account
-from extension.backends.userfs_pool import (  # noqa: F401 - re-exported: their old home
-    HELPER_ENV,
+from extension.userfs import ops as userfs_ops
+from extension.userfs.accounts import Account
+from extension.userfs.errors import UserFileError
+from extension.userfs.pool import (
     HELPERS,
     MAX_PATH,
     HelperPool,
-    UserFileError,
-    close_helpers,
-    helper_python,
-    identity,
 )
 
 # Blocking calls on users' files wait in a pool of their own: a user who stops their helpers
