@@ -16,8 +16,6 @@ from pathlib import Path
 
 from extension.service.privacy import restrict_umask
 from hub_config import (
-    culler_services,
-    culler_settings,
     custom_scopes,
     embedded_passwords,
     private_hub_state,
@@ -26,6 +24,7 @@ from hub_config import (
     services,
     stop_servers_before_services,
 )
+from hub_config.culler import culler_services, culler_settings
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
 

@@ -30,8 +30,6 @@ from extension.service.privacy import (
     tighten,
 )
 
-from .culler import culler_services, culler_settings  # noqa: F401 - re-exported
-
 SERVICE_NAME = "wmla"
 ADMIN_SCOPE = "custom:wmla:admin"
 

@@ -12,7 +12,7 @@ Each culler runs under ``hub_config.pdeath``: the kernel stops it when its hub d
 
 Use from a ``jupyterhub_config.py``::
 
-    from hub_config import culler_services
+    from hub_config.culler import culler_services
     entries, roles = culler_services(timeout=3600, gpu_timeout=900)
     c.JupyterHub.services += entries
     c.JupyterHub.load_roles += roles

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from hub_config import culler_services, culler_settings, stop_servers_before_services
-from hub_config.culler import GPU_GROUP
+from hub_config import stop_servers_before_services
+from hub_config.culler import GPU_GROUP, culler_services, culler_settings
 from spawner.mixin import GPU_GROUP as SPAWNER_GPU_GROUP
 from tests.service.hub import PROXY, Client, Hub
 from tests.spawner.helpers import hub_request, notebook_jobs, server_model, wait_for
