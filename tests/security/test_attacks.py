@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from extension.userfs.accounts import create_account, ensure_folder
+from tests.security.accounts import accounts_with_code, remove_accounts
 from tests.service.hub import PROXY, Client, Hub
 
 AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("useradd") is not None
@@ -96,15 +96,7 @@ def hub():
     hub.storage = storage
     created = []
     try:
-        for user in USERS:
-            acct = create_account(account(user), storage / user)
-            created.append(acct.name)
-            folder = ensure_folder(storage, user, acct)
-            code = folder / "code"
-            code.mkdir()
-            (code / "attack.py").write_text(ATTACK)
-            for path in (code, code / "attack.py"):
-                os.chown(path, acct.uid, acct.gid)
+        created = accounts_with_code(storage, USERS, account, "attack.py", ATTACK)
         hub.start()
         names = ("admin", *USERS, "user3")
         hub.clients = {name: Client(hub, hub.user_token(name)) for name in names}
@@ -117,8 +109,7 @@ def hub():
         yield hub
     finally:
         hub.stop()
-        for name in {*created, account("user3")}:
-            subprocess.run(["userdel", name], capture_output=True)
+        remove_accounts({*created, account("user3")})
         shutil.rmtree(storage, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
 

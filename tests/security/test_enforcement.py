@@ -13,7 +13,6 @@ import os
 import secrets
 import shutil
 import stat
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 import requests
 
 from extension.confine import detect
-from extension.userfs.accounts import create_account, ensure_folder
+from tests.security.accounts import accounts_with_code, remove_accounts
 from tests.service.hub import PROXY, Client, Hub
 
 AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("useradd") is not None
@@ -121,23 +120,14 @@ def hub():
     hub.template = template
     created = []
     try:
-        for user in USERS:
-            acct = create_account(account(user), storage / user)
-            created.append(acct.name)
-            folder = ensure_folder(storage, user, acct)
-            code = folder / "code"
-            code.mkdir()
-            (code / "greedy.py").write_text(GREEDY)
-            for path in (code, code / "greedy.py"):
-                os.chown(path, acct.uid, acct.gid)
+        created = accounts_with_code(storage, USERS, account, "greedy.py", GREEDY)
         hub.start()
         names = ("admin", *USERS)
         hub.clients = {name: Client(hub, hub.user_token(name)) for name in names}
         yield hub
     finally:
         hub.stop()
-        for name in created:
-            subprocess.run(["userdel", name], capture_output=True)
+        remove_accounts(created)
         for path in (storage, tmp, devices):
             shutil.rmtree(path, ignore_errors=True)
 
