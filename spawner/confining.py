@@ -17,7 +17,7 @@ from extension.confine import (
     Usage,
     detect,
     gpu_grant,
-    mib,
+    killed_for_memory,
     users_memory_default,
 )
 
@@ -94,14 +94,11 @@ class ServerCgroup:
         usage = self.usage()
         if usage is None or not usage.oom_kills:
             return ""
-        limit = usage.memory_limit_bytes
-        message = (
-            f"{self.where}: the notebook server was killed for using more than its "
-            f"{mib(limit)} of memory (peak {mib(max(usage.memory_peak_bytes, limit))}); pick a "
-            "bigger profile or ask your admin for more memory"
-            if limit
-            else f"{self.where}: the notebook server was killed for memory (all users' work "
-            "together reached the machine's cap)"
+        message = killed_for_memory(
+            usage,
+            f"{self.where}: the notebook server",
+            "pick a bigger profile or ask your admin for more memory",
+            "ask your admin for memory of its own",
         )
         self.log.error(message)
         return message

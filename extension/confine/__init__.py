@@ -23,8 +23,10 @@ from .records import (
     Grant,
     Report,
     Usage,
+    cfs_quota_us,
     check_template,
     gpu_grant,
+    killed_for_memory,
     mib,
 )
 from .v1 import CgroupV1
@@ -44,10 +46,12 @@ __all__ = [
     "Grant",
     "Report",
     "Usage",
+    "cfs_quota_us",
     "check_template",
     "detect",
     "enter",
     "gpu_grant",
+    "killed_for_memory",
     "mib",
     "users_memory_default",
 ]

@@ -185,3 +185,28 @@ def mib(amount: int) -> str:
     if amount >= 1 << 30:
         return f"{amount / (1 << 30):.3g} GiB"
     return f"{amount / (1 << 20):.4g} MiB"
+
+
+def cfs_quota_us(millicores: int) -> int | None:
+    """A grant's CFS quota per ``CFS_PERIOD_US`` (1 ms at least, the kernel's floor); None: no
+    quota (a grant of 0 cpu)."""
+    return max(1000, millicores * CFS_PERIOD_US // 1000) if millicores else None
+
+
+def killed_for_memory(usage: Usage, who: str, advice: str, cap_advice: str) -> str:
+    """``"<who> was killed for using more than its 256 MiB of memory (peak 256 MiB); <advice>"``
+    when the kernel killed a process of the cgroup for memory (``cap_advice`` when it had no
+    limit of its own and all users' work together reached the machine's cap); "" otherwise."""
+    if not usage.oom_kills:
+        return ""
+    limit = usage.memory_limit_bytes
+    peak = max(usage.memory_peak_bytes, limit)
+    if not limit:
+        return (
+            f"{who} was killed for memory when all users' work together reached the machine's "
+            f"cap for it (peak {mib(peak)}); {cap_advice}"
+        )
+    return (
+        f"{who} was killed for using more than its {mib(limit)} of memory (peak {mib(peak)}); "
+        f"{advice}"
+    )

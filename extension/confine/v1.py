@@ -9,7 +9,16 @@ import errno
 import os
 
 from . import cgroupfs as fs
-from .records import CFS_PERIOD_US, ConfineError, Control, Enforced, Grant, Report, Usage
+from .records import (
+    CFS_PERIOD_US,
+    ConfineError,
+    Control,
+    Enforced,
+    Grant,
+    Report,
+    Usage,
+    cfs_quota_us,
+)
 
 # What any process needs besides its GPUs, as runc's default list: null, zero, full, random,
 # urandom, tty, console, ptmx, the ptys, tun; and mknod (not the opening) of any node.
@@ -142,11 +151,9 @@ class CgroupV1:
         folders = group.folders
         if "cpu" in folders:
             cpu = folders["cpu"]
-            quota = grant.cpu_millicores * CFS_PERIOD_US // 1000 if grant.cpu_millicores else -1
+            quota = cfs_quota_us(grant.cpu_millicores)
             fs.write(os.path.join(cpu, "cpu.cfs_period_us"), str(CFS_PERIOD_US))
-            fs.write(
-                os.path.join(cpu, "cpu.cfs_quota_us"), str(max(quota, 1000) if quota > 0 else -1)
-            )
+            fs.write(os.path.join(cpu, "cpu.cfs_quota_us"), str(-1 if quota is None else quota))
             fs.write(os.path.join(cpu, "cpu.shares"), str(cpu_shares(grant.cpu_millicores)))
         if "memory" in folders and grant.memory_bytes:
             _memory_limit(folders["memory"], grant.memory_bytes)

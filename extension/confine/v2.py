@@ -9,7 +9,16 @@ import contextlib
 import os
 
 from . import cgroupfs as fs
-from .records import CFS_PERIOD_US, ConfineError, Control, Enforced, Grant, Report, Usage
+from .records import (
+    CFS_PERIOD_US,
+    ConfineError,
+    Control,
+    Enforced,
+    Grant,
+    Report,
+    Usage,
+    cfs_quota_us,
+)
 
 NEEDED = ("cpu", "memory", "pids")
 
@@ -120,8 +129,8 @@ class CgroupV2:
     def _limit(self, folder: str, grant: Grant) -> None:
         if "cpu" in self.controllers:
             millis = grant.cpu_millicores
-            quota = str(max(1000, millis * CFS_PERIOD_US // 1000)) if millis else "max"
-            fs.write(os.path.join(folder, "cpu.max"), f"{quota} {CFS_PERIOD_US}")
+            quota = cfs_quota_us(millis)
+            fs.write(os.path.join(folder, "cpu.max"), f"{quota or 'max'} {CFS_PERIOD_US}")
             fs.write(os.path.join(folder, "cpu.weight"), str(cpu_weight(millis)))
         if "memory" in self.controllers and grant.memory_bytes:
             fs.write(os.path.join(folder, "memory.max"), str(grant.memory_bytes))

@@ -16,14 +16,14 @@ from extension.confine import (
     DEFAULT_GPU_TEMPLATE,
     DEFAULT_PIDS,
     USER_OOM_SCORE_ADJ,
-    ConfineError,
+    Cgroup,
     Confinement,
     Report,
     Usage,
     check_template,
     detect,
     gpu_grant,
-    mib,
+    killed_for_memory,
     users_memory_default,
 )
 
@@ -74,11 +74,13 @@ class WorkerCgroups:
     def name(job_id: str, launch: str, rank: int) -> str:
         return f"{job_id}-{launch}-w{rank}"
 
-    def create(self, spec: JobSpec, launch: str, rank: int, devices: tuple[int, ...]) -> str:
-        """The worker's cgroup, made with its grant; its name ("" when nothing is enforced).
-        Raises ConfineError when it cannot be made."""
+    def create(
+        self, spec: JobSpec, launch: str, rank: int, devices: tuple[int, ...]
+    ) -> Cgroup | None:
+        """The worker's cgroup, made with its grant (None when nothing is enforced). Raises
+        ConfineError when it cannot be made."""
         if not self.enforce:
-            return ""
+            return None
         grant = gpu_grant(
             int(spec.per_worker.cpu),
             int(spec.per_worker.memory),
@@ -86,55 +88,42 @@ class WorkerCgroups:
             self.gpu_device_template,
             tuple(devices),
         )
-        name = self.name(spec.id, launch, rank)
-        self.confinement.create(name, grant)
-        return name
+        return self.confinement.create(self.name(spec.id, launch, rank), grant)
 
-    def launch_spec(self, name: str) -> dict[str, object]:
+    @staticmethod
+    def launch_spec(group: Cgroup | None) -> dict[str, object]:
         """What the launcher's child needs to enter the cgroup (worker_launcher.py)."""
-        if not name:
-            return {}
-        group = self.confinement.open(name)
         if group is None:
-            raise ConfineError(f"cgroup {name} vanished before its worker started")
+            return {}
         return {"cgroup_procs": list(group.enter_files()), "oom_score_adj": USER_OOM_SCORE_ADJ}
+
+    def _open(self, name: str) -> Cgroup | None:
+        return self.confinement.open(name) if name else None
 
     def usage(self, names: list[str]) -> Usage | None:
         """The workers' cgroups added up; None when none of them exists."""
         total, found = Usage(), False
-        for name in names:
-            group = self.confinement.open(name) if name else None
-            if group is not None:
-                total, found = total.plus(group.usage()), True
+        for group in filter(None, map(self._open, names)):
+            total, found = total.plus(group.usage()), True
         return total if found else None
 
     def memory_reason(self, name: str, rank: int) -> str:
         """ "worker 0 was killed for using more than its 256 MiB ..." when the kernel killed a
         process of this worker's cgroup for memory; "" otherwise."""
-        group = self.confinement.open(name) if name else None
+        group = self._open(name)
         if group is None:
             return ""
-        usage = group.usage()
-        if not usage.oom_kills:
-            return ""
-        memory = usage.memory_limit_bytes
-        peak = max(usage.memory_peak_bytes, memory)
-        if not memory:
-            return (
-                f"worker {rank} was killed for memory when all users' work together reached "
-                f"the machine's cap for it (peak {mib(peak)}); ask for memory of its own with "
-                "--memory"
-            )
-        return (
-            f"worker {rank} was killed for using more than its {mib(memory)} of memory "
-            f"(peak {mib(peak)}); ask for more with --memory "
-            '(or "resources": {"memory": ...} in the job)'
+        return killed_for_memory(
+            group.usage(),
+            f"worker {rank}",
+            'ask for more with --memory (or "resources": {"memory": ...} in the job)',
+            "ask for memory of its own with --memory",
         )
 
     def remove(self, names: list[str], wait: float = 5.0) -> None:
         """Kill what is left in the cgroups and remove them."""
         for name in names:
-            group = self.confinement.open(name) if name else None
+            group = self._open(name)
             if group is not None and not group.remove(wait):
                 log.error("cgroup %s: processes still there after %.0fs; left in place", name, wait)
         if names and not self.confinement.names():
@@ -142,11 +131,9 @@ class WorkerCgroups:
 
     def kill(self, names: list[str]) -> None:
         """SIGKILL every process still in the cgroups (the cgroup stays, for its figures)."""
-        for name in names:
-            group = self.confinement.open(name) if name else None
-            if group is not None:
-                for pid in group.pids():
-                    _kill(pid)
+        for group in filter(None, map(self._open, names)):
+            for pid in group.pids():
+                _kill(pid)
 
     def sweep(self, keep: set[str]) -> list[str]:
         """Remove the cgroups of gangs no record names (left by a crash); their names."""

@@ -287,9 +287,10 @@ class Launcher:
             groups = os.getgrouplist(account.name, account.gid)
             launch.update(uid=account.uid, gid=account.gid, groups=groups)
         launch_id = os.path.basename(exit_dir)
-        cgroup = self.cgroups.create(spec, launch_id, rank, tuple(devices))
+        group = self.cgroups.create(spec, launch_id, rank, tuple(devices))
+        cgroup = group.name if group is not None else ""
         try:
-            launch.update(self.cgroups.launch_spec(cgroup))
+            launch.update(self.cgroups.launch_spec(group))
             proc = self._start_launcher(exit_dir, rank, launch)
         except BaseException:
             self.cgroups.remove([cgroup])
