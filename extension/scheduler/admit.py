@@ -52,11 +52,17 @@ def admit(state: CycleState) -> None:
     cycle's reclaim would stop it for that job (Reclaim 6)."""
     _activate(state)
     holder = state.holder
-    if holder is not None and not worth_reserving(state, holder[0], holder[1]):
+    starving = starved_gang(state) if state.config.max_gang_wait > 0 else None
+    if starving is not None:
+        holder = state.holder = starving  # Admission 6: it goes first, whatever the order says
+    elif holder is not None and not worth_reserving(state, holder[0], holder[1]):
         holder = state.holder = None  # it takes its turn in the fair order like the others
     held, held_leaf = (None, None) if holder is None else holder
-    if holder is not None:
-        try_start(state, held, held_leaf)
+    if holder is not None and try_start(state, held, held_leaf) and starving is not None:
+        state.aged = held.id
+    elif starving is not None and state.reserved_for == held.id:
+        waited = messages.starved(state.now - held.waiting_since)
+        state.reservation = f"{state.reservation}; {waited}"
     state.defer = state.config.min_runtime <= 0  # Admission 1: within-share starts first
     _walk(state, held, held_leaf)
     state.defer = False
@@ -341,6 +347,26 @@ def worth_reserving(state: CycleState, job: Job, leaf: PlanNode) -> bool:
         and not below_it(leaf)
         and not reclaimed_next(state, job, leaf)
     )
+
+
+def starved_gang(state: CycleState) -> tuple[Job, PlanNode] | None:
+    """Admission 6: the pending gang that has waited longest past ``max_gang_wait`` (then by
+    id) among those smaller work could overtake (``overtaken_by_smaller``), with its leaf; a
+    plan held back this cycle offers none. A one-worker job of a plan at its share waits its
+    turn in the fair order however long that is: it is never overtaken by smaller work."""
+    latest = state.now - state.config.max_gang_wait
+    best: tuple[float, str, Job, PlanNode] | None = None
+    for plan in state.bottom_up:
+        if not plan.pending:
+            continue
+        for (w, n, _), jobs in plan.buckets.items():
+            for job in jobs:
+                since = job.waiting_since
+                if since > latest or (best is not None and (since, job.id) >= best[:2]):
+                    continue
+                if overtaken_by_smaller(state, w, n) and not held_back(state, plan):
+                    best = (since, job.id, job, plan)
+    return None if best is None else (best[2], best[3])
 
 
 def overtaken_by_smaller(state: CycleState, w: tuple, n: int) -> bool:

@@ -176,7 +176,9 @@ class CycleResult:
     job that stays pending, by id, with the reason its status shows (``of(Wait)`` gives them as
     Wait decisions). ``plans``: every plan's figures, built on first read from the rows the
     cycle recorded (a cycle of a big tree need not pay for figures nobody reads). ``reserved``:
-    the job holding the reservation; pass it to the next cycle's Snapshot.
+    the job holding the reservation; pass it to the next cycle's Snapshot. ``aged``: the
+    starved gang this cycle started first (Admission 6); the caller sets ``Job.aged`` on it,
+    so that no reclaim stops it.
     """
 
     def __init__(
@@ -185,10 +187,12 @@ class CycleResult:
         plans: dict[str, PlanFigures] | None = None,
         reserved: str | None = None,
         waiting: dict[str, str] | None = None,
+        aged: str | None = None,
     ) -> None:
         self.decisions: list[Decision] = decisions if decisions is not None else []
         self.waiting: dict[str, str] = waiting if waiting is not None else {}
         self.reserved = reserved
+        self.aged = aged
         self._plans = plans
         self.rows: PlanRows | None = None  # what ``plans`` is built from
 

@@ -9,6 +9,7 @@ children by weighted water-filling (``shares.water_fill``), per resource, top-do
 
 from __future__ import annotations
 
+from .history import tree_standings
 from .index import PlanNode
 from .ledger import EPS
 from .shares import dominant_ratio, water_fill
@@ -56,9 +57,14 @@ def compute_deserved(state: CycleState) -> None:
     dominant ratio and its tie-break weight for the fair order (Admission 1)."""
     root = state.index.root
     root.deserved[:] = root.demand
+    weigh = None
+    if state.config.fair_share_half_life > 0 and state.snapshot.usage:
+        state.standing = tree_standings(state.bottom_up, state.snapshot.usage)
+        standing = state.standing
+        weigh = {p: s.share * s.factor for p, s in standing.items()}  # Deserved share 2
     for plan in reversed(state.bottom_up):  # parents before their children
         if plan.children:
-            _hand_out(plan)
+            _hand_out(plan, weigh)
     c0, c1, c2 = state.nodes.total
     for plan in state.bottom_up:
         a, d = plan.alloc, plan.deserved
@@ -72,11 +78,13 @@ def compute_deserved(state: CycleState) -> None:
             )
 
 
-def _hand_out(plan) -> None:
+def _hand_out(plan, weigh: dict[str, float] | None) -> None:
     """``plan``'s deserved amount to its children by ``water_fill``, per resource. A plan with
     nothing of a resource leaves its children at zero. Where every child's demand fits (below
     the contended levels of the tree) each gets its demand: water_fill's own first case,
-    asked here without building its lists (most plans are the one parent of a user leaf)."""
+    asked here without building its lists (most plans are the one parent of a user leaf).
+    ``weigh``: each plan's share times its fair-share factor (Deserved share 2), or None to
+    weigh by share alone."""
     kids, have = plan.children, plan.deserved
     if len(kids) == 1:
         kid = kids[0]
@@ -98,7 +106,10 @@ def _hand_out(plan) -> None:
                 kid.deserved[r] = float(cap)
             continue
         if weights is None:
-            weights = [k.share for k in kids]
+            if weigh is None:
+                weights = [k.share for k in kids]
+            else:
+                weights = [weigh[k.path] for k in kids]
         for kid, got in zip(kids, water_fill(amount, caps, weights)):
             kid.deserved[r] = got
 

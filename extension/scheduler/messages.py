@@ -94,6 +94,33 @@ def holds_reservation(nodes: str) -> str:
     return f"holds the reservation: capacity freed on {nodes} goes to it first"
 
 
+def starved(waited: float) -> str:
+    """Admission 6: the reservation holder waited past ``max_gang_wait``."""
+    return f"waited {span(waited)}, the most of any gang: it goes first"
+
+
+def used_more(plan: str, times: float, half_life: float, after: str) -> str:
+    """Deserved share 2: why a plan's share is smaller than its weight alone would give."""
+    name = plan.rsplit("/", 1)[-1] or plan
+    other = after.rsplit("/", 1)[-1] or after
+    return (
+        f"{name} used {times:.1f}x its share over the last {span(half_life)}, "
+        f"so it borrows after {other}"
+    )
+
+
+def span(seconds: float) -> str:
+    """``7d``, ``12h``, ``90m``, ``45s``: the largest unit that divides it into a whole
+    number or one decimal."""
+    for unit, size_s in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size_s:
+            value = seconds / size_s
+            return (
+                f"{value:.0f}{unit}" if abs(value - round(value)) < 0.05 else f"{value:.1f}{unit}"
+            )
+    return f"{seconds:.0f}s"
+
+
 def held_back(plan: str) -> str:
     return (
         f"waiting: {plan} gives resources back to a plan under its share this cycle, "

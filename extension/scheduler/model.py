@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -66,6 +66,11 @@ class Job:
     # the job's last checkpoint since it (re)started, as its runtime reported it; None: none
     # yet. Reclaim prefers the victim that loses the least work since then (Reclaim 4).
     checkpointed: float | None = None
+    # when it last became PENDING (a preempted job goes back to the queue); None: submitted.
+    # Its wait counts from here (Admission 6: no starved gang)
+    queued: float | None = None
+    # started first as a starved gang (CycleResult.aged, Admission 6): never a victim
+    aged: bool = False
 
     def __post_init__(self) -> None:
         if self.max_workers == 0:
@@ -88,6 +93,10 @@ class Job:
     def workers(self) -> int:
         return len(self.placement)
 
+    @property
+    def waiting_since(self) -> float:
+        return self.submitted if self.queued is None else self.queued
+
 
 @dataclass(frozen=True)
 class Instance:
@@ -109,6 +118,12 @@ class Instance:
 class SchedulerConfig:
     grace: float = 30.0  # seconds between SIGTERM and SIGKILL for a victim
     min_runtime: float = 0.0  # a job younger than this is never a victim
+    # Deserved share 2: > 0 weighs each plan's share by its usage over this half-life
+    # (Snapshot.usage); 0 shares by this moment's demand only
+    fair_share_half_life: float = 0.0
+    # Admission 6: > 0, a gang that waited this long holds the reservation whatever the fair
+    # order says, and once started is no victim; 0: no such rule
+    max_gang_wait: float = 0.0
 
 
 @dataclass
@@ -120,3 +135,6 @@ class Snapshot:
     # the job that held the reservation after the last cycle (CycleResult.reserved): capacity
     # freed since it blocked goes to it first, so it is tried before the fair order
     reserved: str | None = None
+    # decayed usage by user leaf path (history.UsageHistory), read when
+    # config.fair_share_half_life > 0 (Deserved share 2)
+    usage: Mapping[str, float] = field(default_factory=dict)

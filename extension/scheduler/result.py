@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from operator import attrgetter
 
+from . import messages
 from .admit import capacity_reason
 from .decisions import CycleResult, Grow, PlanRows, Start
 from .state import CycleState
@@ -20,7 +21,7 @@ _id_of = attrgetter("id")
 
 
 def result(state: CycleState, explain: bool = True) -> CycleResult:
-    out = CycleResult(reserved=state.reserved_for)
+    out = CycleResult(reserved=state.reserved_for, aged=state.aged)
     decisions, names = out.decisions, state.ledger.names
     decisions.extend(state.decisions)
     for job_id, nodes in state.started.items():
@@ -53,6 +54,41 @@ def _waiting(state: CycleState, waiting: dict[str, str]) -> None:
     held = state.reserved_for
     if held is not None:
         waiting[held] = f"{waiting[held]}; {state.reservation}"
+    if state.standing:
+        _history_reasons(state, waiting)
+
+
+def _history_reasons(state: CycleState, waiting: dict[str, str]) -> None:
+    """Deserved share 2: a waiting job of a plan that used more than its share over the
+    half-life says so, naming the sibling that borrows before it (the one that used the
+    least for its share among those with demand)."""
+    standing, half_life = state.standing, state.config.fair_share_half_life
+    for leaf in state.bottom_up:
+        if not leaf.pending:
+            continue
+        said = None
+        for plan in leaf.chain:
+            mine = standing.get(plan.path)
+            if mine is None or mine.usage_over_share <= 1.0 or plan.parent is None:
+                continue
+            rivals = [
+                standing[c.path]
+                for c in plan.parent.children
+                if c is not plan and c.demand != [0, 0, 0] and c.path in standing
+            ]
+            if rivals:
+                first = min(rivals, key=lambda r: (r.usage_over_share, r.path))
+                if first.usage_over_share < mine.usage_over_share:
+                    said = messages.used_more(
+                        plan.path, mine.usage_over_share, half_life, first.path
+                    )
+                    break
+        if said is None:
+            continue
+        for jobs in leaf.buckets.values():
+            for job in jobs:
+                if job.id in waiting:
+                    waiting[job.id] = f"{waiting[job.id]}; {said}"
 
 
 def _figures(state: CycleState) -> PlanRows:

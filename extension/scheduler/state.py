@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .decisions import Decision
+from .history import PlanStanding
 from .index import IndexCache, NodeFigures, PlanIndex, PlanMark, PlanNode
 from .ledger import Ledger
 from .model import Job, SchedulerConfig, Snapshot
@@ -36,6 +37,9 @@ class CycleState:
     decisions: list[Decision] = field(default_factory=list)
     # 3. demand: every plan, deepest first, then by path
     bottom_up: list[PlanNode] = field(default_factory=list)
+    # 4. deserved, with usage history on (Deserved share 2): every plan's standing among its
+    # siblings by path
+    standing: dict[str, PlanStanding] = field(default_factory=dict)
     # Reclaim 6, no start the same cycle undoes (set by cycle.schedule's later runs): paths of
     # plans none of whose jobs start this cycle, as they give a victim back in it, and of
     # plans under which no job is a victim this cycle, as one of theirs starts in it
@@ -56,6 +60,7 @@ class CycleState:
     deferred: dict[int, tuple[PlanNode, list[tuple]]] = field(default_factory=dict)
     unplaced: Job | None = None  # the first of them that found no room (admit._blocked_borrower)
     reserved_for: str | None = None  # Admission 4: the job holding the reservation
+    aged: str | None = None  # Admission 6: the starved gang that started first this cycle
     reservation: str = ""  # and what its status says about it
     # 6. reclaim: jobs chosen as victims this cycle -----------------------------------------
     victims: set[str] = field(default_factory=set)
@@ -125,6 +130,7 @@ def rerun(
         running_jobs=at.running_jobs,
         decisions=list(at.decisions),
         bottom_up=state.bottom_up,
+        standing=state.standing,
         hold_back=hold_back,
         spare=spare,
     )

@@ -12,13 +12,15 @@ from ..state import CycleState
 
 def may_be_victim(job: Job, now: float, min_runtime: float) -> bool:
     """Reclaim 3: a running job may be stopped or shrunk when it is preemptible, not already
-    terminating (a victim in its grace period is never paid for twice) and has run at least
+    terminating (a victim in its grace period is never paid for twice), not a starved gang
+    started first by Admission 6 (``Job.aged``: it runs to its end) and has run at least
     ``min_runtime`` (so a reclaim does not thrash). A job younger than that also shields
     every job under the same borrowing plan that would lose more work than it
     (``order.victim_steps``)."""
     return (
         job.preemptible
         and not job.terminating
+        and not job.aged
         and job.started is not None
         and now - job.started >= min_runtime
     )
@@ -35,7 +37,7 @@ def index_victims(state: CycleState) -> int:
             for p in leaf.chain:
                 p.under.append(entry)
             count += 1
-        elif job.preemptible and not job.terminating and job.started is not None:
+        elif job.preemptible and not job.terminating and not job.aged and job.started is not None:
             lost = lost_work(job, now)  # young: it shields the jobs that would lose more
             for p in leaf.chain:
                 if lost < p.shield:
