@@ -332,6 +332,7 @@ class Actions:
             terminating=False,
             cancel_requested=False,
             timeout_requested=False,  # set here: the cycle's bulk insert applies no defaults
+            aged=False,
             reason="",
             preemptions=0,
         )

@@ -22,13 +22,14 @@ from typing import Any
 from urllib.parse import urlparse
 
 from tornado.httpserver import HTTPServer
-from traitlets import Bool, Dict, Float, Int, TraitError, Unicode, default, validate
+from traitlets import Bool, Dict, Float, Int, TraitError, Unicode, Union, default, validate
 from traitlets.config import Application, Config
 
 from extension.backends.capacity import detect_nodes
 from extension.scheduler import UNLIMITED, Resources, SchedulerConfig
 from extension.userfs.pool import close_helpers
 
+from .fair_share import FairShareSettings, seconds_or_off, usage_weights
 from .lease import Lease, LeaseHeld, watch
 from .privacy import (
     PRIVATE_DIR,
@@ -211,6 +212,57 @@ class WmlaService(Application):
         c.WmlaService.min_runtime = 120
         """,
     )
+    fair_share_half_life = Union(
+        [Float(), Unicode()],
+        default_value=0.0,
+        config=True,
+        help="""Weigh each plan's share by its usage over days: usage decays by half every this
+        many seconds (or a duration: "7d", "12h"), and a plan that used more than its share
+        deserves less while others contend, as Slurm's PriorityDecayHalfLife (docs/scheduling.md
+        "Deserved share 2"). 0: shares follow this moment's demand only.
+
+        c.WmlaService.fair_share_half_life = "7d"
+        """,
+    )
+    fair_share_weights = Dict(
+        config=True,
+        help="""What one second of each resource counts as usage: per GPU, per CPU core, per
+        GiB of memory (Kueue's resourceWeights). Default: GPUs only.
+
+        c.WmlaService.fair_share_weights = {"gpu": 1, "cpu": 0.05}
+        """,
+    )
+    usage_reset_period = Union(
+        [Float(), Unicode()],
+        default_value=0.0,
+        config=True,
+        help="""Forget all usage at every multiple of this period since the epoch (Slurm's
+        PriorityUsageResetPeriod), e.g. "30d". 0: never.
+
+        c.WmlaService.usage_reset_period = "30d"
+        """,
+    )
+    max_gang_wait = Union(
+        [Float(), Unicode()],
+        default_value=0.0,
+        config=True,
+        help="""A gang that smaller jobs keep overtaking and that has waited this long holds the
+        reservation first whatever the fair order says, and once started is never preempted
+        (docs/scheduling.md "Admission 6"). 0: no such rule.
+
+        c.WmlaService.max_gang_wait = "4h"
+        """,
+    )
+
+    @validate("fair_share_half_life", "usage_reset_period", "max_gang_wait")
+    def _fair_share_durations(self, proposal: Any) -> float:
+        return seconds_or_off(proposal["value"], f"c.WmlaService.{proposal['trait'].name}")
+
+    @validate("fair_share_weights")
+    def _fair_share_weights(self, proposal: Any) -> dict:
+        usage_weights(proposal["value"], "c.WmlaService.fair_share_weights")
+        return proposal["value"]
+
     notebook_runtime_limit = Bool(
         False,
         config=True,
@@ -450,12 +502,23 @@ class WmlaService(Application):
         self.scheduler = Scheduler(
             self.store,
             InstanceBounds(self._quota, self._max_jobs),
-            SchedulerConfig(grace=self.grace, min_runtime=self.min_runtime),
+            SchedulerConfig(
+                grace=self.grace,
+                min_runtime=self.min_runtime,
+                fair_share_half_life=float(self.fair_share_half_life),
+                max_gang_wait=float(self.max_gang_wait),
+            ),
             storage_root=self.storage_root,
             python=self.python,
             tick=self.tick,
             log=self.log,
             max_pending_per_user=self.max_pending_per_user,
+            fair_share=FairShareSettings(
+                float(self.fair_share_half_life),
+                usage_weights(self.fair_share_weights, "c.WmlaService.fair_share_weights"),
+                float(self.usage_reset_period),
+                float(self.max_gang_wait),
+            ),
         )
         self.scheduler.limits.notebooks = self.notebook_runtime_limit
         # before anything is read or recovered: a second service on this database waits, then

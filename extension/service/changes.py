@@ -112,12 +112,15 @@ def on_released(sched: CycleState, job: Job, row: FoldFacts, ev: BackendEvent) -
         values = _ended(sched, job, JobState.CANCELLED, ev, reason)
         return StoreChange(job.id, values, Transition.CANCELLED, reason)
     job.state, job.placement, job.started = JobState.PENDING, (), None
-    job.terminating = False
+    job.terminating, job.aged = False, False
+    job.queued = ev.at or sched.clock()  # its wait starts again (Admission 6)
     values = {
         "state": JobState.PENDING.value,
         "placement": [],
         "terminating": False,
         "preemptions": row.preemptions + 1,
+        "queued": job.queued,
+        "aged": False,
     }
     return StoreChange(job.id, values, Transition.RELEASED, row.reason)
 
@@ -223,8 +226,9 @@ class CarryOut:
     each ``(decision, job)``): what each changes for the store, what the core decided for the
     log, and the backend calls queued for after the store has it all."""
 
-    def __init__(self, sched: CycleState, now: float) -> None:
+    def __init__(self, sched: CycleState, now: float, aged: str | None = None) -> None:
         self.sched, self.now = sched, now
+        self.aged = aged  # CycleResult.aged: the starved gang started first (Admission 6)
         self.changes: list[StoreChange] = []
         self.log: list[tuple[str, str, dict]] = []
         self._methods: dict[type, Callable[[Any, Job], None]] = {
@@ -247,6 +251,8 @@ class CarryOut:
             "started": self.now,
             "reason": "",
         }
+        if job.id == self.aged:  # no reclaim stops it (Admission 6)
+            job.aged = values["aged"] = True
         self.changes.append(StoreChange(job.id, values, Transition.STARTED))
         self.log.append((job.id, "start", {"placement": list(d.placement)}))
         # the spawner runs notebook servers

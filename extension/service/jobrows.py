@@ -25,6 +25,8 @@ def core_job(row: JobRow) -> Job:
         started=row.started,
         terminating=bool(row.terminating),
         checkpointed=row.checkpointed,
+        queued=row.queued,
+        aged=bool(row.aged),
     )
 
 

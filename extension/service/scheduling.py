@@ -54,6 +54,8 @@ from .actions import Actions
 from .backend_calls import BackendCalls
 from .cancels import Cancel, Conflict, cancel_change
 from .changes import FOLDS, CarryOut, due_timeouts, next_deadline, resume_under_way
+from .fair_share import META_KEY as USAGE_KEY
+from .fair_share import FairShareHistory, FairShareSettings
 from .jobrows import job_spec
 from .live import LiveJobs
 from .notebook_devices import NotebookDevices
@@ -90,6 +92,7 @@ class Scheduler:
         clock: Clock = time.time,
         log: logging.Logger | None = None,
         max_pending_per_user: int = 0,
+        fair_share: FairShareSettings | None = None,
     ) -> None:
         self.store = store
         self.db = StoreCalls(reset=store.engine.dispose)  # every store call, in threads
@@ -110,6 +113,8 @@ class Scheduler:
         self.pending_cap = PendingCap(
             max_pending_per_user, self.live.jobs.values, lambda: self.cycles
         )
+        # the usage history the fair share weighs (docs/scheduling.md "Deserved share 2")
+        self.fair_share = FairShareHistory(fair_share or FairShareSettings(), self.log)
         self.index_cache = IndexCache()  # ours, kept between cycles (docs/scheduling.md "Cost")
         self.result: CycleResult | None = None  # the last cycle's
         self.reserved: str | None = None  # CycleResult.reserved, passed to the next cycle
@@ -164,6 +169,7 @@ class Scheduler:
             self.plans.add(rec.path, rec.share, rec.limit, user_leaf=rec.user_leaf)
             self.members[rec.path] = (rec.users, rec.groups)
         self._reload_jobs()
+        self.fair_share.load(self.store.get_meta(USAGE_KEY))
 
     def _reload_jobs(self, rows: list[JobRow] | None = None) -> None:
         self.live.clear()
@@ -424,6 +430,10 @@ class Scheduler:
         # what a reclaim freed goes to the reclaimer, not back to its victim
         self.reserved = result.reserved
         self.calls.run_queued()
+        saved = self.fair_share.to_save(now)
+        if saved is not None:  # a failed save is retried at the next one
+            with contextlib.suppress(Exception):
+                await self.db.write(self.store.set_meta, USAGE_KEY, saved)
         seconds = time.perf_counter() - began
         hooks = [(h, (result, now, seconds)) for h in self.cycle_hooks]
         hooks += [(h, (log, now)) for h in self.decision_hooks if log]
@@ -469,10 +479,13 @@ class Scheduler:
         timeouts = due_timeouts(self, now)
         self._refresh_instance()
         jobs = list(self.jobs.values())
-        snapshot = Snapshot(self.plans, self.instance, jobs, self.config, reserved=self.reserved)
+        usage = self.fair_share.advance(now, jobs)
+        snapshot = Snapshot(
+            self.plans, self.instance, jobs, self.config, reserved=self.reserved, usage=usage
+        )
         result = schedule(snapshot, now, self.index_cache)
         self.cycles += 1
-        changes, log = self._apply(result.decisions, result.waiting, now)
+        changes, log = self._apply(result, now)
         changes[:0] = timeouts
         if folded or changes or log or new_rows:
             await self.db.cycle_write(self.store.commit_cycle, folded, changes, now, log, new_rows)
@@ -526,12 +539,12 @@ class Scheduler:
         return FOLDS[ev.kind](self, job, row, ev)
 
     def _apply(
-        self, decisions: Iterable, waiting: dict[str, str], now: float
+        self, result: CycleResult, now: float
     ) -> tuple[list[StoreChange], list[tuple[str, str, dict]]]:
         """The decisions applied to the live jobs; returns the store's (changes, decisions)."""
-        carry = CarryOut(self, now)
-        live = self.live
-        for d in decisions:
+        carry = CarryOut(self, now, result.aged)
+        live, waiting = self.live, result.waiting
+        for d in result.decisions:
             record = live.get(d.job_id)
             if record is None:
                 continue
