@@ -61,7 +61,7 @@ def admit(state: CycleState) -> None:
     if holder is not None and try_start(state, held, held_leaf) and starving is not None:
         state.aged = held.id
     elif starving is not None and state.reserved_for == held.id:
-        waited = messages.starved(state.now - held.waiting_since)
+        waited = messages.starved(state.now - held.submitted)
         state.reservation = f"{state.reservation}; {waited}"
     state.defer = state.config.min_runtime <= 0  # Admission 1: within-share starts first
     _walk(state, held, held_leaf)
@@ -350,10 +350,11 @@ def worth_reserving(state: CycleState, job: Job, leaf: PlanNode) -> bool:
 
 
 def starved_gang(state: CycleState) -> tuple[Job, PlanNode] | None:
-    """Admission 6: the pending gang that has waited longest past ``max_gang_wait`` (then by
-    id) among those smaller work could overtake (``overtaken_by_smaller``), with its leaf; a
-    plan held back this cycle offers none. A one-worker job of a plan at its share waits its
-    turn in the fair order however long that is: it is never overtaken by smaller work."""
+    """Admission 6: the pending gang submitted longest ago, more than ``max_gang_wait`` ago
+    (then by id), among those smaller work could overtake (``overtaken_by_smaller``), with
+    its leaf; a plan held back this cycle offers none. A one-worker job of a plan at its
+    share waits its turn in the fair order however long that is: it is never overtaken by
+    smaller work."""
     latest = state.now - state.config.max_gang_wait
     best: tuple[float, str, Job, PlanNode] | None = None
     for plan in state.bottom_up:
@@ -361,7 +362,7 @@ def starved_gang(state: CycleState) -> tuple[Job, PlanNode] | None:
             continue
         for (w, n, _), jobs in plan.buckets.items():
             for job in jobs:
-                since = job.waiting_since
+                since = job.submitted
                 if since > latest or (best is not None and (since, job.id) >= best[:2]):
                     continue
                 if overtaken_by_smaller(state, w, n) and not held_back(state, plan):

@@ -5,7 +5,11 @@ Each job is found its user leaf (docs/scheduling.md "Words": user leaf), then
   leaf's bucket of jobs of one shape ``(worker, min, max)``: a bucket exists only for a shape
   its leaf can run, so the Admission 3 answer is asked once per leaf and shape;
 - running: listed with its leaf, for the ledger to hold its nodes and for reclaim;
-- finished, failed, ...: passed over.
+- finished, failed, ...: passed over (their leaf is still found: a made-up leaf is made).
+
+Most jobs of a busy cycle are pending rigid jobs whose (plan, user, shape) an earlier job of
+the same cycle already had: one look-up (``seen``) sends such a job to its bucket, and the
+leaves' pending counts are added up per bucket afterwards (docs/scheduling.md "Cost").
 """
 
 from __future__ import annotations
@@ -13,42 +17,44 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .decisions import Reject
+from .index import PlanNode
 from .model import Job, JobState
 from .reject import impossible
 from .state import CycleState
 
 
 def intake(state: CycleState, extra: Iterable[Job] = ()) -> None:
+    """Phase 1 (and 2): every job of the snapshot (and ``extra``) to its leaf's bucket, the
+    running list or a Reject."""
     leaves, leaf_of = state.index.leaves, state.index.leaf_of
-    decisions, elastic = state.decisions, state.elastic
+    elastic = state.elastic
     running, running_leaves = state.running, state.running_leaves
     pending_state, running_state = JobState.PENDING, JobState.RUNNING
     wanted = state.snapshot.reserved
+    jobs = state.snapshot.jobs
+    if extra:
+        jobs = [*jobs, *extra]
+    # (plan, user, worker, min, max) -> the bucket of a rigid pending job this cycle, and every
+    # bucket filled this cycle with its leaf (the leaves' pending counts, after the loop)
+    seen: dict[tuple, list[Job]] = {}
+    filled: list[tuple[list[Job], PlanNode]] = []
     running_jobs = 0
-    for job in [*state.snapshot.jobs, *extra]:  # locals, one lookup per question
+    for job in jobs:  # locals, one lookup per question
+        now_in = job.state
+        if now_in is pending_state:
+            key = (job.plan, job.user, job.per_worker, job.min_workers, job.max_workers)
+            bucket = seen.get(key)
+            if bucket is not None:  # the common case: a shape this leaf already has
+                bucket.append(job)
+                if wanted is not None and job.id == wanted:
+                    state.holder = (job, leaves[key[:2]][0])
+                continue
         found = leaves.get((job.plan, job.user))
         if found is None:
             found = leaf_of(job)
         leaf = found[0]
-        now_in = job.state
         if now_in is pending_state:
-            if leaf is None:  # no such plan, or not a leaf one may submit to
-                decisions.append(Reject(job.id, found[1]))
-                continue
-            key = (job.per_worker, job.min_workers, job.max_workers)
-            bucket = leaf.buckets.get(key)
-            if bucket is None:
-                problem = impossible(state, job, leaf)
-                if problem:
-                    decisions.append(Reject(job.id, problem))
-                    continue
-                bucket = leaf.buckets[key] = []
-            bucket.append(job)
-            leaf.pending += 1
-            if job.max_workers > job.min_workers:
-                elastic.append((job, leaf))
-            if wanted is not None and job.id == wanted:
-                state.holder = (job, leaf)
+            _enqueue(state, job, found, key, seen, filled)
         elif now_in is not running_state or leaf is None:
             continue
         else:
@@ -58,4 +64,39 @@ def intake(state: CycleState, extra: Iterable[Job] = ()) -> None:
             running_leaves.append(leaf)
             if job.max_workers > job.min_workers:
                 elastic.append((job, leaf))
+    for bucket, leaf in filled:
+        leaf.pending += len(bucket)
     state.running_jobs = running_jobs
+
+
+def _enqueue(
+    state: CycleState,
+    job: Job,
+    found: tuple[PlanNode | None, str | None],
+    key: tuple,
+    seen: dict[tuple, list[Job]],
+    filled: list[tuple[list[Job], PlanNode]],
+) -> None:
+    """A pending job whose (plan, user, shape) ``seen`` does not have yet, or an elastic one:
+    rejected (no leaf, or a shape its leaf can never run), else into its leaf's bucket."""
+    leaf, problem = found
+    if leaf is None:  # no such plan, or not a leaf one may submit to
+        state.decisions.append(Reject(job.id, problem))
+        return
+    shape = key[2:]  # (worker, min, max)
+    bucket = leaf.buckets.get(shape)
+    if bucket is None:
+        problem = impossible(state, job, leaf)
+        if problem:
+            state.decisions.append(Reject(job.id, problem))
+            return
+        bucket = leaf.buckets[shape] = []
+    if not bucket:  # emptied by the index's reset: its first job this cycle
+        filled.append((bucket, leaf))
+    bucket.append(job)
+    if job.max_workers > job.min_workers:
+        state.elastic.append((job, leaf))  # in job order with the running ones: never seen
+    else:
+        seen[key] = bucket
+    if job.id == state.snapshot.reserved:
+        state.holder = (job, leaf)

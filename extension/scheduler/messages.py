@@ -95,8 +95,8 @@ def holds_reservation(nodes: str) -> str:
 
 
 def starved(waited: float) -> str:
-    """Admission 6: the reservation holder waited past ``max_gang_wait``."""
-    return f"waited {span(waited)}, the most of any gang: it goes first"
+    """Admission 6: the reservation holder was submitted more than ``max_gang_wait`` ago."""
+    return f"submitted {span(waited)} ago, the longest of any gang: it goes first"
 
 
 def used_more(plan: str, times: float, half_life: float, after: str) -> str:

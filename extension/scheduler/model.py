@@ -66,9 +66,6 @@ class Job:
     # the job's last checkpoint since it (re)started, as its runtime reported it; None: none
     # yet. Reclaim prefers the victim that loses the least work since then (Reclaim 4).
     checkpointed: float | None = None
-    # when it last became PENDING (a preempted job goes back to the queue); None: submitted.
-    # Its wait counts from here (Admission 6: no starved gang)
-    queued: float | None = None
     # started first as a starved gang (CycleResult.aged, Admission 6): never a victim
     aged: bool = False
 
@@ -92,10 +89,6 @@ class Job:
     @property
     def workers(self) -> int:
         return len(self.placement)
-
-    @property
-    def waiting_since(self) -> float:
-        return self.submitted if self.queued is None else self.queued
 
 
 @dataclass(frozen=True)

@@ -113,13 +113,11 @@ def on_released(sched: CycleState, job: Job, row: FoldFacts, ev: BackendEvent) -
         return StoreChange(job.id, values, Transition.CANCELLED, reason)
     job.state, job.placement, job.started = JobState.PENDING, (), None
     job.terminating, job.aged = False, False
-    job.queued = ev.at or sched.clock()  # its wait starts again (Admission 6)
     values = {
         "state": JobState.PENDING.value,
         "placement": [],
         "terminating": False,
         "preemptions": row.preemptions + 1,
-        "queued": job.queued,
         "aged": False,
     }
     return StoreChange(job.id, values, Transition.RELEASED, row.reason)

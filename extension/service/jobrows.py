@@ -25,7 +25,6 @@ def core_job(row: JobRow) -> Job:
         started=row.started,
         terminating=bool(row.terminating),
         checkpointed=row.checkpointed,
-        queued=row.queued,
         aged=bool(row.aged),
     )
 

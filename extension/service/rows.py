@@ -73,9 +73,8 @@ class JobRow(Base):
     # the job for reaching it: kept so that a stop under way at a restart still ends TIMEOUT
     max_runtime: Mapped[float | None] = mapped_column(Float, nullable=True)
     timeout_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    # when it last went back to the queue (NULL: it waits since it was submitted), and whether
-    # it started as a starved gang, never a victim then (docs/scheduling.md "Admission 6")
-    queued: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # whether it started as a starved gang, never a victim then (docs/scheduling.md
+    # "Admission 6")
     aged: Mapped[bool] = mapped_column(Boolean, default=False)
     # the client's Idempotency-Key: the same key from the same user is the same job
     idempotency_key: Mapped[str | None] = mapped_column(String(128), nullable=True)

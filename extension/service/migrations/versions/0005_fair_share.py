@@ -1,5 +1,5 @@
-"""Fair share over days: when a job last went back to the queue, and whether it started as a
-starved gang (docs/scheduling.md "Admission 6").
+"""Fair share over days: whether a job started as a starved gang (docs/scheduling.md
+"Admission 6").
 
 Revision ID: 0005
 Revises: 0004
@@ -16,13 +16,11 @@ depends_on = None
 
 
 def upgrade() -> None:
-    # NULL: never preempted, it waits since it was submitted; no job started as starved before
+    # no job started as a starved gang before this revision
     with op.batch_alter_table("jobs") as batch:
-        batch.add_column(sa.Column("queued", sa.Float, nullable=True))
         batch.add_column(sa.Column("aged", sa.Boolean, nullable=False, server_default=sa.false()))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
         batch.drop_column("aged")
-        batch.drop_column("queued")
