@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:  # the simulator is imported only when it runs, not for every `wmla` command
+    from .fairshare import FairShare
     from .scenario import Scenario
+    from .segments import SegmentLog
 
 TRACE_ONLY = ("gpus_per_node", "nodes", "shares")
 
@@ -52,7 +54,6 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     sim.add_argument(
         "--shares", metavar="FILE", help="with --trace: YAML/JSON team -> share (or {share, limit})"
     )
-    sim.add_argument("--report", metavar="HTML", help="write a self-contained HTML report here")
     sim.add_argument(
         "--deadlock-timeout",
         type=float,
@@ -68,6 +69,21 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
         metavar="S",
         help="decide only every S seconds of simulated time (default 0: at every event)",
     )
+    _trace_timing_arguments(sim)
+    sim.add_argument(
+        "--timing",
+        choices=("instant", "service"),
+        help="when cycles run and how long the backend takes: instant (default: a cycle at "
+        "every event) or service (as the service: events, a 5 s tick, victims leave after "
+        "their SIGTERM checkpoint); with --scenario it replaces the file's config.timing",
+    )
+    _fair_share_arguments(sim)
+    _output_arguments(sim)
+    sim.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _trace_timing_arguments(sim: argparse.ArgumentParser) -> None:
+    """A trace replay's grace, checkpoints and min_runtime (a scenario file has its own)."""
     sim.add_argument("--grace", type=float, metavar="S", help="with --trace: grace (default 30)")
     sim.add_argument(
         "--checkpoint-every",
@@ -78,14 +94,39 @@ def add_arguments(sim: argparse.ArgumentParser) -> None:
     sim.add_argument(
         "--min-runtime", type=float, metavar="S", help="with --trace: min_runtime (default 0)"
     )
+
+
+def _output_arguments(sim: argparse.ArgumentParser) -> None:
+    """The files a run writes besides what it prints."""
+    sim.add_argument("--report", metavar="HTML", help="write a self-contained HTML report here")
     sim.add_argument(
-        "--timing",
-        choices=("instant", "service"),
-        help="when cycles run and how long the backend takes: instant (default: a cycle at "
-        "every event) or service (as the service: events, a 5 s tick, victims leave after "
-        "their SIGTERM checkpoint); with --scenario it replaces the file's config.timing",
+        "--jobs-csv",
+        metavar="FILE",
+        help="write one row per run segment of every job (job_id,team,user,gpus,submit_s,"
+        "start_s,end_s,end), as sacct; with several policies FILE.<policy>.csv each",
     )
-    sim.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _fair_share_arguments(sim: argparse.ArgumentParser) -> None:
+    """Usage history and the starved-gang bound (docs/simulate.md "Fair share over days")."""
+    sim.add_argument(
+        "--fair-share-half-life",
+        metavar="DURATION",
+        help="weigh each plan's share by its usage decayed over this half-life (seconds or "
+        "e.g. 7d, 12h; default 0: this moment's demand only)",
+    )
+    sim.add_argument(
+        "--max-gang-wait",
+        metavar="DURATION",
+        help="a gang that waited this long goes first and is never a victim once started "
+        "(seconds or e.g. 12h; default 0: no such rule)",
+    )
+    sim.add_argument(
+        "--usage-reset-period",
+        metavar="DURATION",
+        help="with --fair-share-half-life: forget all usage at every multiple of this "
+        "(default 0: never)",
+    )
 
 
 class UsageError(ValueError):
@@ -126,11 +167,20 @@ def _scenario_runner(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(f"wmla simulate: {bad} goes with --trace, not --scenario", file=err)
         return 2
     try:
+        fair = _fair_share(args)
+        csv_path = _output_path(args.jobs_csv, "--jobs-csv", ".csv")
         scenario = _with_timing(load_scenario(args.scenario), args)
-    except ScenarioError as problem:
+    except (ScenarioError, UsageError) as problem:
         print(f"wmla simulate: {problem}", file=err)
         return 2
-    result = public_json(simulate(scenario))
+    _with_fair_share(scenario, fair)
+    log = _segment_log(csv_path)
+    ran = simulate(scenario, log)
+    if csv_path is not None and log is not None:
+        from .segments import write_jobs_csv
+
+        write_jobs_csv(csv_path, log, ran.jobs.values())
+    result = public_json(ran)
     if args.json:
         json.dump(result, out, indent=1, sort_keys=True)
         print(file=out)
@@ -140,6 +190,35 @@ def _scenario_runner(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             print(line + f" start={job['started']} end={job['ended']}", file=out)
         print(json.dumps(result["summary"]), file=out)
     return 0
+
+
+def _fair_share(args: argparse.Namespace) -> FairShare | None:
+    """The fair-share options given, checked; None when none was given (the scenario's own
+    ``config`` then stands)."""
+    from .fairshare import FairShare, FairShareError, parse_span
+
+    given = (args.fair_share_half_life, args.max_gang_wait, args.usage_reset_period)
+    if all(v is None for v in given):
+        return None
+    names = ("--fair-share-half-life", "--max-gang-wait", "--usage-reset-period")
+    try:
+        spans = [0.0 if v is None else parse_span(v, n) for v, n in zip(given, names)]
+        return FairShare(*spans)
+    except FairShareError as problem:
+        raise UsageError(str(problem)) from None
+
+
+def _with_fair_share(scenario: Scenario, fair: FairShare | None) -> None:
+    """The options given on the command line in place of the scenario's ``config`` (each
+    option not given is off)."""
+    if fair is not None:
+        scenario.with_fair_share(fair)
+
+
+def _segment_log(path: Path | None) -> SegmentLog | None:
+    from .segments import SegmentLog
+
+    return None if path is None else SegmentLog()
 
 
 def _with_timing(scenario: Scenario, args: argparse.Namespace) -> Scenario:
@@ -169,14 +248,18 @@ def _prepare(args: argparse.Namespace) -> dict[str, Any]:
     policies = expand_policies(args.policy)
     timeout = _deadlock_timeout(args)
     _check_not_negative(args)
-    report = _report_path(args)
+    fair = _fair_share(args)
+    report = _output_path(args.report, "--report", ".html")
+    jobs_csv = _output_path(args.jobs_csv, "--jobs-csv", ".csv")
     scenario, source = _read_trace(args) if args.trace else _read_scenario(args)
+    _with_fair_share(scenario, fair)
     return {
         "scenario": scenario,
         "policies": policies,
         "timeout": timeout,
         "interval": args.cycle_interval,
         "report": report,
+        "jobs_csv": jobs_csv,
         "source": source,
     }
 
@@ -208,19 +291,20 @@ def _check_not_negative(args: argparse.Namespace) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must not be negative, got {value:g}")
 
 
-def _report_path(args: argparse.Namespace) -> Path | None:
-    """``--report``, checked to be writable now rather than after hours of replay."""
-    if not args.report:
+def _output_path(given: str | None, option: str, suffix: str) -> Path | None:
+    """``--report`` or ``--jobs-csv``, checked to be writable now rather than after hours of
+    replay."""
+    if not given:
         return None
-    report = Path(args.report)
-    if report.is_dir():
-        raise UsageError(f"--report {report}: is a folder; give a file name like out.html")
-    parent = report.parent if str(report.parent) else Path(".")
+    path = Path(given)
+    if path.is_dir():
+        raise UsageError(f"{option} {path}: is a folder; give a file name like out{suffix}")
+    parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
-        raise UsageError(f"--report {report}: the folder {parent} does not exist")
+        raise UsageError(f"{option} {path}: the folder {parent} does not exist")
     if not os.access(parent, os.W_OK):
-        raise UsageError(f"--report {report}: cannot write in {parent}")
-    return report
+        raise UsageError(f"{option} {path}: cannot write in {parent}")
+    return path
 
 
 def _read_trace(args: argparse.Namespace) -> tuple[Scenario, dict[str, Any]]:
@@ -293,13 +377,34 @@ def _replay_all(job: dict[str, Any], progress: TextIO | None) -> tuple[dict, dic
         },
         "policies": {},
     }
+    fair = {
+        "fair_share_half_life_s": scenario.config.fair_share_half_life,
+        "max_gang_wait_s": scenario.config.max_gang_wait,
+        "usage_reset_period_s": scenario.usage_reset_period,
+    }
+    if any(fair.values()):  # off, the input reads as it always did
+        result["input"]["fair_share"] = fair
     summaries = {}
     for name in job["policies"]:
         policy = make_policy(name, job["timeout"])
-        summary = Replay(scenario, policy, progress=progress, interval=job["interval"]).run()
+        replay = Replay(scenario, policy, progress=progress, interval=job["interval"])
+        replay.recorder.segments = _segment_log(job["jobs_csv"])
+        summary = replay.run()
         summaries[name] = summary
         result["policies"][name] = summary.to_json()
+        _write_segments(job["jobs_csv"], name, len(job["policies"]) > 1, replay)
     return result, summaries
+
+
+def _write_segments(path: Path | None, policy: str, several: bool, replay: Any) -> None:
+    """``--jobs-csv``: FILE, or FILE's stem + ``.<policy>`` + its suffix with several policies."""
+    if path is None or replay.recorder.segments is None:
+        return
+    from .segments import write_jobs_csv
+
+    if several:
+        path = path.with_name(f"{path.stem}.{policy}{path.suffix or '.csv'}")
+    write_jobs_csv(path, replay.recorder.segments, replay.jobs.values())
 
 
 def _print_table(result: dict, out: TextIO) -> None:

@@ -16,6 +16,7 @@ from .jobs import ReplayJob
 from .policies import Wmla
 from .replay import Replay
 from .scenario import Scenario
+from .segments import SegmentLog
 from .summary import churn_figures
 
 
@@ -116,9 +117,12 @@ class EveryInstant(Wmla):
             self.timeline.append(entry)
 
 
-def simulate(scenario: Scenario) -> SimResult:
+def simulate(scenario: Scenario, segments: SegmentLog | None = None) -> SimResult:
+    """The scenario runner's replay; ``segments``: a log to record every job's run segments
+    in (``--jobs-csv``)."""
     policy = EveryInstant()
     replay = Replay(scenario, policy)
+    replay.recorder.segments = segments
     replay.run()
     timeline = policy.timeline
     end = max(replay.stopped_at, timeline[-1]["t"] if timeline else 0)

@@ -334,7 +334,8 @@ class _Forward:
         s = self.snapshot
         jobs = list(self.jobs.values())
         result = schedule(
-            Snapshot(s.plans, s.instance, jobs, s.config, self.reserved),
+            # the usage history as the caller had it (its decay over the horizon is left out)
+            Snapshot(s.plans, s.instance, jobs, s.config, self.reserved, usage=s.usage),
             t,
             self.cache,
             explain=False,
@@ -342,6 +343,8 @@ class _Forward:
         self.reserved = result.reserved  # carried to the next cycle, as the service does
         for decision in result.decisions:
             dispatch(decision, self, t)
+        if result.aged is not None:  # Admission 6's starved gang: no victim, as the caller does
+            self.jobs[result.aged].aged = True
         self.decided = bool(result.decisions)
         self.cycles += 1
         self.costs.append(time.perf_counter() - began)

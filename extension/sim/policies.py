@@ -33,6 +33,7 @@ from extension.scheduler import (
 )
 
 from .aggregate import RunningGroup
+from .fairshare import LeafUsage
 from .gang_fifo import GangFifo
 from .jobs import ReplayJob
 from .metrics import EPS
@@ -86,6 +87,11 @@ class Wmla(Policy):
     preemption is counted as steady-state churn when the previous cycle's plan figures were
     within one of the reclaimer's gangs and its leaf had demand then (``steady_state``). A
     skipped cycle had nothing pending: a reclaimer after it brings new demand, never steady.
+
+    Fair share over days (``fairshare.py``): with ``config.fair_share_half_life`` > 0 the
+    policy keeps every user leaf's decayed usage, charged at every change of what a leaf holds,
+    and shows it to the core as ``Snapshot.usage`` (both snapshots); a job the core started as
+    a starved gang (``CycleResult.aged``, Admission 6) gets ``Job.aged``.
     """
 
     name = "wmla"
@@ -116,6 +122,17 @@ class Wmla(Policy):
         self.last_cycle: float | None = None  # service timing: the last cycle, for the tick
         self.idle = False  # service timing: nothing will ever change; stop ticking
         self.previous: CycleResult | None = None  # the last cycle's result (steady state)
+        half_life = self.config.fair_share_half_life
+        self.usage: LeafUsage | None = None  # usage history (fairshare.py); None: off
+        if half_life > 0:
+            self.usage = LeafUsage(half_life, replay.scenario.usage_reset_period)
+
+    def holds(self, job: ReplayJob, now: float, workers: int | None = None) -> None:
+        """The usage history learns what ``job`` holds from ``now`` on (its placement, or
+        ``workers``)."""
+        if self.usage is not None:
+            count = len(job.core.placement) if workers is None else workers
+            self.usage.count(job.core, count, now)
 
     def arrive(self, jobs: list[ReplayJob], now: float) -> None:
         for job in jobs:
@@ -141,17 +158,21 @@ class Wmla(Policy):
             self.elastic -= 1
 
     def finished(self, job: ReplayJob, now: float) -> None:
+        self.holds(job, now, 0)
         self.gone(job)
         self.dirty = True
 
     def cancelled(self, job: ReplayJob, now: float) -> None:
+        self.holds(job, now, 0)
         self.gone(job)
         self.dirty = True
 
     def released(self, job: ReplayJob, now: float) -> None:
+        self.holds(job, now, 0)
         self.dirty = True
 
     def shrunk(self, job: ReplayJob, now: float) -> None:
+        self.holds(job, now)
         self.dirty = True
 
     def running(self, job: ReplayJob, now: float) -> None:
@@ -201,7 +222,8 @@ class Wmla(Policy):
     def cycle(self, now: float) -> CycleResult:
         """One core cycle on the live jobs, its decisions carried out on the replay."""
         r = self.replay
-        result = self._aggregated_cycle(now) if self.aggregate else None
+        usage = {} if self.usage is None else self.usage.usage(now)
+        result = self._aggregated_cycle(now, usage) if self.aggregate else None
         if result is None:
             if r.reports_checkpoints:
                 for job in self.working.values():
@@ -212,6 +234,7 @@ class Wmla(Policy):
                 list(self.core_jobs.values()),
                 self.config,
                 reserved=self.reserved,
+                usage=usage,
             )
             result = schedule(snapshot, now, self.cache)
             self.full_cycles += 1
@@ -219,6 +242,8 @@ class Wmla(Policy):
         self.cycles += 1
         for d in result.decisions:
             dispatch(d, self.carry, now)
+        if result.aged is not None and result.aged in self.live:
+            self.live[result.aged].core.aged = True  # Admission 6: no reclaim stops it
         self.previous = result
         if self.service and not result.decisions and r.quiet():
             self.idle = True  # a tick would decide the same nothing for ever
@@ -233,7 +258,7 @@ class Wmla(Policy):
             return False  # after a skipped cycle (nothing pending) the reclaimer's demand is new
         return steady_state(self.previous.plans, reclaimer.core)
 
-    def _aggregated_cycle(self, now: float):
+    def _aggregated_cycle(self, now: float, usage: dict[str, float]) -> CycleResult | None:
         """The cycle on the aggregated snapshot, or None when its answer may differ."""
         r = self.replay
         if r.instance.max_jobs is not None:
@@ -248,7 +273,7 @@ class Wmla(Policy):
             jobs.append(job.core)
         merged = [g.job() for g in self.groups.values() if g.size]
         snapshot = Snapshot(
-            self.plans, r.instance, merged + jobs, self.config, reserved=self.reserved
+            self.plans, r.instance, merged + jobs, self.config, reserved=self.reserved, usage=usage
         )
         result = schedule(snapshot, now, self.cache)
         if result.waiting:
@@ -289,13 +314,16 @@ class _CarryOut:
         p = self.policy
         job = p.live[d.job_id]
         p.replay.start(job, d.placement, now)
+        p.holds(job, now)
         p.group(job)
         p.working[job.id] = job
         if p.config.min_runtime > 0 and not p.service:  # the service has no such timer
             heapq.heappush(p.timers, now + p.config.min_runtime)
 
     def grow(self, d: Grow, now: float) -> None:
-        self.policy.replay.grow(self.policy.live[d.job_id], d.add, now)
+        job = self.policy.live[d.job_id]
+        self.policy.replay.grow(job, d.add, now)
+        self.policy.holds(job, now)
 
     def shrink(self, d: Shrink, now: float) -> None:
         self.policy.replay.shrink(self.policy.live[d.job_id], d.release, d.grace, now)

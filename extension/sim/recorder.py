@@ -4,7 +4,8 @@ The loop (``replay.py``) tells the recorder every change of demand (``add_demand
 GPUs a job holds or computes on (``change``); before each instant it integrates the figures
 over the span since the previous one (``advance``: nothing changed within it), and after the
 decisions it takes the deserved shares and a timeline point (``observe``). What the figures
-mean is in docs/simulate.md "Metrics".
+mean is in docs/simulate.md "Metrics". With a ``SegmentLog`` in ``segments`` every change is
+also told to it (``wmla simulate --jobs-csv``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from .jobs import ReplayJob
 from .metrics import EPS, PlanShape, deserved_gpus, num, plan_demand
 from .scenario import Scenario
+from .segments import SegmentLog
 
 
 class Recorder:
@@ -60,6 +62,7 @@ class Recorder:
         self.held_gs: dict[str, float] = {}  # GPU-seconds held per plan
         self.timeline: list[tuple[float, tuple[float, ...], float]] = []
         self._last_point: tuple | None = None
+        self.segments: SegmentLog | None = None  # each job's run segments, when asked for
 
     def add_demand(self, job: ReplayJob, sign: int) -> None:
         leaf = job.leaf
@@ -83,6 +86,8 @@ class Recorder:
             if i is not None:
                 self.team_held[i] += held
         self.busy += busy
+        if self.segments is not None:  # its state and placement are already the new ones
+            self.segments.seen(job, self.last_t)
 
     def advance(self, now: float) -> None:
         """Integrate the figures from the last instant to ``now`` with the state as it was."""

@@ -24,6 +24,7 @@ from extension.scheduler import (
 )
 from extension.scheduler.resources import UNLIMITED
 
+from .fairshare import FairShare, FairShareError, parse_span
 from .timing import Timing, parse_timing
 
 
@@ -64,6 +65,14 @@ class Scenario:
     # when cycles run and how long the backend takes (timing.py); the default is the
     # simulator's own model, ``PRESETS["service"]`` the service's
     timing: Timing = Timing()
+    # usage history's reset period (fairshare.py); the half-life and the starved-gang bound
+    # are ``config``'s (SchedulerConfig.fair_share_half_life, max_gang_wait)
+    usage_reset_period: float = 0.0
+
+    def with_fair_share(self, fair: FairShare) -> None:
+        """Usage history and the starved-gang bound as ``fair`` says (both off: unchanged)."""
+        self.config = fair.config(self.config)
+        self.usage_reset_period = fair.reset_period
 
 
 TOP_KEYS = {"format", "capacity", "config", "plans", "jobs", "until", "limit_range", "expect"}
@@ -73,6 +82,8 @@ EXPECT_KEYS = {"jobs", "summary", "running_at"}
 JOB_KEYS = {"id", "at", "user", "plan", "workers", "per_worker", "duration", "priority"}
 JOB_KEYS |= {"preemptible"}
 CONFIG_KEYS = {"grace", "min_runtime", "checkpoint_every", "timing"}
+FAIR_KEYS = ("fair_share_half_life", "max_gang_wait", "usage_reset_period")  # fairshare.py
+CONFIG_KEYS |= set(FAIR_KEYS)
 _WORKERS = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 
 
@@ -108,6 +119,7 @@ def parse_scenario(data: Any, where: str = "scenario") -> Scenario:
     default = _limit_range_default(data.get("limit_range"), fail)
     instance = _capacity(data.get("capacity"), fail)
     config, checkpoint_every, timing = _config(data.get("config") or {}, fail)
+    fair = _fair_share(data.get("config") or {}, fail)
     plans_spec = data.get("plans") or {}
     if not isinstance(plans_spec, dict):
         raise fail("plans", "must be a mapping of plan path to {share, limit}")
@@ -121,6 +133,7 @@ def parse_scenario(data: Any, where: str = "scenario") -> Scenario:
         raise fail("plans", str(err)) from None
     until = _number(data.get("until", 10_000), "until", fail)
     scenario = Scenario(instance, tree, config, checkpoint_every, until=until, timing=timing)
+    scenario.with_fair_share(fair)
     seen: set[str] = set()
     entries = data.get("jobs") or []
     if not isinstance(entries, list):
@@ -227,6 +240,20 @@ def _config(spec: Any, fail) -> tuple[SchedulerConfig, float, Timing]:
     timing = parse_timing(spec["timing"], fail, "config.timing") if "timing" in spec else Timing()
     config = SchedulerConfig(values["grace"], values["min_runtime"])
     return config, values["checkpoint_every"], timing
+
+
+def _fair_share(spec: dict, fail) -> FairShare:
+    """``config``'s fair-share keys: seconds or durations (``7d``), 0 or absent for off."""
+    values = {}
+    for key in FAIR_KEYS:
+        try:
+            values[key] = parse_span(spec.get(key, 0), key)
+        except FairShareError as problem:
+            raise fail(f"config.{key}", str(problem)) from None
+    try:
+        return FairShare(*values.values())
+    except FairShareError as problem:
+        raise fail("config.usage_reset_period", str(problem)) from None
 
 
 def _limit_range_default(spec: Any, fail) -> Resources:
