@@ -75,6 +75,10 @@ class FairShareHistory:
         self.history.advance(now, held_by_leaf(jobs))
         return self.history.usage
 
+    def usage_now(self, now: float) -> dict[str, float]:
+        """The usage decayed to ``now`` (a copy: the loop goes on charging the kept one)."""
+        return self.history.decayed(now) if self.history is not None else {}
+
     def to_save(self, now: float) -> str | None:
         """The JSON to store when a save is due, else None."""
         if self.history is None or (self.saved_at is not None and now - self.saved_at < SAVE_EVERY):

@@ -159,7 +159,10 @@ class WaitingLine:
         self._last = time.monotonic()
         now = sched.clock()
         jobs = [copy.copy(j) for j in sched.live.jobs.values()]  # the loop changes the live ones
-        snapshot = Snapshot(sched.plans, sched.instance, jobs, sched.config, sched.reserved)
+        usage = sched.fair_share.usage_now(now)  # the estimate weighs shares as cycles do
+        snapshot = Snapshot(
+            sched.plans, sched.instance, jobs, sched.config, sched.reserved, usage=usage
+        )
         limits = dict(sched.runtimes)  # live job id -> its runtime limit
         if now - self._history_at >= HISTORY_SECONDS:
             self._history = await sched.db.read(self._history_now)
