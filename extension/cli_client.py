@@ -9,6 +9,7 @@ wmla                                    dlicmd
 ``wmla exec-stop JOB``                  ``--exec-stop JOB`` (also ``--exec-delete``)
 ``wmla exec-outLogs JOB``               ``--exec-outLogs JOB``
 ``wmla plans``, ``wmla usage``          (none)
+``wmla shares [--plan P] [--reset]``    (Slurm's ``sshare``)
 ======================================  ==============================================
 
 Training options are those of ``%wmla_train`` (``extension/magics/options.py``); the script's own
@@ -61,12 +62,13 @@ from extension.tables import (
     jobs_table,
     metrics_text,
     plans_table,
+    shares_table,
     state_line,
     usage_table,
 )
 
 COMMANDS = frozenset(
-    {"logon", "exec-start", "exec-get", "exec-stop", "exec-outLogs", "plans", "usage"}
+    {"logon", "exec-start", "exec-get", "exec-stop", "exec-outLogs", "plans", "usage", "shares"}
 )
 # dlicmd's spellings: ``dlicmd --exec-start PyTorch ...`` -> ``wmla exec-start PyTorch ...``
 DLICMD = {
@@ -79,6 +81,7 @@ DLICMD = {
     "--exec-outlogs": "exec-outLogs",
     "--plans": "plans",
     "--usage": "usage",
+    "--shares": "shares",
 }
 
 
@@ -146,7 +149,8 @@ def add_commands(sub: Any) -> None:
     )
     usage.add_argument("--step", type=_step, help="seconds between points (at least 1)")
     usage.add_argument("--json", action="store_true")
-    for parser in (logon, get, stop, logs, plans, usage):
+    shares = _add_shares(sub)
+    for parser in (logon, get, stop, logs, plans, usage, shares):
         parser.add_argument(
             "--retry-seconds",
             type=retry_seconds,
@@ -184,6 +188,34 @@ def _step(text: str) -> float:
             f"give the seconds between points, at least 1, e.g. --step 300; got {text!r}"
         )
     return step
+
+
+def _add_shares(sub: Any) -> argparse.ArgumentParser:
+    """``wmla shares [--plan P] [--reset] [--json]``."""
+    shares = sub.add_parser(
+        "shares",
+        help="each plan's share, usage over days and fair-share factor (as Slurm's sshare)",
+        description="sshare's columns for every plan: RawShares (its share), NormShares (its "
+        "part of its siblings' shares), RawUsage (its decayed usage), EffectvUsage (its part "
+        "of its siblings' usage) and FairShare (2^(-EffectvUsage/NormShares): 1 unused, 0.5 "
+        "exactly its share, less when it used more).",
+    )
+    shares.add_argument("--plan", type=_plan, help="only this plan and those under it")
+    shares.add_argument(
+        "--reset", action="store_true", help="forget all usage first (plan admins only)"
+    )
+    shares.add_argument("--json", action="store_true")
+    return shares
+
+
+def _plan(text: str) -> str:
+    """``--plan``: a plan path, checked here so that a typo is not sent to the service."""
+    parts = text.rstrip("/").split("/")
+    if text == "/" or (text.startswith("/") and all(parts[1:]) and " " not in text):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"give a plan path that starts with /, e.g. --plan /project1/dev-team; got {text!r}"
+    )
 
 
 def client_for(
@@ -236,6 +268,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             )
             _emit(out, args.json, answer, lambda: usage_table(answer))
             return 0
+        if name == "shares":
+            return _shares(client, args, out)
     except OptionsError as e:
         text = str(e)
         print(text if text.startswith("wmla ") else f"wmla {name}: {text}", file=err)
@@ -394,4 +428,13 @@ def _exec_get(client: WmlaClient, args: argparse.Namespace, out: TextIO) -> int:
     states = [s.strip().upper() for s in args.state.split(",")] if args.state else None
     jobs = client.jobs(states)
     _emit(out, args.json, {"jobs": jobs}, lambda: jobs_table(jobs))
+    return 0
+
+
+def _shares(client: WmlaClient, args: argparse.Namespace, out: TextIO) -> int:
+    """``wmla shares``: the rows (after a reset with ``--reset``), as a table or JSON."""
+    if args.reset:
+        client.reset_shares()
+    answer = client.shares(plan=args.plan)
+    _emit(out, args.json, answer, lambda: shares_table(answer))
     return 0

@@ -237,6 +237,14 @@ class WmlaClient:
         params = {"plan": plan, "user": user, "start": start, "end": end, "step": step}
         return self.request("GET", "usage", params=params, what="usage")
 
+    def shares(self, plan: str | None = None) -> dict:
+        """Every plan's fair-share row under ``plan`` (sshare's columns; ``wmla shares``)."""
+        return self.request("GET", "shares", params={"plan": plan}, what="fair shares")
+
+    def reset_shares(self) -> dict:
+        """Forget all usage (plan admins): the rows after the reset."""
+        return self.request("POST", "shares/reset", what="resetting the usage history")
+
     def wait(
         self,
         job_id: str,

@@ -205,3 +205,25 @@ def _duration(seconds: float) -> str:
         if seconds >= size and seconds % size == 0:
             return f"{seconds / size:g}{unit}"
     return f"{seconds:g}s"
+
+
+def shares_table(answer: Mapping[str, Any]) -> str:
+    """sshare's columns, a row per plan (``(user)`` after a user leaf), under the sentence that
+    says what the figures mean (the half-life, the unit) or that the history is off."""
+    rows = [
+        (
+            r["plan"] + (" (user)" if r.get("user_leaf") else ""),
+            f"{r['share']:g}",
+            f"{r['normalized_share']:.6f}",
+            f"{r['raw_usage']:.0f}",
+            f"{r['effective_usage']:.6f}",
+            f"{r['fair_share_factor']:.6f}",
+        )
+        for r in answer.get("plans", [])
+    ]
+    header = ("Plan", "RawShares", "NormShares", "RawUsage", "EffectvUsage", "FairShare")
+    lines = [answer.get("message") or "", table(header, rows) if rows else "no plans"]
+    hidden = answer.get("hidden_user_leaves") or 0
+    if hidden:
+        lines.append(f"({hidden} other users' leaves not shown; their usage counts in their plans)")
+    return "\n".join(line for line in lines if line)

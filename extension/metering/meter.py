@@ -31,6 +31,7 @@ from extension.backends.base import WorkerPids
 from .accounting import RESOURCES, ROOT, Fact, Ledger
 from .churn import Churn, churn_families
 from .pending import pending_families, queue_views
+from .shares import ShareSamples, share_families
 from .utilization import UtilizationSampler
 
 # Prometheus base units: devices, cores, bytes (the ledger keeps milli-devices and millicores)
@@ -125,6 +126,7 @@ class Metering(LoggingConfigurable):
         )
         self.registry.register(_Collector(self))
         self.churn = Churn()
+        self.shares = ShareSamples()  # the fair-share chart's samples (shares.py)
         self.churn.load(store.preemption_details())  # the history: counters survive restarts
         self.refresh()
 
@@ -147,6 +149,7 @@ class Metering(LoggingConfigurable):
             self._result = result
             self.cycle_seconds.observe(max(0.0, seconds))
             self._refresh_soon()
+            self.shares.take(self.scheduler, now)
             if self.sampler is not None and now - self._sampled >= self.sample_interval:
                 self._sampled = now
                 self.sample(now)
@@ -251,6 +254,7 @@ class _Collector:
         now = getattr(m.scheduler, "clock", m.clock)()  # the clock the estimates were made on
         yield from pending_families(m.figures, views, jobs, now, self._shown)
         yield from churn_families(m.churn, self._shown(m.churn.plans))
+        yield from share_families(m.scheduler, now, self._shown)
         cycles = CounterMetricFamily("wmla_scheduling_cycles", "Scheduling cycles run.")
         cycles.add_metric([], m.cycles)
         yield cycles

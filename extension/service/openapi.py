@@ -7,6 +7,7 @@ from typing import Any
 from extension.metering.openapi import metering_paths
 
 from . import runtime_limits as rt
+from .shares_openapi import shares_paths, shares_schemas
 
 RESOURCES = {
     "type": "object",
@@ -83,7 +84,7 @@ def openapi_document(prefix: str = "/services/wmla/") -> dict[str, Any]:
             "securitySchemes": {
                 "hubToken": {"type": "apiKey", "in": "header", "name": "Authorization"}
             },
-            "schemas": _schemas(),
+            "schemas": {**_schemas(), **shares_schemas()},
         },
         "security": [{"hubToken": []}],
         "paths": {
@@ -91,6 +92,7 @@ def openapi_document(prefix: str = "/services/wmla/") -> dict[str, Any]:
             **_plan_paths(plan_ref),
             **_job_paths(job_ref),
             **metering_paths(),  # /usage (extension/metering/openapi.py)
+            **shares_paths(),  # /shares (shares_openapi.py)
         },
     }
 

@@ -18,6 +18,7 @@ from extension.service.admin import admin_routes
 from extension.webapi import APIError, APIHandler
 
 from .handlers import IndexHandler, routes
+from .shares import share_routes
 
 
 class NotFoundHandler(APIHandler):
@@ -48,6 +49,7 @@ def web_application(service: Any, prefix: str) -> web.Application:
             (prefix + "oauth_callback", HubOAuthCallbackHandler),
             (prefix + "?", IndexHandler),
             *routes(prefix),
+            *share_routes(prefix),  # fair share: GET shares, shares/history, POST shares/reset
             *metering_routes(prefix),
             *admin_routes(prefix),  # the plan admin page (extension/service/admin)
         ],
