@@ -16,7 +16,7 @@ from bisect import bisect_left, bisect_right
 from datetime import datetime, timezone
 
 from .accounting import KINDS, RESOURCES, ROOT, Ledger, hours, ms
-from .series import ZERO, StepSeries, add, sub
+from .series import ZERO, add, sub
 
 API_UNIT = (1000, 1, 1)  # internal -> gpu devices, cpu millicores, memory bytes
 
@@ -67,23 +67,6 @@ def _series(integrals: dict, bounds: list[int]) -> dict:
 MAX_CHANGES = 5000  # more change points than a chart's pixels: "changes" is null
 
 
-def _values_at(series: StepSeries, order: list[int]) -> list[tuple]:
-    """The amount from each of ascending ``order`` on (before the horizon: the average of the
-    time's bucket)."""
-    out: list[tuple] = []
-    times, values, otimes, orates = series.times, series.values, series.otimes, series.orates
-    old_end, bucket = series.old_end, series.bucket
-    k = j = 0
-    for t in order:
-        if old_end is not None and t < old_end:
-            j = bisect_right(otimes, t, j)
-            out.append(tuple(v / bucket for v in orates[j - 1]) if j else ZERO)
-        else:
-            k = bisect_right(times, t, k)
-            out.append(values[k - 1] if k else ZERO)
-    return out
-
-
 def _changes(ledger: Ledger, paths: list[str], t0: int, t1: int) -> dict | None:
     """The step function itself over ``[t0, t1)``, summed over ``paths``: the amount from
     each time on, at ``t0`` and at every change before ``t1`` (exact from ``exact_from``;
@@ -92,19 +75,18 @@ def _changes(ledger: Ledger, paths: list[str], t0: int, t1: int) -> dict | None:
     nodes = [ledger.nodes[p] for p in paths if p in ledger.nodes]
     spans = []
     for series in (n.series(kind) for n in nodes for kind in KINDS):
-        lo, hi = bisect_right(series.times, t0), bisect_left(series.times, t1)
         olo, ohi = bisect_right(series.otimes, t0), bisect_left(series.otimes, t1)
-        spans.append((series, lo, hi, olo, ohi))
-    if sum(hi - lo + ohi - olo for _, lo, hi, olo, ohi in spans) > MAX_CHANGES:
+        spans.append((series, series.count_between(t0, t1), olo, ohi))
+    if sum(n + ohi - olo for _, n, olo, ohi in spans) > MAX_CHANGES:
         return None
     moments = {t0}
-    for series, lo, hi, olo, ohi in spans:
-        moments.update(series.times[lo:hi])
+    for series, _, olo, ohi in spans:
+        moments.update(series.times_between(t0, t1))
         moments.update(series.otimes[olo:ohi])
     order = sorted(moments)
     columns = {}
     for kind in KINDS:
-        parts = [_values_at(node.series(kind), order) for node in nodes] or [[ZERO] * len(order)]
+        parts = [node.series(kind).values_at(order) for node in nodes] or [[ZERO] * len(order)]
         columns[kind] = parts[0] if len(parts) == 1 else [_sum(v) for v in zip(*parts)]
     req, used = columns["requested"], columns["used"]
     keep = [0, *(i for i in range(1, len(order)) if req[i] != req[i - 1] or used[i] != used[i - 1])]
