@@ -239,6 +239,22 @@ def test_usage_shows_the_gpu_hours_of_the_training(hub: Hub, as_user) -> None:
     assert (code, out) == (2, "") and "--hours: give the hours to look back, more than 0" in err
 
 
+def test_shares_without_the_usage_history_say_it_is_off(as_user) -> None:
+    """This hub keeps no usage history (fair_share_half_life 0): every factor is 1, and the
+    first line says why and what to set (tests/cli/test_shares.py: with the history on)."""
+    code, out, err = as_user("user1", "shares")
+    assert code == 0, err
+    first, header, _, *rows = out.splitlines()
+    assert first.startswith("the usage history is off (c.WmlaService.fair_share_half_life is 0)")
+    assert header.split()[:2] == ["Plan", "RawShares"]
+    dev = next(r.split() for r in rows if r.startswith("/project1/dev-team "))
+    assert dev[1:] == ["4", "0.666667", "0", "0.000000", "1.000000"]  # 4 of 4:2, no usage
+    code, out, _ = as_user("user1", "shares", "--json")
+    assert code == 0 and json.loads(out)["history"] is False
+    code, out, err = as_user("padmin", "shares", "--reset")
+    assert (code, out) == (1, "") and "refused: nothing to reset: the usage history is off" in err
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
