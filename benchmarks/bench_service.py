@@ -114,6 +114,34 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` and of every child it reaped (and theirs, as they reaped them):
+    for the node's launcher, every worker's launcher it forked and every worker."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return sum(int(f) for f in fields[11:15]) / CLK_TCK  # utime, stime, cutime, cstime
+
+
+def node_launcher_pid(service: int) -> int | None:
+    """The local backend's node's launcher (``worker_launcher.py --serve``), a child of the
+    service."""
+    import psutil
+
+    try:
+        children = psutil.Process(service).children()
+    except psutil.Error:
+        return None
+    for child in children:
+        try:
+            if "--serve" in child.cmdline() and "worker_launcher" in " ".join(child.cmdline()):
+                return child.pid
+        except psutil.Error:
+            continue
+    return None
+
+
 def machine_cpu_seconds() -> float:
     """CPU seconds every process of the machine used since boot (busy time, /proc/stat)."""
     fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
@@ -559,6 +587,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
         wall_end = time.time()
         cpu1 = {k: cpu_seconds(p) if p else float("nan") for k, p in pids.items()}
         own1, all1 = time.process_time(), machine_cpu_seconds()
+        node = node_launcher_pid(pids["service"]) if accounts else None
+        launches = tree_cpu_seconds(node) if node else float("nan")  # started during the load
         rss, hwm = rss_mib(pids["service"])
         if spy is not None:
             spy.send_signal(signal.SIGINT)
@@ -642,17 +672,25 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
             "hwm": round(hwm, 1),
             "by_tenth": sampler.by_tenth([load["wall0"] + a[2] - load["t0"] for a in ok]),
         }
+        # memory flat in the jobs run (issue 31): what the service keeps past the first tenth
+        rss_tenths = report["rss_mib_by_tenth"] = report["service_rss_mib"]["by_tenth"]
+        report["rss_growth_after_first_tenth_mib"] = round(max(rss_tenths) - rss_tenths[0], 1)
         ends = [j["ended"] for j in listing if j["ended"] is not None and j["state"] == "FINISHED"]
         if ends:
             last = max(ends)
             report["jobs_finished_per_second"] = round(len(ends) / (last - load["wall0"]), 1)
             report["drain_after_last_answer_s"] = round(last - submit_t1, 2)
         jobs_done = max(1, len(ends))
+        # the node's launcher's own CPU and its reaped children's (the launchers it forked and
+        # their workers): exact, where "other processes" also counts whatever else the machine
+        # ran meanwhile; the second when there is no node's launcher
+        others = report["cpu_seconds"]["other processes"]
         report["cpu_ms_per_job"] = {
             "service": round(1000 * (cpu1["service"] - cpu0["service"]) / jobs_done, 2),
             "launchers_and_workers": round(
-                1000 * report["cpu_seconds"]["other processes"] / jobs_done, 2
+                1000 * (launches if launches == launches else others) / jobs_done, 2
             ),
+            "other_processes_on_the_machine": round(1000 * others / jobs_done, 2),
         }
         report["prometheus_cycle_histogram"] = prometheus_cycles(hub, admin)
         if args.profile in ("py-spy", "py-spy-gil") and (tmp / "profile.txt").exists():
@@ -756,7 +794,8 @@ def print_report(r: dict) -> None:
     )
     m = r["service_rss_mib"]
     print(f"  service RSS          : {m['peak_during_load']} MiB peak, {m['end']} MiB at the end;"
-          f" by tenth of the answers {m['by_tenth']}")  # fmt: skip
+          f" by tenth of the answers {m['by_tenth']}, grown"
+          f" {r['rss_growth_after_first_tenth_mib']} MiB past the first")  # fmt: skip
     if "jobs_finished_per_second" in r:
         per = r["cpu_ms_per_job"]
         print(
@@ -764,6 +803,7 @@ def print_report(r: dict) -> None:
             f" ({'real accounts, LocalBackend' if r['as_root'] else 'instant backend'}); drained"
             f" {r['drain_after_last_answer_s']} s after the last answer; CPU per job: service"
             f" {per['service']} ms, launchers and workers {per['launchers_and_workers']} ms"
+            f" (all other processes of the machine: {per['other_processes_on_the_machine']} ms)"
         )
     print(
         f"  lost {r['lost']}, duplicated {r['duplicated']},"

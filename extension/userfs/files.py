@@ -122,6 +122,13 @@ class UserFiles:
     def check_runnable(self, program: str, script: str = "", path: str = "/usr/bin:/bin") -> str:
         return str(self.call("check_runnable", program=program, script=script, path=path))
 
+    def prepare_start(
+        self, workdir: str, program: str, script: str = "", path: str = "/usr/bin:/bin"
+    ) -> str:
+        """``prepare_job`` and ``check_runnable`` in one round trip (a job's start)."""
+        args = {"workdir": workdir, "program": program, "script": script, "path": path}
+        return str(self.call("prepare_start", **args))
+
     def resolve_command(self, root: str, model_dir: str, model_main: str) -> tuple[str, str]:
         value = self.call("resolve_command", root=root, model_dir=model_dir, model_main=model_main)
         if not (isinstance(value, list) and len(value) == 2):

@@ -191,6 +191,12 @@ def check_runnable(program: str, script: str = "", path: str = "/usr/bin:/bin") 
     return ""
 
 
+def prepare_start(workdir: str, program: str, script: str = "", path: str = "/usr/bin:/bin") -> str:
+    """``prepare_job`` then ``check_runnable``: a job's start in one request."""
+    prepare_job(workdir)
+    return check_runnable(program, script, path)
+
+
 def _inside(root: str, relative: str, what: str, real_root: str | None = None) -> str:
     """``relative`` resolved against ``root`` (links followed), refused when it escapes.
     ``real_root``: ``root`` already resolved (each resolution stats every component)."""
@@ -253,6 +259,7 @@ OPS = {
     "tail": lambda path, count: "".join(tail_lines(path, count)),
     "prepare_job": prepare_job,
     "check_runnable": check_runnable,
+    "prepare_start": prepare_start,
     "resolve_command": resolve_command,
 }
 

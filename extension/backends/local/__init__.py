@@ -47,7 +47,8 @@ from __future__ import annotations
 
 from .backend import LocalBackend
 from .errors import StartError
-from .launching import DEFAULT_ENV_KEEP, LAUNCHER, LAUNCHER_ENV, PROJECT_ROOT
+from .launching import DEFAULT_ENV_KEEP, PROJECT_ROOT
+from .node_launcher import LAUNCHER, LAUNCHER_ENV
 from .supervision import STOPPED_EXIT_CODE
 
 __all__ = [

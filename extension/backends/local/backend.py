@@ -28,6 +28,7 @@ from .errors import StartError
 from .events import Emitter
 from .holds import DeviceHolds, HoldRecords
 from .launching import DEFAULT_ENV_KEEP, PROJECT_ROOT, Launcher, LaunchOptions
+from .node_launcher import NodeLauncher
 from .records import GangRecords, GangState
 from .recovery import Recovery
 from .supervision import SupervisionOptions, Supervisor
@@ -83,8 +84,9 @@ class LocalBackend:
     Its collaborators, built here and handed what they need: ``DeviceTable`` and
     ``RendezvousPorts`` (allocation.py), ``GangRecords`` (records.py), ``UserAccounts``
     (users.py), ``WorkerCgroups`` (confining.py), ``DeviceHolds`` (holds.py), ``Launcher``
-    (launching.py), ``Supervisor`` (supervision.py), ``Recovery`` (recovery.py), and the
-    ``Emitter`` (events.py) the last two report through.
+    (launching.py) over the ``NodeLauncher`` (node_launcher.py), ``Supervisor``
+    (supervision.py), ``Recovery`` (recovery.py), and the ``Emitter`` (events.py) the last two
+    report through.
     """
 
     def __init__(
@@ -138,8 +140,10 @@ class LocalBackend:
         self.devices = DeviceTable(self._nodes)
         self.records = GangRecords(self.state_dir)
         self.holds = DeviceHolds(HoldRecords(self.state_dir), self.devices)
+        # the node's launcher: one interpreter, started once, that forks each worker's launcher
+        self.node = NodeLauncher()
         self.launcher = Launcher(
-            launch, self.accounts, self.devices, ports, self.records, self.cgroups
+            launch, self.accounts, self.devices, ports, self.records, self.cgroups, self.node
         )
         pace = SupervisionOptions(poll_interval, failure_grace, kill_wait, log_tail_lines)
         self._watch(Emitter(emit), pace, stop_orphans)
@@ -247,8 +251,10 @@ class LocalBackend:
         return self.accounts.logs(job_id, worker, tail)
 
     async def close(self) -> None:
-        """Stop watching. Running workers keep running; their records stay for ``recover``."""
+        """Stop watching. Running workers keep running (and their launchers, which the node's
+        launcher forked, though it ends here); their records stay for ``recover``."""
         await self.supervisor.close()
+        self.node.close()
 
     # accounts (LocalAccounts) ------------------------------------------------------------------
     def account_for(self, user: str, home: str | None = None) -> Account | None:

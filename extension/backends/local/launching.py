@@ -1,32 +1,28 @@
-"""Starting a gang: every worker is started by ``worker_launcher.py`` as the leader of its own
-session, with the torch.distributed variables and exactly the devices it was given, in the
-job's directory, its output in ``<workdir>/logs/worker-<rank>.log``.
+"""Starting a gang: every worker is started by a launcher (``worker_launcher.py``) that the
+node's launcher forks (``node_launcher.py``), the leader of its own session, with the
+torch.distributed variables and exactly the devices it was given, in the job's directory, its
+output in ``<workdir>/logs/worker-<rank>.log``.
 
 When the service runs as root, nothing of the job (its directory, log, environment) is touched
 by a root process: the job directory is made and checked by a helper running as the user's
-account (``userfs.UserFiles``), the job's env travels to the launcher in a 0600 file of the
-backend's state directory, and the launcher's child drops to the account before it opens the
-log and executes the command (docs/security.md)."""
+account (``userfs.UserFiles``), the job's env travels to the launcher through the node's
+launcher's stdin (never a file), and the launcher's child drops to the account before it opens
+the log and executes the command (docs/security.md)."""
 
 from __future__ import annotations
 
 import contextlib
 import fnmatch
-import json
 import logging
 import os
 import shlex
 import signal
 import site
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-
-import psutil
 
 from extension.backends.base import JobSpec
 from extension.confine import ConfineError
@@ -37,6 +33,7 @@ from extension.userfs.files import UserFiles
 from .allocation import DeviceTable, RendezvousPorts
 from .confining import WorkerCgroups
 from .errors import StartError
+from .node_launcher import NodeLauncher
 from .records import Gang, GangRecords, Worker, private_dirs, report_file
 from .supervision import kill_group
 from .users import UserAccounts
@@ -44,13 +41,9 @@ from .users import UserAccounts
 log = logging.getLogger("wmla.backends.local")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))  # extension/backends/local
-LAUNCHER = os.path.join(_HERE, "worker_launcher.py")
 # The directory that holds the ``extension`` package: put on the workers' PYTHONPATH so that
 # ``from extension import runtime`` works in a training script however the project is installed.
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))
-# All the launcher (root, when the service is) starts with: nothing of the service's or the job's
-# environment reaches a process that has not yet dropped to the user (worker_launcher.py).
-LAUNCHER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 DEFAULT_ENV_KEEP = (
     "PATH",
@@ -93,8 +86,8 @@ class Ready:
 
 
 class Launcher:
-    """Prepares a start as the user, and starts one launcher per worker: the devices, the
-    port, the cgroups and the record of the gang are its collaborators'."""
+    """Prepares a start as the user, and has ``node`` fork one launcher per worker: the
+    devices, the port, the cgroups and the record of the gang are its collaborators'."""
 
     def __init__(
         self,
@@ -104,6 +97,7 @@ class Launcher:
         ports: RendezvousPorts,
         records: GangRecords,
         cgroups: WorkerCgroups,
+        node: NodeLauncher,
     ) -> None:
         self.options = options
         self.accounts = accounts
@@ -111,6 +105,7 @@ class Launcher:
         self.ports = ports
         self.records = records
         self.cgroups = cgroups
+        self.node = node
 
     def prepare(self, spec: JobSpec) -> Ready:
         """Everything about a start that blocks or touches the user's folder, none of it as
@@ -136,21 +131,29 @@ class Launcher:
         hub_paths: list[str] = []
         if account is not None:
             command, hub_paths = self._python_for(account, command)
+        self._prepare_files(spec, account, command)
+        return Ready(account, command, hub_paths)
+
+    @staticmethod
+    def _prepare_files(spec: JobSpec, account: Account | None, command: list[str]) -> None:
+        """The job directory made and the program checked as the account, one round trip to
+        its helper (in-process when there is no account: nothing to check then)."""
         files = UserFiles.of(account)
-        script = command[1] if len(command) > 1 and os.path.isabs(command[1]) else ""
         try:
-            files.prepare_job(spec.workdir)
-            if account is not None:
-                problem = files.check_runnable(command[0], script, os.environ.get("PATH", ""))
-                if problem:
-                    raise StartError(
-                        f"job {spec.id}: user {account.name!r} {problem}; put it where the "
-                        "account can reach it, point LocalBackend(python=...) at such an "
-                        "interpreter, or set run_as_user=False"
-                    )
+            if account is None:
+                files.prepare_job(spec.workdir)
+                return
+            script = command[1] if len(command) > 1 and os.path.isabs(command[1]) else ""
+            path = os.environ.get("PATH", "")
+            problem = files.prepare_start(spec.workdir, command[0], script, path)
         except UserFileError as err:
             raise StartError(f"job {spec.id}: {err}") from None
-        return Ready(account, command, hub_paths)
+        if problem:
+            raise StartError(
+                f"job {spec.id}: user {account.name!r} {problem}; put it where the account can "
+                "reach it, point LocalBackend(python=...) at such an interpreter, or set "
+                "run_as_user=False"
+            )
 
     def launch(self, spec: JobSpec, placement: tuple[str, ...], ready: Ready) -> Gang:
         """Take the devices and a port, start every worker, record the gang. Whatever fails
@@ -291,34 +294,21 @@ class Launcher:
         cgroup = group.name if group is not None else ""
         try:
             launch.update(self.cgroups.launch_spec(group))
-            proc = self._start_launcher(exit_dir, rank, launch)
+            # The job's env travels over the node's launcher's stdin, not in any process's
+            # environment: nothing of it may reach a process still running as root.
+            proc = self.node.launch(launch)
         except BaseException:
             self.cgroups.remove([cgroup])
             raise
-        try:
-            create_time = psutil.Process(proc.pid).create_time()
-        except psutil.Error:  # already gone: poll() will tell how
-            create_time = 0.0
         return Worker(
-            rank, node, tuple(devices), proc.pid, create_time, exit_file, proc=proc, cgroup=cgroup
-        )
-
-    def _start_launcher(self, exit_dir: str, rank: int, launch: dict) -> subprocess.Popen:
-        # The job's env travels in a file of the backend's private state directory, not in the
-        # launcher's environment: nothing of it may reach a process still running as root.
-        spec_file = os.path.join(exit_dir, f"worker-{rank}.json")
-        fd = os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(launch, out)
-        return subprocess.Popen(
-            [sys.executable, "-I", LAUNCHER, spec_file],
-            cwd="/",
-            env=LAUNCHER_ENV,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # own session: survives the service, one group to signal
-            close_fds=True,
+            rank,
+            node,
+            tuple(devices),
+            proc.pid,
+            proc.create_time,
+            exit_file,
+            proc=proc,
+            cgroup=cgroup,
         )
 
     def _python_for(self, account: Account, command: list[str]) -> tuple[list[str], list[str]]:

@@ -14,11 +14,10 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import psutil
@@ -34,6 +33,22 @@ class GangState(Enum):
     DONE = "done"
 
 
+class Launched(Protocol):
+    """A worker's launcher as the backend that started it sees it (``node_launcher.Forked``)."""
+
+    pid: int
+
+    @property
+    def watched(self) -> bool:
+        """Whether its end will be told by ``poll`` (else: look at it like an adopted one)."""
+
+    def poll(self) -> int | None:
+        """Its exit code once it ended, None before."""
+
+    def wait(self, timeout: float) -> int | None:
+        """Its exit code, waiting up to ``timeout`` seconds."""
+
+
 @dataclass
 class Worker:
     """One worker of a gang: its launcher's pid, what it holds, how it ended."""
@@ -44,7 +59,7 @@ class Worker:
     pid: int
     create_time: float
     exit_file: str
-    proc: subprocess.Popen | None = None  # None: adopted from an earlier service
+    proc: Launched | None = None  # None: adopted from an earlier service
     exit_code: int | None = None
     exited_at: float | None = None
     done: bool = False
@@ -135,14 +150,16 @@ class GangRecords:
         return os.path.join(self.jobs_dir, quote(job_id, safe=""))
 
     def write(self, gang: Gang) -> None:
+        """The gang's record, replaced whole (a reader sees the old one or the new one). Not
+        fsynced: it is read by a service that restarted, while the workers it names still run,
+        so the machine did not go down meanwhile and the page cache has it; after a crash of
+        the machine its workers are gone whatever it says (an fsync was 4 ms of every start)."""
         path = os.path.join(self.job_dir(gang.job_id), "record.json")
         private_dirs(os.path.dirname(path))
         tmp = f"{path}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             json.dump(gang.record(), out, indent=1)
-            out.flush()
-            os.fsync(out.fileno())
         os.replace(tmp, path)
 
     def read(self) -> dict[str, dict[str, Any]]:
@@ -171,11 +188,13 @@ class GangRecords:
 
 
 def check_worker(worker: Worker) -> None:
-    """Bring ``worker.done`` / ``exit_code`` up to date without blocking."""
-    if worker.proc is not None:
-        code = worker.proc.poll()
-        if code is None:
-            return
+    """Bring ``worker.done`` / ``exit_code`` up to date without blocking: from its launcher's
+    parent where that still watches it, else (re-adopted, or its parent ended) from its pid and
+    start time, then its exit file."""
+    code = worker.proc.poll() if worker.proc is not None else None
+    if code is None and worker.proc is not None and worker.proc.watched:
+        return
+    if code is not None:
         recorded = read_exit(worker.exit_file)
         worker.exit_code = recorded if recorded is not None else code
         worker.vanished = False

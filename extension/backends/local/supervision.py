@@ -100,7 +100,7 @@ class Supervisor:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._monitor = None
-        # Dropping the Popen objects hands still-running children to subprocess's own reaping.
+        # the launchers run on (the node's launcher, their parent, reaps them until it ends)
         self.gangs.clear()
 
     def ensure_monitor(self) -> None:

@@ -124,6 +124,16 @@ def enter_cgroup(spec: dict) -> None:
             os.close(fd)
 
 
+def _clean_signals() -> None:
+    """What the worker starts with, as a shell's child would: no signal blocked (whatever the
+    thread that started its launcher had blocked) and none ignored (Python ignores SIGPIPE and
+    SIGXFSZ, as ``Popen(restore_signals=True)`` undoes for its children); the handlers caught
+    here return to their defaults at the exec by themselves."""
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+
+
 def _child(spec: dict, report: int, channel: socket.socket | None) -> None:
     """In the forked child: enter the cgroup, drop, then enter the job's world and exec.
     Never returns."""
@@ -145,6 +155,7 @@ def _child(spec: dict, report: int, channel: socket.socket | None) -> None:
         if channel is not None:
             os.set_inheritable(channel.fileno(), True)
             env["WMLA_REPORT_FD"] = str(channel.fileno())
+        _clean_signals()
         try:
             os.execvpe(argv[0], argv, env)
         except OSError as err:
@@ -269,13 +280,9 @@ def _wait(pid: int, errors: int, channel: socket.socket | None, relay: Relay | N
     return b"".join(chunks).decode(errors="replace"), status
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -I worker_launcher.py SPEC.json", file=sys.stderr)
-        return 2
-    with open(argv[0], encoding="utf-8") as src:
-        spec = json.load(src)
-    os.unlink(argv[0])  # it holds the job's env: gone as soon as it was read
+def run_worker(spec: dict) -> int:
+    """Be the worker's launcher: fork the worker (``_child``), wait for it while relaying its
+    reports, write its exit file; returns what the launcher exits with (like a shell's)."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _noop)
     read_end, write_end = os.pipe()  # both close-on-exec: a successful exec closes it empty
@@ -298,6 +305,140 @@ def main(argv: list[str]) -> int:
     _write_exit(spec["exit_file"], code, error)
     # A worker killed by signal N reads as -N in the file; the launcher itself exits like a shell.
     return code if code >= 0 else 128 - code
+
+
+# -- the node's launcher (--serve) -------------------------------------------------------------
+FRAME = 4  # bytes of the big-endian length before each message, both ways
+MAX_REQUEST = 16 << 20  # bytes of one launch request (argv and env of one worker)
+MAX_FD = 1 << 20  # a forked launcher closes every descriptor below this but its own
+
+
+def _send(fd: int, message: dict) -> None:
+    data = json.dumps(message).encode()
+    view = memoryview(len(data).to_bytes(FRAME, "big") + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _monitor(spec: dict, go: int) -> None:
+    """In a child of the node's launcher: become exactly what ``python -I worker_launcher.py
+    SPEC`` started as a session leader by the backend is (``/`` as working directory, the
+    fixed environment the node's launcher was started with, /dev/null for 0-2, no other
+    descriptor), wait for the go of the node's launcher, then ``run_worker``. Never returns.
+
+    The go comes once the backend was told this process's pid: a node's launcher that died
+    before then closes ``go`` empty, and this process leaves without starting anything (the
+    backend starts the worker again through a new one), so no worker runs that nobody knows."""
+    code = START_FAILED
+    try:
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd, inheritable=False)
+        os.closerange(3, go)  # the node's launcher's pipes and wakeup fd: none of them ours
+        os.closerange(go + 1, MAX_FD)
+        if os.read(go, 1) == b"g":
+            os.close(go)
+            code = run_worker(spec)
+    except BaseException:  # noqa: BLE001 - nothing of the node's launcher runs on in a child
+        pass
+    finally:
+        os._exit(code)
+
+
+class NodeServer:
+    """The node's launcher: reads launch requests (``{"id", "spec"}``) on ``requests``, forks a
+    launcher per request (``_monitor``), answers ``{"id", "pid"}`` on ``answers`` and says
+    ``{"exited": pid, "code": ..}`` when one of them ends (it is their parent, and reaps them).
+    Ends when ``requests`` closes (the backend closed it or died); the launchers it forked run
+    on, their workers too, as a restarted backend finds them on record."""
+
+    def __init__(self, requests: int, answers: int) -> None:
+        self.requests, self.answers = requests, answers
+        self.buffer = b""
+        with open("/proc/stat", "rb") as src:
+            self.boot_time = float(next(ln for ln in src if ln.startswith(b"btime")).split()[1])
+        self.wake_r, wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)  # SIGCHLD wakes the poll below
+        signal.signal(signal.SIGCHLD, _noop)
+
+    def run(self) -> int:
+        poller = select.poll()
+        poller.register(self.requests, select.POLLIN)
+        poller.register(self.wake_r, select.POLLIN)
+        while True:
+            ready = {fd for fd, _ in poller.poll()}
+            if self.wake_r in ready:
+                while True:
+                    try:
+                        if not os.read(self.wake_r, 512):
+                            break
+                    except BlockingIOError:
+                        break
+            self.reap()
+            if self.requests in ready:
+                data = os.read(self.requests, 1 << 16)
+                if not data:
+                    return 0
+                self.buffer += data
+                self.handle_requests()
+
+    def handle_requests(self) -> None:
+        while len(self.buffer) >= FRAME:
+            size = int.from_bytes(self.buffer[:FRAME], "big")
+            if size > MAX_REQUEST:
+                raise ValueError(f"a launch request of {size} bytes")
+            if len(self.buffer) < FRAME + size:
+                return
+            body, self.buffer = self.buffer[FRAME : FRAME + size], self.buffer[FRAME + size :]
+            request = json.loads(body)
+            self.launch(request["id"], request["spec"])
+
+    def launch(self, request: int, spec: dict) -> None:
+        go_r, go_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(go_w)
+            _monitor(spec, go_r)
+        os.close(go_r)
+        try:  # first the backend knows it (and its start time, psutil's way: pids recycle)...
+            _send(self.answers, {"id": request, "pid": pid, "create_time": self.started(pid)})
+            os.write(go_w, b"g")  # ...then it may start
+        finally:
+            os.close(go_w)
+
+    def started(self, pid: int) -> float:
+        """When ``pid`` started, as psutil's ``create_time`` says it (seconds since the epoch):
+        read while it waits for its go, so it is still there."""
+        with open(f"/proc/{pid}/stat", "rb") as src:
+            ticks = int(src.read().rsplit(b")", 1)[1].split()[19])
+        return self.boot_time + ticks / os.sysconf("SC_CLK_TCK")
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            _send(self.answers, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--serve"]:
+        return NodeServer(0, 1).run()
+    if len(argv) != 1:
+        print("usage: python -I worker_launcher.py SPEC.json | --serve", file=sys.stderr)
+        return 2
+    with open(argv[0], encoding="utf-8") as src:
+        spec = json.load(src)
+    os.unlink(argv[0])  # it holds the job's env: gone as soon as it was read
+    return run_worker(spec)
 
 
 if __name__ == "__main__":
