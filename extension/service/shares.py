@@ -46,8 +46,8 @@ def settings_json(sched: Scheduler) -> dict:
     unit = "GPU-seconds" if (w.gpu, w.cpu, w.memory) == (1.0, 0.0, 0.0) else UNIT
     message = (
         f"usage decays by half every {format_duration(settings.half_life)}; usage in {unit}; "
-        "a factor of 0.5 is a plan that used exactly its share of its siblings' usage, less "
-        "is more than its share"
+        "a factor of 0.5 is a plan that used exactly its share of its siblings' usage, below "
+        "0.5 more than its share"
         if on
         else OFF
     )
@@ -56,7 +56,7 @@ def settings_json(sched: Scheduler) -> dict:
         "half_life": settings.half_life,
         "reset_period": settings.reset_period,
         "weights": {"gpu": w.gpu, "cpu": w.cpu, "memory": w.memory},
-        "unit": UNIT,
+        "unit": unit,
         "message": message,
     }
 

@@ -33,7 +33,10 @@ SETTINGS = {
         "description": "usage per second of one GPU, one CPU core, one GiB",
         "properties": {k: {"type": "number"} for k in ("gpu", "cpu", "memory")},
     },
-    "unit": {"type": "string", "example": "weighted resource-seconds"},
+    "unit": {
+        "type": "string",
+        "description": "GPU-seconds with the default weights, else weighted resource-seconds",
+    },
     "message": {"type": "string", "description": "what the figures mean, or why all 0"},
     "at": {"type": "number", "description": "the moment the usage is decayed to"},
     "plan": {"type": "string", "description": "the plan asked for ('/': all)"},

@@ -78,6 +78,7 @@ def test_shares_give_sshares_columns_from_the_jobs_that_ran(hub: Hub, ran: dict)
     answer = hub.clients["padmin"].get("/shares").json()
     assert answer["history"] is True and answer["half_life"] == HALF_LIFE
     assert answer["weights"] == {"gpu": 1.0, "cpu": 0.0, "memory": 0.0}
+    assert answer["unit"] == "GPU-seconds"
     assert "usage decays by half every 10m; usage in GPU-seconds" in answer["message"]
     by = rows(answer)
     a, b, fs = by["/fs/a"], by["/fs/b"], by["/fs"]

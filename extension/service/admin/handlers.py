@@ -26,6 +26,7 @@ from extension.webapi import ADMIN_SCOPE, APIError, BaseHandler, Caller
 
 from ..handlers import parse_plan
 from ..scheduling import Scheduler
+from ..shares import shares_json
 from . import views
 from .preview import Previews
 from .queues import queue_tables
@@ -393,6 +394,31 @@ class UsagePage(AdminBase):
         )
 
 
+class SharesPage(AdminBase):
+    """``GET admin/shares?plan=``: the children of a plan with their fair-share rows (as ``GET
+    api/v1/shares``) and, drawn with plotly.js from ``api/v1/shares/history``, each child's
+    factor and decayed usage over about one half-life."""
+
+    @web.authenticated
+    def get(self) -> None:
+        self.admin()
+        sched = self.sched
+        plan = self.get_argument("plan", "") or ROOT
+        if plan != ROOT and plan not in sched.plans:
+            raise web.HTTPError(404, f"there is no plan {plan!r}")
+        answer = shares_json(sched, None, sched.clock(), plan)
+        parents = [ROOT] + [p.path for p in sched.plans if sched.plans.children(p.path)]
+        self.render_page(
+            "shares.html",
+            page="shares",
+            plan=plan,
+            answer=answer,
+            rows=[r for r in answer["plans"] if r["parent"] == plan],
+            plans=parents,
+            parents=set(parents),
+        )
+
+
 def admin_routes(prefix: str) -> list[tuple]:
     """The page's routes, for the service's route table (``app.py``)."""
     admin = prefix + "admin"
@@ -401,7 +427,9 @@ def admin_routes(prefix: str) -> list[tuple]:
         (admin + r"/plans", PlanFormHandler),
         (admin + r"/instance", InstancePage),
         (admin + r"/usage", UsagePage),
+        (admin + r"/shares", SharesPage),
         (admin + r"/static/plotly/(plotly\.min\.js)", web.StaticFileHandler,
          {"path": str(plotly_dir())}),
-        (admin + r"/static/(admin\.(?:css|js))", web.StaticFileHandler, {"path": str(STATIC)}),
+        (admin + r"/static/(admin\.(?:css|js)|shares\.js)", web.StaticFileHandler,
+         {"path": str(STATIC)}),
     ]  # fmt: skip
