@@ -16,6 +16,10 @@ against what the REST API said for the same moment:
 - cycles per second: ``/health``'s cycle count over the run; cycle duration p50/p95: the REST
   API has no cycle durations, so they are checked to lie within the histogram's buckets;
 - measured CPU per job: the job's samples (``/usage/jobs/<id>``), the same sampler's figures;
+- fair-share factor and decayed usage (the hub keeps a usage history, half-life 1 h): ``/shares``,
+  polled through the run; the leaf is its parent's only child, so its factor is 1 before it ran
+  and exactly 0.5 after (``2 ** (-1 / 1)``), and its usage, which decays between polls, lies
+  between what the polls around the point said;
 - GPU utilization per job: empty unless NVML answers (``gpu_available`` of the same samples).
 
 A Prometheus value is read at the last scrape before the evaluation time, and the service
@@ -33,6 +37,7 @@ is exported at 0 for every plan, so "preemptions per hour" returns zeros, not no
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 import shutil
@@ -77,6 +82,7 @@ SCRAPE_INTERVAL = 1.0
 BEFORE = SCRAPE_INTERVAL + 2.0
 AFTER = 1.0
 SCRIPT = "import time\nt = time.time()\nwhile time.time() - t < 4:\n    pass\n"
+HALF_LIFE = 3600.0  # the hub's fair_share_half_life ("1h")
 API_SCALE = {"gpu": 1.0, "cpu": 1000.0, "memory": 1.0}  # the REST API's cpu is millicores
 RESOURCES = ("gpu", "cpu", "memory")
 
@@ -174,6 +180,7 @@ class Record:
     samples: dict[float, dict] = field(default_factory=dict)  # the job's samples by "at"
     gpu_available: bool = False
     cycles: list[tuple[float, int]] = field(default_factory=list)  # /health's count
+    shares: list[tuple[float, dict]] = field(default_factory=list)  # path -> /shares row
     start: float = 0.0
     end: float = 0.0
 
@@ -184,6 +191,8 @@ def _poll(hub: Hub, padmin: Client, user1: Client, job_id: str | None, record: R
     plans = {p["path"]: p for p in flat["plans"]}
     plans["/"] = flat["root"]
     record.plans.append((now, plans))
+    rows = padmin.get("/shares", params={"plan": PARENT}).json()["plans"]
+    record.shares.append((now, {r["plan"]: r for r in rows}))
     r = user1.get(f"/usage/jobs/{job_id}") if job_id else None
     if r is not None and r.status_code == 200:
         body = r.json()
@@ -197,7 +206,9 @@ def _poll(hub: Hub, padmin: Client, user1: Client, job_id: str | None, record: R
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Hub, Prometheus, Record]]:
     tmp = tmp_path_factory.mktemp("prometheus-hub")
-    hub = Hub(tmp, {"tick": 1, "grace": 2, "device_layout": "1x4", "cpu_oversubscription": 2})
+    traits = {"tick": 1, "grace": 2, "device_layout": "1x4", "cpu_oversubscription": 2,
+              "fair_share_half_life": "1h"}  # fmt: skip
+    hub = Hub(tmp, traits)
     with open(hub.config, "a") as f:  # a measured sample every second, for the job's panels
         f.write(
             'config = json.loads(service["environment"]["WMLA_SERVICE_CONFIG"])\n'
@@ -333,6 +344,29 @@ def jobs_step(record: Record, state: str) -> Callable:
     return lambda t: step(times, values)(t) if t >= times[0] else 0.0
 
 
+def shares_polls(record: Record, plan: str, key: str) -> list[tuple[float, float]]:
+    """(time, figure) of ``plan``'s ``/shares`` row at every poll that had it."""
+    return [(when, rows[plan][key]) for when, rows in record.shares if plan in rows]
+
+
+def between(points: list, polls: list[tuple[float, float]], what: str) -> int:
+    """Every point lies between the least and the most the polls said from BEFORE seconds
+    before it to AFTER seconds after it, with the poll either side (a figure that moves
+    between polls, as decayed usage does, is bracketed by them; past the last poll it may
+    have decayed for those seconds at most: the half-life is an hour)."""
+    times = [when for when, _ in polls]
+    keep = 0.5 ** ((BEFORE + AFTER) / HALF_LIFE)
+    for t, raw in points:
+        lo = max(0, bisect.bisect_left(times, t - BEFORE) - 1)
+        hi = bisect.bisect_right(times, t + AFTER) + 1
+        seen = [v for _, v in polls[lo:hi]]
+        value = float(raw)
+        assert seen and min(seen) * keep - 1e-9 <= value <= max(seen) * (1 + 1e-6) + 1e-9, (
+            f"{what}: {value} at {t:.3f}, /shares said {sorted(seen)} around then"
+        )
+    return len(points)
+
+
 def agrees(points: list, expected: Callable[[float], float], what: str) -> int:
     """Every point equals the REST figure at some moment from BEFORE seconds before it to AFTER
     seconds after it; returns how many points were checked."""
@@ -405,6 +439,16 @@ def test_every_dashboard_query_agrees_with_the_rest_api(run) -> None:
                 for s in series:
                     n = preempted.get(s["metric"]["plan"], 0)
                     checked += agrees(s["values"], lambda t, n=n: float(n), what)
+            elif "wmla_plan_fair_share_factor" in expr or "wmla_plan_usage" in expr:
+                key = "fair_share_factor" if "factor" in expr else "raw_usage"
+                assert [lb["plan"] for lb in labels] == [LEAF], (what, labels)  # $parent's
+                polls = shares_polls(record, LEAF, key)
+                checked += between(series[0]["values"], polls, what)
+                values = {float(v) for _, v in series[0]["values"]}
+                if key == "fair_share_factor":  # its parent's only child: 1, then 2 ** -1
+                    assert values <= {1.0, 0.5} and 0.5 in values, (what, values)
+                else:  # the job's 2 GPUs for about 4 s, in GPU-seconds
+                    assert 6 <= max(values) <= 12, (what, values)
             elif "histogram_quantile" in expr:
                 assert len(series) == 1, (what, series)
                 values = [float(v) for _, v in series[0]["values"] if v != "NaN"]
