@@ -174,7 +174,7 @@ async def test_a_flood_costs_the_worker_nothing_and_the_service_a_few_events(loc
     cpu = psutil.Process(launcher).cpu_times()
     print(f"{took} of 200000 reports taken in {spent}s; launcher cpu {cpu.user + cpu.system}s")
     assert cpu.user + cpu.system < 10  # it read batches and paused, it did not spin
-    record = json.loads(next(Path(backend.state_dir).rglob("worker-0.checkpoint")).read_text())
+    record = json.loads(next(Path(backend.state_dir).rglob("*worker-0.checkpoint")).read_text())
     assert record["progress"] == -1.0 and record["reports"] <= int(took) + 1
     await backend.stop("flood", 2, "test over")
 
@@ -209,7 +209,7 @@ async def test_another_accounts_worker_reaches_no_channel_nor_the_relayed_file(l
     await local_rig.events.wait("held", "checkpoint")
     [launcher] = victims.worker_pids("held")
     worker = psutil.Process(launcher).children()[0].pid
-    relayed = next(Path(victims.state_dir).rglob("worker-0.checkpoint"))
+    relayed = next(Path(victims.state_dir).rglob("*worker-0.checkpoint"))
     probe = textwrap.dedent(
         f"""
         import json, os

@@ -48,6 +48,9 @@ class WorkerCgroups:
         if int(pids_limit) < 1:
             raise ValueError(f"pids_limit must be 1 or more, got {pids_limit}")
         self.pids_limit = int(pids_limit)
+        # cgroups made here and not yet removed: the scope is looked at (every hierarchy's
+        # folder listed) for pruning only when this comes to 0, not at every gang's end
+        self.live = 0
 
     @classmethod
     def detect(
@@ -88,7 +91,9 @@ class WorkerCgroups:
             self.gpu_device_template,
             tuple(devices),
         )
-        return self.confinement.create(self.name(spec.id, launch, rank), grant)
+        group = self.confinement.create(self.name(spec.id, launch, rank), grant)
+        self.live += 1
+        return group
 
     @staticmethod
     def launch_spec(group: Cgroup | None) -> dict[str, object]:
@@ -126,7 +131,8 @@ class WorkerCgroups:
             group = self._open(name)
             if group is not None and not group.remove(wait):
                 log.error("cgroup %s: processes still there after %.0fs; left in place", name, wait)
-        if names and not self.confinement.names():
+        self.live = max(0, self.live - sum(1 for name in names if name))
+        if names and not self.live and not self.confinement.names():
             self.confinement.prune()
 
     def kill(self, names: list[str]) -> None:

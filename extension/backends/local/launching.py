@@ -29,6 +29,7 @@ from extension.confine import ConfineError
 from extension.userfs.accounts import Account, AccountError, account_python, unreachable
 from extension.userfs.errors import UserFileError
 from extension.userfs.files import UserFiles
+from extension.userfs.pool import identity
 
 from .allocation import DeviceTable, RendezvousPorts
 from .confining import WorkerCgroups
@@ -60,6 +61,9 @@ DEFAULT_ENV_KEEP = (
     "GLOO_*",
 )
 _PYTHON_NAMES = ("python", "python3")
+# seconds an account's interpreter (``Launcher._python_for``) is reused: a change of the
+# folders' modes reaches the starts after it (the helper's check_runnable sees it at once)
+PYTHON_FRESH = 10.0
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,8 @@ class Launcher:
         self.records = records
         self.cgroups = cgroups
         self.node = node
+        # (account, python) -> (until when, the Python it runs instead or "", hub paths)
+        self._pythons: dict[tuple, tuple[float, str, tuple[str, ...]]] = {}
 
     def prepare(self, spec: JobSpec) -> Ready:
         """Everything about a start that blocks or touches the user's folder, none of it as
@@ -163,10 +169,9 @@ class Launcher:
         launch = uuid.uuid4().hex[:12]
         workers: list[Worker] = []
         try:
-            exit_dir = os.path.join(self.records.job_dir(spec.id), launch)
-            private_dirs(exit_dir)
+            private_dirs(self.records.job_dir(spec.id))
             port = self.ports.pick()
-            self._spawn_workers(spec, placement, ready, devices, port, exit_dir, workers)
+            self._spawn_workers(spec, placement, ready, devices, port, launch, workers)
         except BaseException as err:
             self._undo_launch(spec, placement, devices, workers)
             if isinstance(err, StartError):
@@ -199,7 +204,7 @@ class Launcher:
         ready: Ready,
         devices: list[tuple[int, ...]],
         port: int,
-        exit_dir: str,
+        launch: str,
         workers: list[Worker],
     ) -> None:
         """Start one launcher per rank, each appended to ``workers`` as soon as it exists, so
@@ -235,7 +240,7 @@ class Launcher:
                     rank,
                     node,
                     devices[rank],
-                    exit_dir,
+                    launch,
                     logs_dir,
                     account,
                     len(placement),
@@ -268,12 +273,14 @@ class Launcher:
         rank: int,
         node: str,
         devices: tuple[int, ...],
-        exit_dir: str,
+        launch_id: str,
         logs_dir: str,
         account: Account | None,
         world: int,
     ) -> Worker:
-        exit_file = os.path.join(exit_dir, f"worker-{rank}.exit")
+        # in the job's own folder of the state directory, named by the launch (one folder, so
+        # the gang's end removes it in a few calls)
+        exit_file = os.path.join(self.records.job_dir(spec.id), f"{launch_id}-worker-{rank}.exit")
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
         launch = {
             "argv": command,
@@ -286,10 +293,9 @@ class Launcher:
         }
         if rank == 0:  # the launcher relays rank 0's checkpoint reports (worker_launcher.py)
             launch["report_file"] = report_file(exit_file)
-        if account is not None:
-            groups = os.getgrouplist(account.name, account.gid)
+        if account is not None:  # its groups as the helpers get them (read again when they change)
+            groups = list(identity(account)[3])
             launch.update(uid=account.uid, gid=account.gid, groups=groups)
-        launch_id = os.path.basename(exit_dir)
         group = self.cgroups.create(spec, launch_id, rank, tuple(devices))
         cgroup = group.name if group is not None else ""
         try:
@@ -320,11 +326,24 @@ class Launcher:
         helper's check_runnable (in ``prepare``) says why it cannot run."""
         if command[0] != self.options.python or not self.options.account_python:
             return command, []
+        key, now = (account, self.options.python), time.monotonic()
+        known = self._pythons.get(key)
+        if known is None or known[0] < now:  # a dozen stats and group reads: kept a while
+            known = (now + PYTHON_FRESH, *self._reachable_python(account))
+            if len(self._pythons) > 4096:  # accounts come and go: a bound, not an LRU
+                self._pythons.clear()
+            self._pythons[key] = known
+        _, python, paths = known
+        return ([python, *command[1:]], list(paths)) if python else (command, [])
+
+    def _reachable_python(self, account: Account) -> tuple[str, tuple[str, ...]]:
+        """("", ()) when the account can run the service's Python; else the one it can run
+        instead and the hub's package folders (("", ()) too when there is none)."""
         if unreachable(self.options.python, account) is None:
-            return command, []
+            return "", ()
         paths = [p for p in site.getsitepackages() if os.path.isdir(p)]
         python = account_python(account, self.options.account_python, paths)
-        return ([python, *command[1:]], paths) if python else (command, [])
+        return (python, tuple(paths)) if python else ("", ())
 
     def _worker_env(
         self,

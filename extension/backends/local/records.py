@@ -182,9 +182,23 @@ class GangRecords:
         return out
 
     def remove(self, job_id: str) -> None:
-        """The job's folder (record, exit and report files, launch specs) gone, if it can be."""
-        with contextlib.suppress(OSError):
-            shutil.rmtree(self.job_dir(job_id))
+        """The job's folder (its record, its launchers' exit and report files) gone, if it can
+        be: one folder of files, removed in a call per file (a launch's subfolder, as an older
+        service made them, goes whole)."""
+        folder = self.job_dir(job_id)
+        try:
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path)
+                    else:
+                        os.unlink(entry.path)
+            os.rmdir(folder)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(folder)
 
 
 def check_worker(worker: Worker) -> None:
