@@ -5,7 +5,8 @@ for each job's user and max workers) into a ``Ledger``, and after that only the 
 since (``id`` greater than the last one read). ``attach(scheduler)`` registers ``on_cycle`` on
 the scheduling loop: after every cycle it folds in the new transitions, keeps the cycle's plan
 figures (deserved, limit, pending, running) for Prometheus, times the cycle and, every
-``sample_interval`` seconds, samples the measured utilization of running local jobs. The churn
+``sample_interval`` seconds, samples the measured utilization of running local jobs, and keeps
+the fair-share samples of the admin page's chart (``shares.py``). The churn
 counters (``churn.py``) are read from the stored Preempt decisions at start and fed by the loop's
 ``decision_hooks``.
 
@@ -126,7 +127,7 @@ class Metering(LoggingConfigurable):
         )
         self.registry.register(_Collector(self))
         self.churn = Churn()
-        self.shares = ShareSamples()  # the fair-share chart's samples (shares.py)
+        self.shares = ShareSamples()
         self.churn.load(store.preemption_details())  # the history: counters survive restarts
         self.refresh()
 
@@ -149,10 +150,10 @@ class Metering(LoggingConfigurable):
             self._result = result
             self.cycle_seconds.observe(max(0.0, seconds))
             self._refresh_soon()
-            self.shares.take(self.scheduler, now)
             if self.sampler is not None and now - self._sampled >= self.sample_interval:
                 self._sampled = now
                 self.sample(now)
+            self.shares.take(self.scheduler, now)  # the fair-share chart's (shares.py)
         except Exception:
             self.log.exception("metering could not take the cycle in")
 

@@ -40,13 +40,18 @@ class ShareSample:
     usage: array
     factor: array
 
-    def of(self, path: str) -> tuple[float, float]:
-        """(usage, factor) of ``path`` at this moment: (0, 1) for a plan without usage."""
-        try:
-            i = self.paths.index(path)
-        except ValueError:
+    def of(self, path: str, where: Mapping[str, int]) -> tuple[float, float]:
+        """(usage, factor) of ``path`` at this moment, ``where`` being ``positions(paths)``:
+        (0, 1) for a plan without usage."""
+        i = where.get(path)
+        if i is None:
             return 0.0, 1.0
         return self.usage[i], self.factor[i]
+
+
+def positions(paths: tuple[str, ...]) -> dict[str, int]:
+    """Each path's index in ``paths``."""
+    return {p: i for i, p in enumerate(paths)}
 
 
 def sample_of(at: float, standings: Mapping[str, Any], like: ShareSample | None) -> ShareSample:
@@ -89,9 +94,11 @@ class ShareSamples:
         """``{"t": [...], "plans": [{"plan", "raw_usage": [...], "fair_share_factor": [...]}]}``
         for ``paths`` over the ring, then ``now`` (the standings of this moment) when given."""
         samples = [*self.ring, *([now] if now is not None else [])]
+        index: dict[int, dict[str, int]] = {}  # by paths tuple: most samples share one
+        wheres = [index.setdefault(id(s.paths), positions(s.paths)) for s in samples]
         out = []
         for path in paths:
-            pairs = [s.of(path) for s in samples]
+            pairs = [s.of(path, where) for s, where in zip(samples, wheres)]
             out.append(
                 {
                     "plan": path,
