@@ -21,10 +21,11 @@ compacted to the same horizon on the same grid.
 Full resolution costs memory in the number of changes, so in the number of jobs run within the
 window (docs/service.md "Memory over 100,000 jobs"): only the newest ``HOT`` to ``HOT + CHUNK``
 points are kept as Python objects; older ones are sealed, ``CHUNK`` at a time, into a
-``_Chunk``: the times and values as delta-coded 64-bit columns, compressed (the integrals are
-recomputed from the values when a chunk is read, so they stay exact ints). A change that
-arrives later than the newest points unseals the chunks after it first; a read decodes the
-chunk it needs (the last few decoded are kept).
+``_Chunk``: the times, the values and the integrals from the chunk's first point as 64-bit
+columns, compressed, and the integral up to that first point as exact ints (a chunk whose
+integrals would not fit in 64 bits keeps values only and sums them when read; one whose values
+would not fit is not sealed). A change that arrives later than the newest points unseals the
+chunks after it first; a read opens the chunk it needs (the last ``OPENED`` are kept open).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from fractions import Fraction
 from itertools import accumulate
+from operator import mul
 
 Vec = tuple[int, int, int]
 ZERO: Vec = (0, 0, 0)
@@ -54,14 +56,14 @@ def scale(a: Vec, k: int) -> Vec:
 
 HOT = 64  # the newest points kept as Python objects (late changes land among them)
 CHUNK = 128  # points sealed into one chunk at a time
-DECODED = 8  # decoded chunks kept for reading
+OPENED = 64  # chunks kept open for reading (about 7 KB each)
 Points = tuple[list[int], list[Vec], list[Vec]]  # times, values, integrals up to each time
 
 
 class _Chunk:
-    """``n`` full-resolution points, sealed (the first one's time is the series' ``firsts``
-    entry): the integral up to the first, then the times and values as delta-coded int64
-    columns, compressed (the other integrals follow from the values)."""
+    """``n`` full-resolution points, sealed (the first one's time is also the series'
+    ``firsts`` entry): the integral up to the first, then the times, values and integrals from
+    the first as int64 columns, compressed."""
 
     __slots__ = ("n", "data")
 
@@ -71,46 +73,104 @@ class _Chunk:
     @classmethod
     def of(cls, times: list[int], values: list[Vec], cum0: Vec) -> _Chunk | None:
         """The chunk of these points (None: a figure beyond 64 bits, kept as it is)."""
-        columns = [t - p for p, t in zip([0, *times], times)]
+        columns = list(times)
         for r in range(3):
-            column = [v[r] for v in values]
-            columns += [v - p for p, v in zip([0, *column], column)]
-        try:
-            packed = array("q", columns).tobytes()
-        except OverflowError:
-            return None
+            columns += [v[r] for v in values]
         head = ",".join(map(str, cum0)).encode() + b";"  # exact whatever its size
-        return cls(len(times), zlib.compress(head + packed, 1))
+        # the integral up to each point from the first, so that a read finds it in one look
+        for r in range(3):
+            columns += accumulate(
+                (v[r] * (b - a) for v, a, b in zip(values, times, times[1:])), initial=0
+            )
+        for width in (7, 4):  # without the integrals if they overflow
+            try:
+                packed = array("q", columns[: width * len(times)]).tobytes()
+            except OverflowError:
+                continue
+            return cls(len(times), zlib.compress(head + packed, 6))
+        return None
 
     def points(self) -> Points:
         """The points, decoded (new lists)."""
-        head, _, packed = zlib.decompress(self.data).partition(b";")
-        columns = array("q")
-        columns.frombytes(packed)
-        n = self.n
-        times, gpu, cpu, mem = (list(accumulate(columns[n * r : n * (r + 1)])) for r in range(4))
-        values = list(zip(gpu, cpu, mem))
-        g, c, m = (int(x) for x in head.split(b","))
+        opened = _Open(self)
+        times, values = list(opened.times), list(zip(*opened.columns))
+        if opened.cum:
+            return times, values, [opened.integral(k, t) for k, t in enumerate(times)]
+        g, c, m = opened.cum0
         cum = [(g, c, m)]
-        for i in range(1, n):
+        for i in range(1, self.n):
             (vg, vc, vm), dt = values[i - 1], times[i] - times[i - 1]
             g, c, m = g + vg * dt, c + vc * dt, m + vm * dt
             cum.append((g, c, m))
         return times, values, cum
 
 
-_decoded: OrderedDict[_Chunk, Points] = OrderedDict()  # the last chunks read, newest last
+class _Open:
+    """A sealed chunk opened for reading: its times, value columns and integral columns (or,
+    for figures too big for those, each integral summed when asked for)."""
+
+    __slots__ = ("times", "columns", "cum0", "cum")
+
+    def __init__(self, chunk: _Chunk) -> None:
+        head, _, packed = zlib.decompress(chunk.data).partition(b";")
+        columns = array("q")
+        columns.frombytes(packed)
+        n = chunk.n
+        self.times = columns[:n]
+        self.columns = [columns[n * r : n * (r + 1)] for r in (1, 2, 3)]
+        self.cum = [columns[n * r : n * (r + 1)] for r in (4, 5, 6) if len(columns) == 7 * n]
+        g, c, m = (int(x) for x in head.split(b","))
+        self.cum0 = (g, c, m)
+
+    def value(self, k: int) -> Vec:
+        g, c, m = self.columns
+        return (g[k], c[k], m[k])
+
+    def integral(self, k: int, t: int) -> Vec:
+        """The integral up to ``t``, from point ``k`` (the last at or before it)."""
+        dt = t - self.times[k]
+        g, c, m = self.columns
+        if self.cum:
+            cg, cc, cm = self.cum
+            g0, c0, m0 = self.cum0
+            return (g0 + cg[k] + g[k] * dt, c0 + cc[k] + c[k] * dt, m0 + cm[k] + m[k] * dt)
+        times = self.times
+        steps = [b - a for a, b in zip(times[:k], times[1 : k + 1])]
+        g, c, m = (
+            c0 + sum(map(mul, column[:k], steps)) + column[k] * dt
+            for column, c0 in zip(self.columns, self.cum0)
+        )
+        return (g, c, m)
 
 
-def _read(chunk: _Chunk) -> Points:
-    """A chunk's points, from the few kept decoded (callers must not change them)."""
-    found = _decoded.get(chunk)
+class _Newest:
+    """The newest points (the series' own lists), read as an ``_Open`` chunk is."""
+
+    __slots__ = ("times", "values", "cum")
+
+    def __init__(self, times: list[int], values: list[Vec], cum: list[Vec]) -> None:
+        self.times, self.values, self.cum = times, values, cum
+
+    def value(self, k: int) -> Vec:
+        return self.values[k]
+
+    def integral(self, k: int, t: int) -> Vec:
+        c, v, dt = self.cum[k], self.values[k], t - self.times[k]
+        return (c[0] + v[0] * dt, c[1] + v[1] * dt, c[2] + v[2] * dt)
+
+
+_opened: OrderedDict[_Chunk, _Open] = OrderedDict()  # the last chunks read, newest last
+
+
+def _read(chunk: _Chunk) -> _Open:
+    """A chunk opened, from the few kept open."""
+    found = _opened.get(chunk)
     if found is None:
-        found = _decoded[chunk] = chunk.points()
-        while len(_decoded) > DECODED:
-            _decoded.popitem(last=False)
+        found = _opened[chunk] = _Open(chunk)
+        while len(_opened) > OPENED:
+            _opened.popitem(last=False)
     else:
-        _decoded.move_to_end(chunk)
+        _opened.move_to_end(chunk)
     return found
 
 
@@ -148,10 +208,15 @@ class StepSeries:
         """Start of the full-resolution region (None: nothing was compacted yet)."""
         return self.old_end
 
+    @property
+    def points(self) -> int:
+        """How many full-resolution change points it keeps, sealed or not."""
+        return sum(chunk.n for chunk in self.sealed) + len(self.times)
+
     def current(self) -> Vec:
         if self.values:
             return self.values[-1]
-        return _read(self.sealed[-1])[1][-1] if self.sealed else ZERO
+        return _read(self.sealed[-1]).value(-1) if self.sealed else ZERO
 
     def _chunk_at(self, t: int) -> int | None:
         """Index of the sealed chunk that holds the last point at or before ``t`` (the first
@@ -160,18 +225,19 @@ class StepSeries:
             return None
         return max(0, bisect_right(self.firsts, t) - 1)
 
-    def _lists(self, t: int) -> Points:
+    def _lists(self, t: int) -> _Open | _Newest:
         """The full-resolution points around ``t``: a sealed chunk's, or the newest."""
         i = self._chunk_at(t)
-        return (self.times, self.values, self.cum) if i is None else _read(self.sealed[i])
+        return _Newest(self.times, self.values, self.cum) if i is None else _read(self.sealed[i])
 
     def _value_and_next(self, t: int) -> tuple[Vec, int | None]:
         """The value in effect at ``t`` and the time of the next change after it (None:
         none)."""
         i = self._chunk_at(t)
-        times, values, _ = self._lists(t)
+        points = self._lists(t)
+        times = points.times
         k = bisect_right(times, t) - 1
-        v = values[k] if k >= 0 else ZERO
+        v = points.value(k) if k >= 0 else ZERO
         if k + 1 < len(times):
             return v, times[k + 1]
         if i is None:
@@ -194,12 +260,9 @@ class StepSeries:
 
     def _points(self, t: int) -> Vec:
         """Integral up to ``t`` from the full-resolution points (``t`` at or after them)."""
-        times, values, cum = self._lists(t)
-        k = bisect_right(times, t) - 1
-        if k < 0:
-            return ZERO
-        c, v, dt = cum[k], values[k], t - times[k]
-        return (c[0] + v[0] * dt, c[1] + v[1] * dt, c[2] + v[2] * dt)
+        points = self._lists(t)
+        k = bisect_right(points.times, t) - 1
+        return points.integral(k, t) if k >= 0 else ZERO
 
     def integral_to(self, t: int) -> tuple:
         """Integral from the beginning of time up to ``t`` (ints, or Fractions inside an old
@@ -375,7 +438,7 @@ class StepSeries:
             times[k], cum[k] = horizon, at_horizon  # the value in effect at the horizon
             del times[:k], self.values[:k], cum[:k], self.sealed[:], self.firsts[:]
             return
-        times, values, _ = _read(self.sealed[i])
+        times, values, _ = self.sealed[i].points()
         k = bisect_right(times, horizon) - 1
         chunk = _Chunk.of([horizon, *times[k + 1 :]], values[k:], at_horizon)
         assert chunk is not None  # its figures were sealed once already
@@ -385,7 +448,7 @@ class StepSeries:
     def _lists_between(self, t0: int, t1: int) -> list[list[int]]:
         """The times of the full-resolution lists that may hold a change in ``(t0, t1)``."""
         lo = max(0, bisect_right(self.firsts, t0) - 1)
-        lists = [_read(chunk)[0] for chunk in self.sealed[lo : bisect_left(self.firsts, t1)]]
+        lists = [_read(chunk).times for chunk in self.sealed[lo : bisect_left(self.firsts, t1)]]
         return [*lists, self.times]
 
     def times_between(self, t0: int, t1: int) -> list[int]:
@@ -406,7 +469,7 @@ class StepSeries:
             if firsts[i] > t0 and following is not None and following <= t1:
                 n += self.sealed[i].n
             else:
-                times = _read(self.sealed[i])[0]
+                times = _read(self.sealed[i]).times
                 n += bisect_left(times, t1) - bisect_right(times, t0)
         times = self.times
         return n + max(0, bisect_left(times, t1) - bisect_right(times, t0))
@@ -422,7 +485,7 @@ class StepSeries:
                 j = bisect_right(otimes, t, j)
                 out.append(tuple(v / bucket for v in orates[j - 1]) if j else ZERO)
             else:
-                times, values, _ = self._lists(t)
-                k = bisect_right(times, t)
-                out.append(values[k - 1] if k else ZERO)
+                points = self._lists(t)
+                k = bisect_right(points.times, t)
+                out.append(points.value(k - 1) if k else ZERO)
         return out

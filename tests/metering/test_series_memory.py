@@ -49,16 +49,21 @@ OPS = st.lists(
 )
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(OPS, st.lists(st.integers(-1000, 45_000), min_size=1, max_size=30))
-def test_a_sealed_series_reads_as_one_kept_whole(ops, probes) -> None:
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    OPS,
+    st.lists(st.integers(-1000, 45_000), min_size=1, max_size=30),
+    # memory in bytes: small, integrals past 64 bits, values past 64 bits (never sealed)
+    st.sampled_from([1, 2**50, 2**62]),
+)
+def test_a_sealed_series_reads_as_one_kept_whole(ops, probes, size) -> None:
     sealed, whole = StepSeries(BUCKET), StepSeries(BUCKET)
     for op in ops:
         if isinstance(op, int):
             _both(sealed, whole, lambda s, h=op: s.compact(h))
         else:
             t, g, m = op
-            _both(sealed, whole, lambda s, t=t, d=(g, 10 * g, m): s.add_delta(t, d))
+            _both(sealed, whole, lambda s, t=t, d=(g, 10 * g, m * size): s.add_delta(t, d))
     assert whole.sealed == []
     bounds = sorted(probes)
     assert sealed.integrals(bounds) == whole.integrals(bounds)
@@ -89,8 +94,9 @@ def _history(jobs: int, users: int = 10) -> list[Fact]:
 
 
 def test_the_ledger_keeps_no_memory_per_job() -> None:
-    """Folding 12,000 jobs past the first 3,000 costs well under 100 bytes a job (the whole
-    series kept as Python tuples cost 1.7 KB a job: bench_service's RSS growth, issue 31)."""
+    """Folding 12,000 jobs past the first 3,000 costs under 200 bytes a job, every change at a
+    time of its own (the whole series kept as Python tuples cost 3 KB a job here, and 1.7 KB a
+    job of bench_service's history: its RSS growth, issue 31)."""
     ledger = Ledger()
     facts = _history(15_000, users=2)
     first, rest = facts[: 3 * 3_000], facts[3 * 3_000 :]
@@ -104,7 +110,7 @@ def test_the_ledger_keeps_no_memory_per_job() -> None:
         grown = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert grown / 12_000 < 100, f"{grown / 12_000:.0f} bytes a job"
+    assert grown / 12_000 < 200, f"{grown / 12_000:.0f} bytes a job"
     for node in ledger.nodes.values():
         for s in (node.requested, node.used):
             assert len(s.times) <= series_module.HOT + series_module.CHUNK
