@@ -92,6 +92,18 @@ class Setup:
     # (the timed backend stamps events exactly; what is left is the loop's wake-up and commit:
     # 1-2 ms from a finish to the next start measured on this machine)
     event_delay: float = 0.002
+    # fair over days (docs/scheduling.md "Deserved share 2", "Admission 6"): 0 is off
+    fair_share_half_life: float = 0.0
+    max_gang_wait: float = 0.0
+
+    def config(self) -> SchedulerConfig:
+        """The core's knobs for the simulator, as ``service_traits`` gives them the service."""
+        return SchedulerConfig(
+            grace=self.grace,
+            min_runtime=self.min_runtime,
+            fair_share_half_life=self.fair_share_half_life,
+            max_gang_wait=self.max_gang_wait,
+        )
 
     def plans(self) -> dict[str, dict]:
         out: dict[str, dict] = {self.parent: {}}
@@ -186,7 +198,7 @@ def scenario(
     return Scenario(
         Instance(tuple(nodes or setup.nodes())),
         PlanTree.from_dict(setup.plans()),
-        SchedulerConfig(grace=setup.grace, min_runtime=setup.min_runtime),
+        setup.config(),
         setup.checkpoint_every,
         jobs,
         until=math.inf,
@@ -344,6 +356,8 @@ def service_traits(setup: Setup) -> dict:
         "tick": setup.tick,
         "grace": setup.grace,
         "min_runtime": setup.min_runtime,
+        "fair_share_half_life": setup.fair_share_half_life,
+        "max_gang_wait": setup.max_gang_wait,
         "default_plans": setup.plans(),
         "reconcile_seconds": 0,  # no notebooks here
     }

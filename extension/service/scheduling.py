@@ -465,6 +465,9 @@ class Scheduler:
     ) -> tuple[CycleResult, list[tuple[str, str, dict]]]:
         """Steps 1-3: fold the events, run the core, store it all in one transaction; returns
         the result and the decisions stored."""
+        # what the leaves held since the last cycle, as it left them: an event wakes a cycle
+        # within milliseconds, so before they are folded is what was held until now
+        usage = self.fair_share.advance(now, self.jobs.values())
         asked = [(c.at, change) for c, change in cancels if change is not None]
         facts = {}
         if events:
@@ -479,7 +482,6 @@ class Scheduler:
         timeouts = due_timeouts(self, now)
         self._refresh_instance()
         jobs = list(self.jobs.values())
-        usage = self.fair_share.advance(now, jobs)
         snapshot = Snapshot(
             self.plans, self.instance, jobs, self.config, reserved=self.reserved, usage=usage
         )
