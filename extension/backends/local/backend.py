@@ -29,6 +29,7 @@ from .events import Emitter
 from .holds import DeviceHolds, HoldRecords
 from .launching import DEFAULT_ENV_KEEP, PROJECT_ROOT, Launcher, LaunchOptions
 from .node_launcher import NodeLauncher
+from .offload import Offload
 from .records import GangRecords, GangState
 from .recovery import Recovery
 from .supervision import SupervisionOptions, Supervisor
@@ -142,6 +143,8 @@ class LocalBackend:
         self.holds = DeviceHolds(HoldRecords(self.state_dir), self.devices)
         # the node's launcher: one interpreter, started once, that forks each worker's launcher
         self.node = NodeLauncher()
+        # the blocking part of starts (cgroups, launchers, records) and of ends (their removal)
+        self.starts, self.ends = Offload("wmla-start", 2), Offload("wmla-end", 1)
         self.launcher = Launcher(
             launch, self.accounts, self.devices, ports, self.records, self.cgroups, self.node
         )
@@ -152,7 +155,7 @@ class LocalBackend:
         """The supervisor and the recovery over the collaborators built before them."""
         self._emit = emit
         self.supervisor = Supervisor(
-            pace, emit, self.devices, self.records, self.accounts, self.cgroups
+            pace, emit, self.devices, self.records, self.accounts, self.cgroups, self.ends
         )
         self.recovery = Recovery(
             emit,
@@ -215,7 +218,12 @@ class LocalBackend:
         self.accounts.note(spec.id, JobOwner(spec.workdir, spec.user))
         try:
             ready = await off_loop(self.launcher.prepare, spec)
-            gang = self.launcher.launch(spec, placement, ready)
+            held = self.launcher.reserve(spec, placement)
+            try:
+                gang = await self.starts.run(self.launcher.launch, spec, held, ready)
+            except Exception:
+                self.launcher.release(held)
+                raise
         except StartError as err:
             self._emit(spec.id, EventKind.FAILED, placement=placement, message=str(err))
             return
@@ -255,6 +263,8 @@ class LocalBackend:
         launcher forked, though it ends here); their records stay for ``recover``."""
         await self.supervisor.close()
         self.node.close()
+        self.starts.close()
+        self.ends.close()
 
     # accounts (LocalAccounts) ------------------------------------------------------------------
     def account_for(self, user: str, home: str | None = None) -> Account | None:

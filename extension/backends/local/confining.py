@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 
 from extension.backends.base import JobSpec
 from extension.confine import (
@@ -51,6 +52,9 @@ class WorkerCgroups:
         # cgroups made here and not yet removed: the scope is looked at (every hierarchy's
         # folder listed) for pruning only when this comes to 0, not at every gang's end
         self.live = 0
+        # starts and ends run in threads of their own: a prune never removes the scope under
+        # a cgroup being made
+        self._lock = threading.Lock()
 
     @classmethod
     def detect(
@@ -91,8 +95,9 @@ class WorkerCgroups:
             self.gpu_device_template,
             tuple(devices),
         )
-        group = self.confinement.create(self.name(spec.id, launch, rank), grant)
-        self.live += 1
+        with self._lock:
+            group = self.confinement.create(self.name(spec.id, launch, rank), grant)
+            self.live += 1
         return group
 
     @staticmethod
@@ -131,9 +136,10 @@ class WorkerCgroups:
             group = self._open(name)
             if group is not None and not group.remove(wait):
                 log.error("cgroup %s: processes still there after %.0fs; left in place", name, wait)
-        self.live = max(0, self.live - sum(1 for name in names if name))
-        if names and not self.live and not self.confinement.names():
-            self.confinement.prune()
+        with self._lock:
+            self.live = max(0, self.live - sum(1 for name in names if name))
+            if names and not self.live and not self.confinement.names():
+                self.confinement.prune()
 
     def kill(self, names: list[str]) -> None:
         """SIGKILL every process still in the cgroups (the cgroup stays, for its figures)."""

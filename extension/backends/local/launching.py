@@ -81,6 +81,16 @@ class LaunchOptions:
 
 
 @dataclass(frozen=True)
+class Reservation:
+    """What a start holds before its workers exist: devices by rank, the port, the launch."""
+
+    placement: tuple[str, ...]
+    devices: list[tuple[int, ...]]
+    port: int
+    launch: str
+
+
+@dataclass(frozen=True)
 class Ready:
     """What ``Launcher.prepare`` found out for one start: who runs it, and what exactly."""
 
@@ -161,19 +171,31 @@ class Launcher:
                 "run_as_user=False"
             )
 
-    def launch(self, spec: JobSpec, placement: tuple[str, ...], ready: Ready) -> Gang:
-        """Take the devices and a port, start every worker, record the gang. Whatever fails
-        half-way, nothing of the start is left behind (StartError says why)."""
+    def reserve(self, spec: JobSpec, placement: tuple[str, ...]) -> Reservation:
+        """The devices and the rendezvous port of a start (on the event loop: the tables are
+        the loop's); ``release`` gives them back when the start fails."""
         self.devices.check_placement(spec, placement)
         devices = self.devices.allocate(spec, placement)
-        launch = uuid.uuid4().hex[:12]
+        try:
+            port = self.ports.pick()
+        except BaseException:
+            self.devices.free(placement, devices)
+            raise
+        return Reservation(placement, devices, port, uuid.uuid4().hex[:12])
+
+    def release(self, held: Reservation) -> None:
+        self.devices.free(held.placement, held.devices)
+
+    def launch(self, spec: JobSpec, held: Reservation, ready: Ready) -> Gang:
+        """Start every worker, record the gang. Blocking (cgroups, the node's launcher, the
+        record): run in a thread. Whatever fails half-way, nothing of the start is left behind
+        but the reservation, for the caller to ``release`` (StartError says why)."""
         workers: list[Worker] = []
         try:
             private_dirs(self.records.job_dir(spec.id))
-            port = self.ports.pick()
-            self._spawn_workers(spec, placement, ready, devices, port, launch, workers)
+            self._spawn_workers(spec, held, ready, workers)
         except BaseException as err:
-            self._undo_launch(spec, placement, devices, workers)
+            self._undo_launch(spec, workers)
             if isinstance(err, StartError):
                 raise
             if isinstance(err, ConfineError):
@@ -187,29 +209,25 @@ class Launcher:
             job_id=spec.id,
             user=spec.user,
             workdir=spec.workdir,
-            placement=placement,
-            port=port,
-            launch=launch,
+            placement=held.placement,
+            port=held.port,
+            launch=held.launch,
             started_at=time.time(),
             workers=workers,
         )
         self.records.write(gang)
-        log.info("job %s: started %d worker(s) on %s", spec.id, len(workers), ",".join(placement))
+        log.info(
+            "job %s: started %d worker(s) on %s", spec.id, len(workers), ",".join(held.placement)
+        )
         return gang
 
     def _spawn_workers(
-        self,
-        spec: JobSpec,
-        placement: tuple[str, ...],
-        ready: Ready,
-        devices: list[tuple[int, ...]],
-        port: int,
-        launch: str,
-        workers: list[Worker],
+        self, spec: JobSpec, held: Reservation, ready: Ready, workers: list[Worker]
     ) -> None:
         """Start one launcher per rank, each appended to ``workers`` as soon as it exists, so
         that a failure half-way lets ``launch`` kill exactly the ones already started."""
         account, command, hub_paths = ready.account, ready.command, ready.hub_paths
+        placement, devices, port, launch = held.placement, held.devices, held.port, held.launch
         logs_dir = os.path.join(spec.workdir, "logs")
         per_node: dict[str, int] = {}
         for node in placement:
@@ -247,22 +265,15 @@ class Launcher:
                 )
             )
 
-    def _undo_launch(
-        self,
-        spec: JobSpec,
-        placement: tuple[str, ...],
-        devices: list[tuple[int, ...]],
-        workers: list[Worker],
-    ) -> None:
+    def _undo_launch(self, spec: JobSpec, workers: list[Worker]) -> None:
         """A start that failed half-way leaves nothing behind: the workers already started are
-        killed (and waited for), the devices given back, the job's state directory removed."""
+        killed (and waited for), their cgroups and the job's state directory removed."""
         for worker in workers:
             kill_group(worker.pid, signal.SIGKILL)
             if worker.proc is not None:
                 with contextlib.suppress(Exception):
                     worker.proc.wait(timeout=self.options.kill_wait)
         self.cgroups.remove([w.cgroup for w in workers])
-        self.devices.free(placement, devices)
         self.records.remove(spec.id)
 
     def _spawn(

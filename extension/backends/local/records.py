@@ -62,6 +62,7 @@ class Worker:
     proc: Launched | None = None  # None: adopted from an earlier service
     exit_code: int | None = None
     exited_at: float | None = None
+    exit_info: dict[str, Any] = field(default_factory=dict)  # its exit file, read when it ended
     done: bool = False
     vanished: bool = False  # gone without an exit status (SIGKILL, reboot)
     cgroup: str = ""  # the name of its cgroup (confining.py); "" where none is made
@@ -209,7 +210,7 @@ def check_worker(worker: Worker) -> None:
     if code is None and worker.proc is not None and worker.proc.watched:
         return
     if code is not None:
-        recorded = read_exit(worker.exit_file)
+        recorded = _read_exit(worker)
         worker.exit_code = recorded if recorded is not None else code
         worker.vanished = False
         worker.done = True
@@ -217,7 +218,7 @@ def check_worker(worker: Worker) -> None:
         return
     if alive(worker.pid, worker.create_time):
         return
-    recorded = read_exit(worker.exit_file)
+    recorded = _read_exit(worker)
     worker.done = True
     worker.exited_at = time.time()
     if recorded is None:
@@ -252,9 +253,11 @@ def exit_record(path: str) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
-def read_exit(path: str) -> int | None:
+def _read_exit(worker: Worker) -> int | None:
+    """The code in the worker's exit file (kept whole in ``exit_info``: read once), or None."""
+    worker.exit_info = exit_record(worker.exit_file)
     try:
-        return int(exit_record(path)["code"])
+        return int(worker.exit_info["code"])
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -301,7 +304,7 @@ def read_report(path: str) -> dict | None:
 
 def exit_time(worker: Worker) -> float:
     try:
-        return float(exit_record(worker.exit_file)["at"])
+        return float(worker.exit_info["at"])
     except (KeyError, TypeError, ValueError):
         return worker.exited_at or float("inf")
 

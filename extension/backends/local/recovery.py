@@ -83,7 +83,7 @@ class Recovery:
         if gang is not None:
             gang.state = GangState.STOPPING
             await self.supervisor.terminate(gang, self.supervisor.options.failure_grace)
-            self.supervisor.forget(gang)
+            await self.supervisor.forget(gang)
 
     def _adopt(self, rec: dict[str, Any], quiet: bool = False) -> Gang | None:
         job_id = str(rec["job_id"])
@@ -117,5 +117,5 @@ class Recovery:
 
     async def _lose(self, gang: Gang, message: str) -> None:
         await self.supervisor.terminate(gang, self.supervisor.options.failure_grace)
-        self.supervisor.forget(gang)
+        await self.supervisor.forget(gang)
         self.emit(gang.job_id, EventKind.LOST, placement=gang.placement, message=message)

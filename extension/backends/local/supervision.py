@@ -26,6 +26,7 @@ from extension.userfs.files import off_loop
 from .allocation import DeviceTable
 from .confining import WorkerCgroups
 from .events import Emitter
+from .offload import Offload
 from .records import (
     Gang,
     GangRecords,
@@ -33,7 +34,6 @@ from .records import (
     Worker,
     check_worker,
     ended_at,
-    exit_record,
     exit_time,
     read_report,
     report_file,
@@ -61,7 +61,8 @@ class Supervisor:
 
     What a gang held is given back to ``devices`` and ``cgroups``, its record removed from
     ``records``, its end reported through ``emit``; a failure's log is read with the user's
-    rights (``accounts``)."""
+    rights (``accounts``). The removal of its cgroups and record runs in ``ends``' thread, and
+    its end is reported once they are gone."""
 
     def __init__(
         self,
@@ -71,8 +72,10 @@ class Supervisor:
         records: GangRecords,
         accounts: UserAccounts,
         cgroups: WorkerCgroups,
+        ends: Offload,
     ) -> None:
         self.options = options
+        self.ends = ends
         self.emit = emit
         self.devices = devices
         self.records = records
@@ -126,7 +129,8 @@ class Supervisor:
                 gang.state = GangState.STOPPING  # now: no other poll or stop handles it twice
                 self.spawn_task(self._fail(gang, _first_failure(failed)))
             elif all(w.done for w in gang.workers):
-                self._finish(gang)
+                gang.state = GangState.STOPPING
+                self.spawn_task(self._finish(gang))
 
     def _relay_checkpoint(self, gang: Gang) -> None:
         """Emit ``checkpoint`` when rank 0's launcher relayed a new report (worker_launcher.py):
@@ -158,11 +162,12 @@ class Supervisor:
             if not worker.done:
                 check_worker(worker)
 
-    def _finish(self, gang: Gang) -> None:
+    async def _finish(self, gang: Gang) -> None:
         gang.state = GangState.STOPPING
-        self._sweep(gang)
+        if not (gang.workers and all(gang.cgroups)):
+            self._sweep(gang)  # with cgroups, their removal (in forget) kills what is left
         ended = ended_at(gang)  # before forget removes the exit files
-        self.forget(gang)
+        await self.forget(gang)
         self.emit(gang.job_id, EventKind.FINISHED, placement=gang.placement, exit_code=0, at=ended)
 
     async def _fail(self, gang: Gang, culprit: Worker) -> None:
@@ -170,7 +175,7 @@ class Supervisor:
         await self.terminate(gang, self.options.failure_grace)
         message = await off_loop(self._failure_message, gang, culprit)
         ended = ended_at(gang)  # before forget removes the exit files
-        self.forget(gang)
+        await self.forget(gang)
         self.emit(
             gang.job_id,
             EventKind.FAILED,
@@ -196,7 +201,7 @@ class Supervisor:
         memory = self.cgroups.memory_reason(worker.cgroup, worker.rank)
         if memory:  # the kernel killed it (or one of its processes) at its memory limit
             why = memory if worker.exit_code == -signal.SIGKILL else f"{why}: {memory}"
-        error = exit_record(worker.exit_file).get("error")
+        error = worker.exit_info.get("error")
         if error:  # the launcher could not even start it (its log may not exist)
             why = f"{why}: it could not be started: {error}"
         path = os.path.join(gang.workdir, "logs", f"worker-{worker.rank}.log")
@@ -218,16 +223,16 @@ class Supervisor:
             if failed:  # it failed just before we came: that is what it did
                 await self._fail(gang, _first_failure(failed))
                 return EventKind.FAILED
-            self._finish(gang)
+            await self._finish(gang)
             return EventKind.FINISHED
         gang.state = GangState.STOPPING
         await self.terminate(gang, grace)
         if reason is not None and all(w.exit_code == 0 and not w.vanished for w in gang.workers):
             # every worker finished its work within the grace: the job is done, not stopped
             # (a worker that SIGTERM stops exits 143 through extension.runtime, or dies of it)
-            self._finish(gang)
+            await self._finish(gang)
             return EventKind.FINISHED
-        self.forget(gang)
+        await self.forget(gang)
         if reason is not None:
             self.emit(gang.job_id, EventKind.RELEASED, placement=gang.placement, message=reason)
         return EventKind.RELEASED
@@ -287,17 +292,26 @@ class Supervisor:
             except (psutil.Error, ProcessLookupError, PermissionError):
                 continue
 
-    def forget(self, gang: Gang) -> None:
-        """Give back what the ended gang held, remove its record, wake who waits for it."""
+    async def forget(self, gang: Gang) -> None:
+        """Give back what the ended gang held (its devices at once; its cgroups, with whatever
+        is left in them, and its record in ``ends``' thread), then wake who waits for it. It
+        stays known (DONE) until then: a start of the same job waits for ``ended``, so its new
+        record is never in the way of the old one's removal."""
         # the checkpoint it wrote on SIGTERM is the one a resized or preempted job resumes from
         self._relay_checkpoint(gang)
         gang.state = GangState.DONE
         self.devices.free(gang.placement, [w.devices for w in gang.workers])
+        try:
+            await self.ends.run(self._remove, gang)
+        finally:
+            if self.gangs.get(gang.job_id) is gang:
+                del self.gangs[gang.job_id]
+            gang.ended.set()
+
+    def _remove(self, gang: Gang) -> None:
+        """In ``ends``' thread: the gang's cgroups and its record."""
         self.cgroups.remove(gang.cgroups)
-        if self.gangs.get(gang.job_id) is gang:
-            del self.gangs[gang.job_id]
         self.records.remove(gang.job_id)
-        gang.ended.set()
 
 
 def _first_failure(failed: list[Worker]) -> Worker:
