@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import threading
@@ -84,6 +85,24 @@ def identity(account: Account) -> Identity:
     return (account.name, account.uid, account.gid, groups)
 
 
+SETPRIV = shutil.which("setpriv", path="/usr/bin:/bin")
+
+
+def as_account(ident: Identity, argv: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """How to start ``argv`` as ``ident`` (name, uid, gid, groups): the command and Popen's
+    arguments. Through util-linux's ``setpriv`` where there is one (it sets the groups, then
+    the real, effective and saved gid and uid, and executes ``argv``; the kernel drops every
+    capability with root's uid): Popen then uses vfork, where its own ``user=``/``group=``/
+    ``extra_groups=`` make it fork the whole service (its page tables, 6 ms of the service's CPU
+    per helper, and far longer on a busy machine, while the forking thread holds the GIL: the
+    stalls of each account's first requests). Else Popen drops, the same way."""
+    _, uid, gid, groups = ident
+    if SETPRIV is None:
+        return argv, {"user": uid, "group": gid, "extra_groups": list(groups)}
+    which = f"--groups={','.join(map(str, groups))}" if groups else "--clear-groups"
+    return [SETPRIV, f"--reuid={uid}", f"--regid={gid}", which, "--", *argv], {}
+
+
 class _Dead(Exception):
     """The helper's pipe closed before its answer came: it exited or was killed."""
 
@@ -104,20 +123,19 @@ class _Helper:
         # the helper's own idle limit is longer than the pool's: it is only for a service that
         # can no longer end it (the pool kills it first otherwise)
         own_idle = f"{2 * idle + 10:.3f}"
+        argv, drop = as_account(ident, [python, "-I", "-S", "-c", _SOURCE, "serve", own_idle])
         self.proc = subprocess.Popen(
-            [python, "-I", "-S", "-c", _SOURCE, "serve", own_idle],
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             bufsize=0,
             env=HELPER_ENV,
             cwd="/",
-            user=account.uid,
-            group=account.gid,
-            extra_groups=list(ident[3]),
             umask=0o077,
             close_fds=True,  # no other helper's pipe: each sees the end of its own stdin
             start_new_session=True,  # the user's terminal signals never reach it through us
+            **drop,
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.to_fd, self.from_fd = self.proc.stdin.fileno(), self.proc.stdout.fileno()

@@ -144,6 +144,8 @@ def test_the_pooled_helper_runs_as_the_account_with_nothing_of_ours(
     status = Path(f"/proc/{pid}/status").read_text()
     groups = next(line for line in status.splitlines() if line.startswith("Groups:"))
     assert sorted(int(g) for g in groups.split()[1:]) == sorted(pool.pids()[pid][3])
+    caps = dict(line.split(":\t") for line in status.splitlines() if line.startswith("Cap"))
+    assert all(int(caps[k], 16) == 0 for k in ("CapInh", "CapPrm", "CapEff", "CapAmb")), caps
     assert proc.environ() == HELPER_ENV
     assert proc.cwd() == "/"
     argv = proc.cmdline()
