@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import gc
-import importlib
 import json
 import logging
 import math
@@ -25,10 +24,10 @@ from tornado.httpserver import HTTPServer
 from traitlets import Bool, Dict, Float, Int, TraitError, Unicode, Union, default, validate
 from traitlets.config import Application, Config
 
-from extension.backends.capacity import detect_nodes
 from extension.scheduler import UNLIMITED, Resources, SchedulerConfig
 from extension.userfs.pool import close_helpers
 
+from .backend_setup import build_backend
 from .fair_share import FairShareSettings, seconds_or_off, usage_weights
 from .lease import Lease, LeaseHeld, watch
 from .privacy import (
@@ -471,30 +470,14 @@ class WmlaService(Application):
         return security_report(self.state_dir, self.storage_root, backend)
 
     def make_backend(self, emit: Any) -> Any:
-        module, _, name = self.backend_class.rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError, ValueError) as err:
-            raise SystemExit(
-                f"wmla: cannot import backend {self.backend_class!r} ({err}); set "
-                f"c.WmlaService.backend_class to an importable class"
-            ) from None
-        cores = os.cpu_count() or 1
-        if self.cpu_oversubscription <= 0:
-            raise SystemExit("wmla: c.WmlaService.cpu_oversubscription must be above 0")
-        try:
-            nodes = detect_nodes(
-                self.device_layout or None,
-                cpu_millicores=int(cores * 1000 * self.cpu_oversubscription),
-            )
-        except ValueError as err:
-            raise SystemExit(f"wmla: c.WmlaService.device_layout: {err}") from None
-        backend_dir = Path(self.state_dir) / "backend"
-        make_dir(backend_dir, PRIVATE_DIR)  # pid and exit files of the jobs' workers
-        try:
-            return cls(emit, nodes, str(backend_dir), **self.backend_options)
-        except TypeError as err:
-            raise SystemExit(f"wmla: c.WmlaService.backend_options: {err}") from None
+        return build_backend(
+            self.backend_class,
+            emit,
+            device_layout=self.device_layout,
+            cpu_oversubscription=self.cpu_oversubscription,
+            state_dir=self.state_dir,
+            options=self.backend_options,
+        )
 
     async def start_service(self) -> None:
         url = self.db_url or sqlite_url(Path(self.state_dir) / "wmla.sqlite")

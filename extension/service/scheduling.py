@@ -133,13 +133,17 @@ class Scheduler:
         # submitted since the last cycle: stored by its transaction (group commit)
         self._submitted: list[tuple[JobRow, asyncio.Future]] = []
         self._cancels: list[Cancel] = []  # asked for since the last cycle (cancels.py)
+        # the latest checkpoint report per job since the last cycle: coalesced, and no cycle
+        # of their own (they change the victims' order only; the next cycle folds them)
+        self._checkpoints: dict[str, BackendEvent] = {}
+        self._listeners()
+
+    def _listeners(self) -> None:
+        """Who hears of each cycle: the hooks, and the waiting line as the first of them."""
         self.cycle_hooks: list[Callable[[Any, float, float], None]] = []  # (result, now, s)
         # hook(decisions, now) once a cycle's (job id, kind, detail) are stored (metering's
         # churn counters); must not raise
         self.decision_hooks: list[Callable[[list[tuple[str, str, dict]], float], None]] = []
-        # the latest checkpoint report per job since the last cycle: coalesced, and no cycle
-        # of their own (they change the victims' order only; the next cycle folds them)
-        self._checkpoints: dict[str, BackendEvent] = {}
         # every pending job's place in line, reason and start estimate (queue.py), off the loop
         self.queue = WaitingLine(self)
         self.cycle_hooks.append(self.queue.after_cycle)
