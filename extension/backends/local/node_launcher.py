@@ -204,6 +204,8 @@ class NodeLauncher:
 
     def _running(self) -> _Server:
         if self._server is None or not self._server.running:
+            if self._server is not None:  # ended (or killed): reaped, its pipes closed
+                self._server.end(wait=1.0)
             self._server = _Server(self.python)
             self.started += 1
         return self._server

@@ -1,0 +1,78 @@
+"""The node's launcher under the local backend (docs/runtime.md "How workers are started"): it
+forks every worker's launcher, a killed one is started again at the next start while the gangs
+it had started are watched to their ends, and it ends with its backend while the workers run on
+to be re-adopted."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+
+
+def node_pid(backend) -> int:
+    pid = backend.node.pid
+    assert pid is not None
+    return pid
+
+
+async def test_every_worker_is_forked_by_the_node_launcher(local_rig) -> None:
+    backend = local_rig.backend()
+    for name in ("one", "two"):
+        await backend.start(local_rig.spec(name), ("local",))
+    await local_rig.wait_until(
+        lambda: all(len(local_rig.pids(n)) == 1 for n in ("one", "two")), "both workers up"
+    )
+    server = node_pid(backend)
+    for name in ("one", "two"):
+        [launcher] = backend.worker_pids(name)
+        assert psutil.Process(launcher).ppid() == server
+        assert os.getsid(launcher) == launcher  # a session of its own, as before
+        [worker] = local_rig.pids(name)
+        assert psutil.Process(worker).ppid() == launcher
+    assert backend.node.started == 1  # one interpreter for every start
+    for name in ("one", "two"):
+        await backend.stop(name, 2, "test over")
+
+
+async def test_a_killed_node_launcher_is_started_again_and_its_gangs_still_end(
+    local_rig,
+) -> None:
+    backend = local_rig.backend()
+    await backend.start(local_rig.spec("before"), ("local",))
+    await local_rig.wait_until(lambda: len(local_rig.pids("before")) == 1, "the worker up")
+    first = node_pid(backend)
+    os.kill(first, signal.SIGKILL)
+    await local_rig.wait_until(lambda: not local_rig.alive(first), "the node's launcher to die")
+    [launcher] = backend.worker_pids("before")
+    assert local_rig.alive(launcher)  # its launchers and their workers run on
+    await backend.start(local_rig.spec("after"), ("local",))
+    assert backend.node.started == 2 and node_pid(backend) != first
+    await local_rig.wait_until(lambda: len(local_rig.pids("after")) == 1, "the new worker up")
+    # the gang started by the dead one is watched like a re-adopted one: its exit file
+    (local_rig.workdir("before") / "control-0").write_text("4")
+    failed = await local_rig.events.wait("before", "failed")
+    assert failed.exit_code == 4 and "exited with code 4" in failed.message
+    (local_rig.workdir("after") / "control-0").write_text("0")
+    await local_rig.events.wait("after", "finished")
+    assert backend.devices_in_use() == {}
+
+
+async def test_the_node_launcher_ends_with_its_backend_and_the_workers_are_readopted(
+    local_rig,
+) -> None:
+    first = local_rig.backend()
+    await first.start(local_rig.spec("kept"), ("local",))
+    await local_rig.wait_until(lambda: len(local_rig.pids("kept")) == 1, "the worker up")
+    server = node_pid(first)
+    [launcher] = first.worker_pids("kept")
+    await first.close()
+    assert not local_rig.alive(server)  # no orphan: it ended when its stdin closed
+    assert local_rig.alive(launcher) and local_rig.alive(local_rig.pids("kept")[0])
+    second = local_rig.backend()
+    await second.recover([local_rig.spec("kept")])
+    assert second.worker_pids("kept") == [launcher]
+    (local_rig.workdir("kept") / "control-0").write_text("0")
+    await local_rig.events.wait("kept", "finished")
+    assert second.node.pid is None  # nothing started yet: no interpreter for nothing
