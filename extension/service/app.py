@@ -29,6 +29,7 @@ from extension.userfs.pool import close_helpers
 
 from .backend_setup import build_backend
 from .fair_share import FairShareSettings, seconds_or_off, usage_weights
+from .heap import HeapTrim
 from .lease import Lease, LeaseHeld, watch
 from .privacy import (
     PRIVATE_DIR,
@@ -521,6 +522,8 @@ class WmlaService(Application):
 
         self.meter = Metering(parent=self, store=self.store)
         self.meter.attach(self.scheduler)
+        # the C heap's free pages back to the system now and then (heap.py; issue 31)
+        self.scheduler.cycle_hooks.append(HeapTrim(self.log).after_cycle)
         backend = self.make_backend(self.scheduler.emit)
         await self.scheduler.start(backend)
         for warning in self.security_report()["warnings"]:
