@@ -1,0 +1,325 @@
+"""Fairness over days (issue 29): a multi-day window of the Philly trace through the simulator,
+with usage history off and on, beside gang-FIFO in the same run.
+
+    .venv/bin/python benchmarks/bench_fairness_days.py [--days 4] [--json]
+        [--configs off,1d,7d] [--nodes 8x8] [--limit 12h] [--tick 5]
+
+**Workload.** Philly October 2017 (``shared/data/traces/philly_vc_2017-10.csv``), the jobs
+submitted from Oct 10 00:00 (``--start-day 9``) for ``--days`` days by three virtual clusters,
+each a team plan at share 1 (``--teams``): ``6214e9`` (a flood of 1-GPU jobs), ``ee9e8c``
+(4-, 8- and 16-GPU gangs) and ``6c71a0`` (1-GPU jobs and 4- and 8-GPU gangs). Demand comes and
+goes: on the first day only the first team (``6214e9``) submits (the others' jobs of that day
+are left out), so it has the cluster to itself; from the second day on all three contend.
+Each job runs its trace duration cut at the runtime limit (``--limit``, 12 h: the one limit in
+play, as if every job had it; a job past it is stopped there). A job of up to 8 GPUs is one
+worker, a larger one a gang of 8-GPU workers (``wmla simulate --trace``'s rule), on 8 nodes of
+8 GPUs (``--nodes``). The replay stops at the end of the window (jobs still pending then are
+counted as waiting until then).
+
+**Timing.** The simulator's service model (``PRESETS["service"]``: a cycle on every submission
+and backend event and every ``--tick`` seconds, the backend's delays, victims leave after their
+SIGTERM checkpoint), grace 30 s, ``min_runtime`` 10 min, checkpoints every 10 min.
+
+**Configurations** (``--configs``, comma separated; default ``gang-fifo,off,1d,7d``):
+``gang-fifo`` (the baseline: gangs in submission order, no shares, no preemption), ``off``
+(the wmla core as today: no history, no ``max_gang_wait``), ``<half-life>`` (e.g. ``1d``:
+usage history with that half-life and ``max_gang_wait`` = the runtime limit),
+``<half-life>/<max_gang_wait>`` (e.g. ``7d/6h``; ``0/12h`` for the gang bound alone).
+
+**Figures** per configuration:
+- **cumulative GPU-hours** of each team at the end of each day, beside its **entitlement**:
+  the team's share over the shares of the teams that had demand so far (submitted a job by
+  then), times the GPU-hours all teams held so far;
+- **cumulative deviation** at the end of day d: among the teams that had demand by then, the
+  mean of ``|cum_i / sum_j cum_j - share_i / sum_j share_j|`` (``cum_i``: team i's GPU-hours
+  held from the start of the window to the end of day d, any worker of its jobs bound,
+  terminating victims included); ``final`` is the last day's, ``mean`` the mean over the days
+  on which more than one team had demand;
+- **gang waits**: a gang is a job of more than 1 GPU (what smaller work can overtake); its
+  wait is its first start minus its submission, or the end of the window minus its
+  submission for one that never started (a lower bound); the largest and the p99 (nearest
+  rank);
+- **preemptions** (victims that let go) and **utilization** (GPU-seconds held over capacity x
+  the window).
+
+**Goal** (issue 29), for each configuration with history against ``off``: final cumulative
+deviation at most half of ``off``'s; the largest gang wait at most twice the runtime limit;
+preemptions no more than ``off``'s and utilization no lower than ``off``'s less 0.01.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from extension.durations import format_duration  # noqa: E402
+from extension.sim.fairshare import FairShare, parse_span  # noqa: E402
+from extension.sim.metrics import percentile  # noqa: E402
+from extension.sim.policies import make_policy  # noqa: E402
+from extension.sim.replay import Replay  # noqa: E402
+from extension.sim.scenario import Scenario  # noqa: E402
+from extension.sim.segments import SegmentLog  # noqa: E402
+from extension.sim.timing import PRESETS  # noqa: E402
+from extension.sim.trace import TraceOptions, TraceRow, parse_nodes, trace_scenario  # noqa: E402
+
+TRACE = REPO.parent / "shared" / "data" / "traces" / "philly_vc_2017-10.csv"
+DAY = 86400.0
+TEAMS = ("6214e9", "ee9e8c", "6c71a0")  # the first one has the first day to itself
+GRACE, MIN_RUNTIME, CHECKPOINT = 30.0, 600.0, 600.0
+
+
+@dataclass(frozen=True)
+class Config:
+    label: str
+    policy: str  # wmla or gang-fifo
+    fair: FairShare
+
+
+def parse_configs(text: str, limit: float) -> list[Config]:
+    """``gang-fifo``, ``off``, ``1d`` (half-life, max_gang_wait = limit), ``7d/6h``
+    (half-life/max wait)."""
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if item == "gang-fifo":
+            out.append(Config("gang-fifo", "gang-fifo", FairShare()))
+            continue
+        if item == "off":
+            out.append(Config("off", "wmla", FairShare()))
+            continue
+        half, _, wait = item.partition("/")
+        half_s = parse_span(half, "half-life")
+        wait_s = parse_span(wait, "max_gang_wait") if wait else limit
+        label = f"hl {format_duration(half_s) or 0} / wait {format_duration(wait_s) or 0}"
+        out.append(Config(label, "wmla", FairShare(half_s, wait_s)))
+    return out
+
+
+# -- the workload ---------------------------------------------------------------------------
+def workload(start_day: int, days: int, teams: tuple[str, ...], limit: float) -> list[TraceRow]:
+    """The teams' jobs of the window, times from its start; the first team alone on day 0."""
+    lo = start_day * DAY
+    rows = []
+    with open(TRACE, newline="") as f:
+        for r in csv.DictReader(f):
+            at, team = float(r["submit_s"]) - lo, r["team"]
+            if team not in teams or not 0 <= at < days * DAY:
+                continue
+            if at < DAY and team != teams[0]:
+                continue  # the others are away on the first day
+            duration = min(float(r["duration_s"]), limit)
+            rows.append(TraceRow(r["job_id"], at, duration, int(r["gpus"]), team, "anonymous", ""))
+    return rows
+
+
+def scenario(rows: list[TraceRow], args: argparse.Namespace, config: Config) -> Scenario:
+    timing = PRESETS["service"]
+    if args.tick != timing.tick:
+        from dataclasses import replace
+
+        timing = replace(timing, tick=args.tick)
+    options = TraceOptions(GRACE, MIN_RUNTIME, CHECKPOINT, timing)
+    out = trace_scenario(rows, parse_nodes(args.nodes, None), None, options)
+    out.until = args.days * DAY
+    out.with_fair_share(config.fair)
+    return out
+
+
+# -- the figures ----------------------------------------------------------------------------
+def cumulative(log: SegmentLog, replay: Replay, teams: tuple[str, ...], days: int) -> list[dict]:
+    """GPU-hours each team held from the start to the end of each day."""
+    until = days * DAY
+    out = [dict.fromkeys(teams, 0.0) for _ in range(days)]
+    for seg in log.rows(replay.jobs.values()):
+        if seg.start is None:
+            continue
+        team, end = seg.job.team, until if seg.end is None else seg.end
+        for d in range(days):
+            upto = min(end, (d + 1) * DAY)
+            if upto > seg.start:
+                out[d][team] += seg.gpus * (upto - seg.start) / 3600.0
+    return out
+
+
+def daily(cum: list[dict], replay: Replay, teams: tuple[str, ...]) -> list[dict]:
+    """Per day: each team's GPU-hours and entitlement, and the cumulative deviation."""
+    first = {}
+    for job in replay.jobs.values():
+        first[job.team] = min(first.get(job.team, job.spec.at), job.spec.at)
+    out = []
+    for d, held in enumerate(cum):
+        wanting = [t for t in teams if t in first and first[t] < (d + 1) * DAY]
+        total = sum(held[t] for t in wanting)
+        share = 1.0 / len(wanting) if wanting else 0.0  # every team at share 1
+        parts = {t: (held[t] / total if total else 0.0) for t in wanting}
+        dev = sum(abs(parts[t] - share) for t in wanting) / len(wanting) if wanting else 0.0
+        out.append(
+            {
+                "day": d + 1,
+                "teams_with_demand": len(wanting),
+                "gpu_h": {t: round(held[t], 1) for t in teams},
+                "entitled_gpu_h": {t: round(share * total, 1) for t in wanting},
+                "deviation": round(dev, 4),
+            }
+        )
+    return out
+
+
+def gang_waits(replay: Replay, until: float) -> dict:
+    waits = []
+    for job in replay.jobs.values():
+        if job.gpu * job.core.min_workers <= 1 or job.state == "REJECTED":
+            continue
+        start = job.first_start if job.first_start is not None else until
+        waits.append(start - job.spec.at)
+    waits.sort()
+    return {
+        "gangs": len(waits),
+        "largest_s": round(waits[-1]) if waits else 0,
+        "p99_s": round(percentile(waits, 0.99)) if waits else 0,
+        "never_started": sum(
+            1
+            for j in replay.jobs.values()
+            if j.first_start is None and j.gpu * j.core.min_workers > 1 and j.state != "REJECTED"
+        ),
+    }
+
+
+def run_one(rows: list[TraceRow], args: argparse.Namespace, config: Config) -> dict:
+    sc = scenario(rows, args, config)
+    replay = Replay(sc, make_policy(config.policy))
+    log = replay.recorder.segments = SegmentLog()
+    t0 = time.perf_counter()
+    summary = replay.run().to_json()
+    wall = time.perf_counter() - t0
+    days = daily(cumulative(log, replay, args.teams, args.days), replay, args.teams)
+    contended = [d["deviation"] for d in days if d["teams_with_demand"] > 1]
+    return {
+        "policy": config.policy,
+        "fair_share_half_life_s": config.fair.half_life,
+        "max_gang_wait_s": config.fair.max_gang_wait,
+        "days": days,
+        "deviation": {
+            "final": days[-1]["deviation"],
+            "mean": round(sum(contended) / len(contended), 4) if contended else 0.0,
+        },
+        "gang_wait": gang_waits(replay, sc.until),
+        "preemptions": summary["preemptions"],
+        "utilization": summary["gpu_utilization"],
+        "jobs": summary["jobs"],
+        "wall_s": round(wall, 1),
+    }
+
+
+def goal(results: dict[str, dict], limit: float) -> dict:
+    """Each configuration with history against ``off`` (module docstring)."""
+    base = results.get("off")
+    out = {}
+    for label, r in results.items():
+        if base is None or r["policy"] != "wmla" or label == "off":
+            continue
+        checks = {
+            "deviation_at_most_half": r["deviation"]["final"] <= base["deviation"]["final"] / 2,
+            "gang_wait_within_2x_limit": r["gang_wait"]["largest_s"] <= 2 * limit,
+            "preemptions_no_more": r["preemptions"] <= base["preemptions"],
+            "utilization_within_0.01": (r["utilization"] or 0) >= (base["utilization"] or 0) - 0.01,
+        }
+        out[label] = {**checks, "met": all(checks.values())}
+    return out
+
+
+# -- output ---------------------------------------------------------------------------------
+def print_report(result: dict) -> None:
+    results, teams = result["configs"], result["input"]["teams"]
+    labels = list(results)
+    width = max(14, *(len(x) for x in labels))
+    print(" " * 34 + "".join(f"{x:>{width + 2}}" for x in labels))
+
+    def line(name: str, cell) -> None:
+        print(f"{name:<34}" + "".join(f"{cell(results[x]):>{width + 2}}" for x in labels))
+
+    line("cum. deviation, final day", lambda r: f"{r['deviation']['final']:.4f}")
+    line("cum. deviation, mean (contended)", lambda r: f"{r['deviation']['mean']:.4f}")
+    line("largest gang wait h", lambda r: f"{r['gang_wait']['largest_s'] / 3600:.1f}")
+    line("gang wait p99 h", lambda r: f"{r['gang_wait']['p99_s'] / 3600:.1f}")
+    line("gangs never started", lambda r: str(r["gang_wait"]["never_started"]))
+    line("preemptions", lambda r: str(r["preemptions"]))
+    line("utilization", lambda r: f"{r['utilization']:.4f}")
+    line("jobs finished", lambda r: str(r["jobs"]["finished"]))
+    line("simulation wall s", lambda r: f"{r['wall_s']:.1f}")
+    print("\ncumulative GPU-hours (entitlement) at the end of each day, and the deviation:")
+    for label in labels:
+        print(f"  {label}")
+        for d in results[label]["days"]:
+            cells = []
+            for t in teams:
+                ent = d["entitled_gpu_h"].get(t)
+                shown = f" ({ent:6.0f})" if ent is not None else " (  -   )"
+                cells.append(f"{t} {d['gpu_h'][t]:7.0f}{shown}")
+            print(f"    day {d['day']}: " + "  ".join(cells) + f"  dev {d['deviation']:.4f}")
+    print()
+    for label, g in result["goal"].items():
+        verdict = "MET" if g["met"] else "not met"
+        misses = [k for k, v in g.items() if k != "met" and not v]
+        print(f"goal, {label}: {verdict}" + (f" (missed: {', '.join(misses)})" if misses else ""))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--days", type=int, default=4)
+    parser.add_argument("--start-day", type=int, default=9, help="0 = Oct 1 (default Oct 10)")
+    parser.add_argument("--teams", default=",".join(TEAMS), help="the first is alone on day 1")
+    parser.add_argument("--nodes", default="8x8")
+    parser.add_argument("--limit", default="12h", help="runtime limit of every job")
+    parser.add_argument("--tick", type=float, default=5.0, help="the service's tick, s")
+    parser.add_argument("--configs", default="gang-fifo,off,1d,7d")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.days < 2:
+        parser.error("--days must be at least 2: one alone, then all contend")
+    args.teams = tuple(t.strip() for t in args.teams.split(","))
+    limit = parse_span(args.limit, "--limit")
+    rows = workload(args.start_day, args.days, args.teams, limit)
+    results = {}
+    for config in parse_configs(args.configs, limit):
+        print(f"running {config.label} ...", file=sys.stderr, flush=True)
+        r = results[config.label] = run_one(rows, args, config)
+        print(
+            f"  deviation {r['deviation']}, gang wait {r['gang_wait']}, preemptions "
+            f"{r['preemptions']}, utilization {r['utilization']}, {r['wall_s']} s",
+            file=sys.stderr,
+            flush=True,
+        )
+    result = {
+        "input": {
+            "trace": str(TRACE),
+            "start_day": args.start_day,
+            "days": args.days,
+            "teams": list(args.teams),
+            "jobs": {t: sum(1 for r in rows if r.team == t) for t in args.teams},
+            "nodes": args.nodes,
+            "runtime_limit_s": limit,
+            "tick_s": args.tick,
+            "grace_s": GRACE,
+            "min_runtime_s": MIN_RUNTIME,
+        },
+        "configs": results,
+    }
+    result["goal"] = goal(results, limit)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print_report(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
