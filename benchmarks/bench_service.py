@@ -34,8 +34,9 @@ logs of the loop): every submission resolves the user's files through that user'
 job is a launcher that enters its cgroup, drops to the account and runs a script that exits at
 once (``pass``; 0 GPUs, 250m cpu, 64Mi memory). Reported besides: jobs launched and finished
 per second end to end, the time to drain after the last answer, the CPU per job of the service
-and of everything else on the machine (the launchers and their workers), and the service's RSS
-at each tenth of the answers.
+and of the launchers and their workers (the node's launcher's own and its reaped children's,
+read from its /proc stat: exact where "all other processes of the machine" also counts whatever
+else the machine ran meanwhile), and the service's RSS at each tenth of the answers.
 
 Goals (issue 15): at least 500 submissions/s sustained with p99 under 200 ms, and a loop p99
 under 50 ms at that load. ``--profile py-spy`` samples the service with py-spy during the load

@@ -131,10 +131,11 @@ class _Server:
 
     def end(self, wait: float = 5.0) -> None:
         """Close its stdin (it ends by itself then; a hung one is killed) and reap it."""
-        self.running = False
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                pipe.close()
+        with self.lock:  # never while a pump reads: the descriptor's number could be reused
+            self.running = False
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                if pipe is not None:
+                    pipe.close()
         try:
             self.proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
