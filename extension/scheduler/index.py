@@ -13,6 +13,8 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Callable
+from itertools import chain
+from operator import attrgetter
 
 from . import messages
 from .model import Instance, Job
@@ -109,6 +111,8 @@ class NodeFigures:
         self.names = [n.name for n in inst.nodes]
         self.node_at = {name: i for i, name in enumerate(self.names)}
         self.capacity = [list(n.capacity) for n in inst.nodes]  # never written by a cycle
+        # every amount an int: rows that stay whole while running jobs' ints are held
+        self.integral = all(type(v) is int for row in self.capacity for v in row)
         self.total = tuple(inst.capacity)  # quota applied
         self.largest = [max((row[r] for row in self.capacity), default=0) for r in range(3)]
         self.machines = tuple(sum(row[r] for row in self.capacity) for r in range(3))
@@ -143,6 +147,11 @@ class PlanMark:
 
 def _path_of(plan: PlanNode) -> str:
     return plan.path
+
+
+# a plan's per-cycle figures, read in C by ``PlanIndex.mark``
+_alloc_of, _ratio_of = attrgetter("alloc"), attrgetter("ratio")
+_pending_of, _running_of = attrgetter("pending"), attrgetter("running")
 
 
 class PlanIndex:
@@ -244,10 +253,10 @@ class PlanIndex:
         plans = list(self.plans.values())
         mark = PlanMark()
         mark.plans = plans
-        mark.alloc = [v for p in plans for v in p.alloc]
-        mark.ratios = [p.ratio for p in plans]
-        mark.pending = [p.pending for p in plans]
-        mark.running = [p.running for p in plans]
+        mark.alloc = list(chain.from_iterable(map(_alloc_of, plans)))
+        mark.ratios = list(map(_ratio_of, plans))
+        mark.pending = list(map(_pending_of, plans))
+        mark.running = list(map(_running_of, plans))
         return mark
 
     def rewind(self, mark: PlanMark, intake_order: Callable[[Job], int]) -> None:

@@ -15,11 +15,15 @@ then committed whole or dropped (Volcano's Statement; docs/scheduling.md "Reclai
 
 from __future__ import annotations
 
+from collections import Counter
+from itertools import chain, repeat
+
 from .index import NodeFigures, PlanNode
 from .model import Job
 from .placement import FitIndex, fit_count, gang_room
 
 EPS = 1e-9
+_MANY = 8  # a running job of more workers than this is held per node, not per worker
 
 
 class Ledger:
@@ -37,11 +41,9 @@ class Ledger:
 
     def __init__(self, nodes: NodeFigures, free: list, incoming: list, pool: list) -> None:
         self.names = nodes.names
-        self.free, self.incoming, self.pool = free, incoming, pool  # rows kept by PlanIndex
-        for row, cap in zip(free, nodes.capacity):
-            row[:] = cap
-        for row in incoming:
-            row[:] = (0, 0, 0)
+        self.free, self.incoming, self.pool = free, incoming, pool  # kept by PlanIndex
+        free[:] = map(list, nodes.capacity)  # fresh rows in the kept lists: one C-level pass
+        incoming[:] = map(list, repeat((0, 0, 0), len(incoming)))
         self.total_free = [0, 0, 0]
         self.total_incoming = [0, 0, 0]
         self.promised: dict[str, list[float]] = {}  # plan path -> alloc change promised
@@ -56,9 +58,16 @@ class Ledger:
         are charged to their leaf (to the ancestors in the demand phase); then the totals,
         cut down by the quota, which can be below the machines."""
         free, incoming, node_at = self.free, self.incoming, nodes.node_at
+        whole = nodes.integral  # every row whole numbers so far: a node's workers at once
         for job, leaf in zip(running, leaves):  # the hot loop: locals, one lookup per question
             w0, w1, w2 = job.per_worker
-            for name in job.placement:
+            placement = job.placement
+            if whole and not (type(w0) is int and type(w1) is int and type(w2) is int):
+                whole = False  # from here on node by node, as rows may hold fractions
+            if whole and len(placement) > _MANY:
+                self._hold_grouped(job, node_at)
+                placement = ()
+            for name in placement:
                 i = node_at.get(name)
                 if i is None:
                     continue
@@ -81,11 +90,30 @@ class Ledger:
             used = nodes.machines[r] - total[r]
             total[r] = min(total[r], nodes.total[r] - used)
 
+    def _hold_grouped(self, job: Job, node_at: dict[str, int]) -> None:
+        """``hold`` for a job of many workers (an aggregated group in the simulator): per node
+        its workers at once, exact as every amount and row is a whole number (an int)."""
+        w0, w1, w2 = job.per_worker
+        free, incoming, terminating = self.free, self.incoming, job.terminating
+        for name, k in Counter(job.placement).items():
+            i = node_at.get(name)
+            if i is None:
+                continue
+            row = free[i]
+            row[0] -= w0 * k
+            row[1] -= w1 * k
+            row[2] -= w2 * k
+            if terminating:
+                inc = incoming[i]
+                inc[0] += w0 * k
+                inc[1] += w1 * k
+                inc[2] += w2 * k
+
     def mark(self) -> tuple[list, list, list, list]:
         """The rows and totals as ``hold`` left them, for ``rewind`` (Reclaim 6's reruns):
         flat lists of numbers, three per node."""
-        free = [v for row in self.free for v in row]
-        incoming = [v for row in self.incoming for v in row]
+        free = list(chain.from_iterable(self.free))
+        incoming = list(chain.from_iterable(self.incoming))
         return free, incoming, self.total_free[:], self.total_incoming[:]
 
     def rewind(self, mark: tuple[list, list, list, list]) -> None:

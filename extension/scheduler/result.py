@@ -36,6 +36,8 @@ def result(state: CycleState, explain: bool = True) -> CycleResult:
 
 
 def _waiting(state: CycleState, waiting: dict[str, str]) -> None:
+    """Every job left in a bucket waits for capacity (one reason per shape, in the order the
+    shapes first come bottom-up), then the reasons the cycle gave single jobs."""
     by_shape: dict[tuple, list[str]] = {}
     for plan in state.bottom_up:
         if not plan.buckets:
