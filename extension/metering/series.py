@@ -60,15 +60,44 @@ OPENED = 64  # chunks kept open for reading (about 7 KB each)
 Points = tuple[list[int], list[Vec], list[Vec]]  # times, values, integrals up to each time
 
 
+class _Blocks:
+    """Where sealed chunks' bytes are written: one after the other into blocks of ``BLOCK``
+    bytes, each freed when no chunk refers to it any more. One long-lived allocation per block
+    instead of one per chunk: chunks of a kilobyte or two, each made among the loop's passing
+    allocations, would leave the C heap's pages around them partly used, so never given back."""
+
+    def __init__(self) -> None:
+        self.block = bytearray(BLOCK)
+        self.fill = 0
+
+    def put(self, data: bytes) -> tuple[bytearray, int]:
+        """Write ``data``; the block that holds it and where."""
+        if self.fill + len(data) > len(self.block):
+            self.block, self.fill = bytearray(max(BLOCK, len(data))), 0
+        at = self.fill
+        self.block[at : at + len(data)] = data
+        self.fill += len(data)
+        return self.block, at
+
+
+BLOCK = 256 * 1024
+_BLOCKS = _Blocks()
+
+
 class _Chunk:
     """``n`` full-resolution points, sealed (the first one's time is also the series'
     ``firsts`` entry): the integral up to the first, then the times, values and integrals from
     the first as int64 columns, compressed."""
 
-    __slots__ = ("n", "data")
+    __slots__ = ("n", "block", "at", "size")
 
     def __init__(self, n: int, data: bytes) -> None:
-        self.n, self.data = n, data
+        self.n, self.size = n, len(data)
+        self.block, self.at = _BLOCKS.put(data)
+
+    @property
+    def data(self) -> memoryview:
+        return memoryview(self.block)[self.at : self.at + self.size]
 
     @classmethod
     def of(cls, times: list[int], values: list[Vec], cum0: Vec) -> _Chunk | None:
