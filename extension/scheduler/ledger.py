@@ -16,7 +16,7 @@ then committed whole or dropped (Volcano's Statement; docs/scheduling.md "Reclai
 from __future__ import annotations
 
 from collections import Counter
-from itertools import chain, repeat
+from itertools import chain
 
 from .index import NodeFigures, PlanNode
 from .model import Job
@@ -41,9 +41,11 @@ class Ledger:
 
     def __init__(self, nodes: NodeFigures, free: list, incoming: list, pool: list) -> None:
         self.names = nodes.names
-        self.free, self.incoming, self.pool = free, incoming, pool  # kept by PlanIndex
-        free[:] = map(list, nodes.capacity)  # fresh rows in the kept lists: one C-level pass
-        incoming[:] = map(list, repeat((0, 0, 0), len(incoming)))
+        self.free, self.incoming, self.pool = free, incoming, pool  # rows kept by PlanIndex
+        for row, cap in zip(free, nodes.capacity):
+            row[:] = cap
+        for row in incoming:
+            row[:] = (0, 0, 0)
         self.total_free = [0, 0, 0]
         self.total_incoming = [0, 0, 0]
         self.promised: dict[str, list[float]] = {}  # plan path -> alloc change promised

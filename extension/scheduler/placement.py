@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from itertools import repeat
+from itertools import compress, repeat
 from operator import floordiv
 
 INF = float("inf")
@@ -104,8 +104,9 @@ def fits_per_node(free: Sequence[Sequence[float]], worker: Sequence[float]) -> l
             return [_fit(row, *worker) if _holds_one(row, worker) else 0 for row in free]
     if not asked:
         return [INF] * len(free)
-    ks = list(asked[0]) if len(asked) == 1 else list(map(min, *asked))
-    return [k if k >= 1 else 0 for k in ks]
+    ks = asked[0] if len(asked) == 1 else map(min, *asked)
+    # a floor division below 1 holds no worker: max(k, 0) is k or a zero (k is whole)
+    return list(map(max, ks, repeat(0)))
 
 
 def _holds_one(row: Sequence[float], worker: Sequence[float]) -> bool:
@@ -134,10 +135,10 @@ class FitIndex:
         self.free, self.names = free, names
         self.w0, self.w1, self.w2 = worker
         ks = fits_per_node(free, worker)
-        self.fit: dict[int, float] = {i: k for i, k in enumerate(ks) if k}
-        order = [(k, names[i], i) for i, k in self.fit.items()]
-        order.sort()
-        self.order = order
+        held = list(compress(range(len(ks)), ks))  # the nodes that hold one (k not zero)
+        ks = list(compress(ks, ks))
+        self.fit: dict[int, float] = dict(zip(held, ks))
+        self.order = sorted(zip(ks, map(names.__getitem__, held), held))
 
     def _fit_of(self, row: Sequence[float]) -> float:
         w0, w1, w2 = self.w0, self.w1, self.w2
