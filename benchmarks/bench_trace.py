@@ -37,6 +37,7 @@ from extension.sim.trace import load_trace_scenario  # noqa: E402
 
 TRACE = Path("/work/shared/data/traces/philly_vc_2017-10.csv")
 GOAL_S = 60.0
+GOAL_WMLA_S = 10.0  # the month with wmla, issue 31 (on this machine, quiet)
 
 
 def measure(scenario, label: str, policy, interval: float = 0.0) -> dict:
@@ -93,6 +94,8 @@ def main() -> int:
         "goal_s": GOAL_S,
         "aggregated_equals_full": same,
         "wmla_under_goal": wmla["wall_s"] < GOAL_S,
+        "goal_wmla_s": GOAL_WMLA_S,
+        "wmla_under_goal_wmla_s": wmla["wall_s"] < GOAL_WMLA_S,
     }
     if args.json:
         print(json.dumps(result, indent=1))
@@ -112,8 +115,10 @@ def main() -> int:
         )
     print(f"aggregated and full snapshots start and end every job at the same second: {same}")
     verdict = "under" if result["wmla_under_goal"] else "OVER"
+    verdict += "; under" if result["wmla_under_goal_wmla_s"] else "; OVER"
     print(
-        f"wmla replay: {wmla['wall_s']:.1f} s wall ({verdict} the {GOAL_S:.0f} s goal), "
+        f"wmla replay: {wmla['wall_s']:.1f} s wall ({verdict} the {GOAL_S:.0f} s and"
+        f" {GOAL_WMLA_S:.0f} s goals), "
         f"{result['wmla_over_gang_fifo_wall']}x the gang-fifo baseline on the same input"
     )
     return 0
