@@ -5,6 +5,8 @@ worker size, shown to the core as one running job holding all their workers (``W
 
 from __future__ import annotations
 
+from itertools import chain, repeat
+
 from extension.scheduler import Job, JobState, Resources
 
 
@@ -36,7 +38,8 @@ class RunningGroup:
 
     def job(self) -> Job:
         if self._job is None:
-            placement = tuple(n for n in sorted(self.counts) for _ in range(self.counts[n]))
+            counts = self.counts  # each node's name once per worker there, in name order
+            placement = tuple(chain.from_iterable(repeat(n, counts[n]) for n in sorted(counts)))
             self._job = Job(
                 id=self.id,
                 user=self.user,
