@@ -23,7 +23,9 @@ Measured, in the same run:
   hands its ``cycle_hooks``) p50/p99/max and the share of the load's time the loop was busy,
   and the event loop's lag (a 10 ms timer's lateness: what held the loop, cycles or handlers);
 - CPU seconds of the service, the hub, the proxy and the benchmark's own clients over the load,
-  and the service's RSS (peak during the load);
+  and the service's RSS: peak during the load, and when each tenth of the answers had come
+  (``rss_mib_by_tenth``; ``rss_growth_after_first_tenth_mib``: the most it grew past the first
+  tenth, under 10 MiB at 100,000 jobs is issue 31's goal);
 - lost and duplicated jobs: the ids answered 201 against ``GET /jobs`` (all jobs, as a plan
   admin) at the end; must both be 0 (the exit status is 1 otherwise), and every job FINISHED.
 
