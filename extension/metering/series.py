@@ -30,6 +30,7 @@ chunks after it first; a read opens the chunk it needs (the last ``OPENED`` are 
 
 from __future__ import annotations
 
+import threading
 import zlib
 from array import array
 from bisect import bisect_left, bisect_right
@@ -69,15 +70,17 @@ class _Blocks:
     def __init__(self) -> None:
         self.block = bytearray(BLOCK)
         self.fill = 0
+        self.lock = threading.Lock()  # ledgers of other threads (tests, tools) share it
 
     def put(self, data: bytes) -> tuple[bytearray, int]:
         """Write ``data``; the block that holds it and where."""
-        if self.fill + len(data) > len(self.block):
-            self.block, self.fill = bytearray(max(BLOCK, len(data))), 0
-        at = self.fill
-        self.block[at : at + len(data)] = data
-        self.fill += len(data)
-        return self.block, at
+        with self.lock:
+            if self.fill + len(data) > len(self.block):
+                self.block, self.fill = bytearray(max(BLOCK, len(data))), 0
+            at = self.fill
+            self.block[at : at + len(data)] = data
+            self.fill += len(data)
+            return self.block, at
 
 
 BLOCK = 256 * 1024
