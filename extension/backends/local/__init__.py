@@ -1,13 +1,14 @@
 """The local backend: a job's workers as OS processes on this machine, gang-launched for DDP.
 
-One worker per entry of the placement (rank i on node ``placement[i]``; a node may be one of
-the virtual nodes a layout such as ``4x8`` cuts the machine into). Every worker is started by
-``worker_launcher.py`` as the leader of its own session, with the torch.distributed variables and
-exactly the devices it was given, in the job's directory, its output in
-``<workdir>/logs/worker-<rank>.log``. When the service runs as root, nothing of the job (its
-directory, log, environment) is touched by a root process: the job directory is made and read by
-a helper running as the user's account (``userfs.UserFiles``), and the launcher's child drops to
-the account before it opens the log and executes the command (docs/security.md).
+One worker per entry of the placement (rank i on node ``placement[i]``; a node may be one of the
+virtual nodes a layout such as ``4x8`` cuts the machine into). Every worker is started by a
+launcher (``worker_launcher.py``, forked by the node's launcher) that leads its own session,
+with the torch.distributed variables and exactly the devices it was given, in the job's
+directory, its output in ``<workdir>/logs/worker-<rank>.log``. When the service runs as root,
+nothing of the job (its directory, log, environment) is touched by a root process: the job
+directory is made and read by a helper running as the user's account (``userfs.UserFiles``), and
+the launcher's child drops to the account before it opens the log and executes the command
+(docs/security.md).
 
 The gang lives and dies whole. A worker that exits non-zero makes the backend stop the others
 (SIGTERM, ``failure_grace``, SIGKILL) and report ``failed`` with that exit code and the tail of
@@ -37,6 +38,8 @@ Backend protocol's calls to them:
 - ``confining``    ``WorkerCgroups``: each worker's cgroup, made with its grant
 - ``holds``        ``DeviceHolds``: devices held for notebook servers, on record
 - ``launching``    ``Launcher``: prepare a start as the user, start one launcher per worker
+- ``node_launcher`` ``NodeLauncher``: the node's launcher, which forks every worker's launcher
+- ``offload``      ``Offload``: the threads of the starts' and the ends' blocking calls
 - ``supervision``  ``Supervisor``: watch the workers; fail, finish or stop a gang whole
 - ``recovery``     ``Recovery``: re-adopt the workers after a service restart
 - ``events``       ``Emitter``: the backend's events, ``EventKind`` only
