@@ -1,9 +1,12 @@
 """The tiny parent of every local worker: drops to the user, runs the command, records the end.
 
-The backend starts ``python -I worker_launcher.py SPEC`` as the leader of a new session (its own
-process group), with a fixed minimal environment and ``/`` as its working directory. ``SPEC``
-is a JSON file in the backend's private state directory (read, then removed: it holds the job's
-``env``)::
+The backend starts ``python -I worker_launcher.py --serve`` once, the node's launcher
+(``NodeServer``; ``node_launcher.py`` is its client), with a fixed minimal environment and ``/``
+as its working directory. For each worker it forks a launcher that makes itself what
+``python -I worker_launcher.py SPEC`` started by the backend as the leader of a new session was
+(``_monitor``: its own session, ``/``, that environment, /dev/null on 0-2, no other
+descriptor) and runs ``run_worker`` with the spec the node's launcher read on its stdin (the
+``SPEC`` file form remains: a JSON file, read, then removed, as it holds the job's ``env``)::
 
     {"argv": [...], "env": {...}, "cwd": "<job dir>", "log": "<job dir>/logs/worker-0.log",
      "header": "==== wmla: ...", "exit_file": "...", "uid": 1001, "gid": 1001, "groups": [...]}
