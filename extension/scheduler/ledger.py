@@ -23,7 +23,7 @@ from .model import Job
 from .placement import FitIndex, fit_count, gang_room
 
 EPS = 1e-9
-_MANY = 8  # a running job of more workers than this is held per node, not per worker
+_MANY = 32  # a running job of more workers than this is held per node, not per worker
 
 
 class Ledger:

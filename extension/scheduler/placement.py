@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from itertools import compress, repeat
-from operator import floordiv
 
 INF = float("inf")
 
@@ -84,33 +82,13 @@ def place_gang(
 
 def gang_room(free: Sequence[Sequence[float]], worker: Sequence[float], count: int) -> float:
     """How many of a gang's ``count`` workers fit at once (place_gang succeeds iff >= count)."""
-    # every term is a whole number (a floor division, or ``count``): the sum is exact
-    return sum(map(min, repeat(count), filter(None, fits_per_node(free, worker))), 0.0)
-
-
-def fits_per_node(free: Sequence[Sequence[float]], worker: Sequence[float]) -> list[float]:
-    """Per node, how many workers of this size its row holds, 0 where it holds none (a row
-    below the worker in any resource, even one it does not ask for): ``_fit`` on every node
-    whose row holds one worker, by columns with C-level maps instead of a Python loop per
-    node (the first smallest of the asked resources, as ``_fit`` picks it)."""
-    columns = list(zip(*free))
-    if not columns:
-        return []
-    asked = []
-    for column, w in zip(columns, worker):
-        if w > 0:
-            asked.append(map(floordiv, column, repeat(w)))
-        elif min(column) < w:  # a row below a worker that asks nothing of it: node by node
-            return [_fit(row, *worker) if _holds_one(row, worker) else 0 for row in free]
-    if not asked:
-        return [INF] * len(free)
-    ks = asked[0] if len(asked) == 1 else map(min, *asked)
-    # a floor division below 1 holds no worker: max(k, 0) is k or a zero (k is whole)
-    return list(map(max, ks, repeat(0)))
-
-
-def _holds_one(row: Sequence[float], worker: Sequence[float]) -> bool:
-    return row[0] >= worker[0] and row[1] >= worker[1] and row[2] >= worker[2]
+    w0, w1, w2 = worker
+    room = 0.0
+    for row in free:
+        if row[0] >= w0 and row[1] >= w1 and row[2] >= w2:
+            k = _fit(row, w0, w1, w2)
+            room += k if k < count else count
+    return room
 
 
 def max_workers_on(capacity: Sequence[Sequence[float]], worker: Sequence[float]) -> float:
@@ -134,11 +112,15 @@ class FitIndex:
     ) -> None:
         self.free, self.names = free, names
         self.w0, self.w1, self.w2 = worker
-        ks = fits_per_node(free, worker)
-        held = list(compress(range(len(ks)), ks))  # the nodes that hold one (k not zero)
-        ks = list(compress(ks, ks))
-        self.fit: dict[int, float] = dict(zip(held, ks))
-        self.order = sorted(zip(ks, map(names.__getitem__, held), held))
+        self.fit: dict[int, float] = {}
+        order = []
+        for i, row in enumerate(free):
+            k = self._fit_of(row)
+            if k >= 1:
+                self.fit[i] = k
+                order.append((k, names[i], i))
+        order.sort()
+        self.order = order
 
     def _fit_of(self, row: Sequence[float]) -> float:
         w0, w1, w2 = self.w0, self.w1, self.w2
