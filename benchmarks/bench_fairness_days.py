@@ -2,7 +2,7 @@
 with usage history off and on, beside gang-FIFO in the same run.
 
     .venv/bin/python benchmarks/bench_fairness_days.py [--days 4] [--json]
-        [--configs off,1d,7d] [--nodes 8x8] [--limit 12h] [--tick 5]
+        [--configs gang-fifo,off,1d,7d] [--nodes 16x8] [--limit 12h] [--tick 5]
 
 **Workload.** Philly October 2017 (``shared/data/traces/philly_vc_2017-10.csv``), the jobs
 submitted from Oct 10 00:00 (``--start-day 9``) for ``--days`` days by three virtual clusters,
@@ -12,9 +12,10 @@ goes: on the first day only the first team (``6214e9``) submits (the others' job
 are left out), so it has the cluster to itself; from the second day on all three contend.
 Each job runs its trace duration cut at the runtime limit (``--limit``, 12 h: the one limit in
 play, as if every job had it; a job past it is stopped there). A job of up to 8 GPUs is one
-worker, a larger one a gang of 8-GPU workers (``wmla simulate --trace``'s rule), on 8 nodes of
-8 GPUs (``--nodes``). The replay stops at the end of the window (jobs still pending then are
-counted as waiting until then).
+worker, a larger one a gang of 8-GPU workers (``wmla simulate --trace``'s rule), on 16 nodes
+of 8 GPUs (``--nodes``; 8x8 is three times oversubscribed on the contended days). The
+replay stops at the end of the window (jobs still pending then are counted as waiting until
+then).
 
 **Timing.** The simulator's service model (``PRESETS["service"]``: a cycle on every submission
 and backend event and every ``--tick`` seconds, the backend's delays, victims leave after their
@@ -333,7 +334,7 @@ def main() -> int:
     parser.add_argument("--days", type=int, default=4)
     parser.add_argument("--start-day", type=int, default=9, help="0 = Oct 1 (default Oct 10)")
     parser.add_argument("--teams", default=",".join(TEAMS), help="the first is alone on day 1")
-    parser.add_argument("--nodes", default="8x8")
+    parser.add_argument("--nodes", default="16x8")
     parser.add_argument("--limit", default="12h", help="runtime limit of every job")
     parser.add_argument("--tick", type=float, default=5.0, help="the service's tick, s")
     parser.add_argument("--configs", default="gang-fifo,off,1d,7d")
