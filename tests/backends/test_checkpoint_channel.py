@@ -238,7 +238,9 @@ async def test_another_accounts_worker_reaches_no_channel_nor_the_relayed_file(l
                 out[name] = type(err).__name__
         from extension import runtime
         out["own"] = runtime.report_checkpoint(progress=3)
-        open(os.path.join(runtime.job_dir(), "probe.json"), "w").write(json.dumps(out))
+        done = os.path.join(runtime.job_dir(), "probe.json")  # whole once it is there
+        open(done + ".tmp", "w").write(json.dumps(out))
+        os.replace(done + ".tmp", done)
         import time; time.sleep(60)
         """
     )
