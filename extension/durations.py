@@ -95,6 +95,19 @@ def parse_optional_duration(value: Any, field: str) -> float | None:
     return None if value is None else parse_duration(value, field)
 
 
+def parse_duration_or_off(value: Any, field: str) -> float:
+    """``parse_duration`` for a knob that 0 turns off (``0``, ``"0"``, ``"0s"``: 0.0); the
+    error says so too."""
+    if isinstance(value, str) and value.strip() in ("0", "0s", "0.0"):
+        return 0.0
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+        return 0.0
+    try:
+        return parse_duration(value, field)
+    except DurationError as problem:
+        raise DurationError(f"{problem} (0: off)") from None
+
+
 def format_duration(seconds: float) -> str:
     """``5400`` -> ``1h30m``, ``86400`` -> ``1d``, ``2.5`` -> ``2.5s``, ``90061`` ->
     ``1d1h1m1s``: what ``parse_duration`` reads back to the same seconds (to the millisecond)."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from traitlets import TraitError
 
-from extension.durations import DurationError, parse_duration
+from extension.durations import DurationError, parse_duration_or_off
 from extension.scheduler import Job, JobState
 from extension.scheduler.history import (
     PlanStanding,
@@ -120,12 +120,10 @@ def subtree_of(plans: PlanTree, usage: Mapping[str, float]) -> dict[str, float]:
 def seconds_or_off(value: object, name: str) -> float:
     """A knob in seconds or a duration ("7d"); 0 (or "0") turns it off. Raises TraitError
     naming the knob and what to write."""
-    if value in (0, 0.0, "0", ""):
-        return 0.0
     try:
-        return parse_duration(value, name)
+        return parse_duration_or_off(value, name)
     except DurationError as err:
-        raise TraitError(f"{err}; or 0 to turn it off") from None
+        raise TraitError(str(err)) from None
 
 
 def usage_weights(value: Mapping, name: str) -> UsageWeights:

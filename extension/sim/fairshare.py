@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from extension.durations import DurationError, parse_duration
+from extension.durations import DurationError, parse_duration_or_off
 from extension.scheduler import Job, SchedulerConfig
 from extension.scheduler.history import UsageHistory
 
@@ -53,14 +53,10 @@ def parse_span(value: Any, option: str) -> float:
     """Seconds from ``0`` (off), a number of seconds or a duration (``7d``, ``12h``,
     ``1h30m``: ``extension.durations``); anything else is a ``FairShareError`` naming
     ``option``."""
-    if isinstance(value, str) and value.strip() in ("0", "0s", "0.0"):
-        return 0.0
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
-        return 0.0
     try:
-        return parse_duration(value, option)
+        return parse_duration_or_off(value, option)
     except DurationError as problem:
-        raise FairShareError(f"{problem} (0: off)") from None
+        raise FairShareError(str(problem)) from None
 
 
 class LeafUsage:

@@ -139,3 +139,36 @@ async def test_a_starved_gangs_start_is_stored_and_no_reclaim_stops_it(tmp_path:
     finally:
         await rig.sched.stop()
         rig.store.close()
+
+
+@pytest.mark.parametrize(
+    ("trait", "value", "words"),
+    [
+        ("fair_share_half_life", "a week", "is not a duration"),
+        ("fair_share_half_life", -5, "not a positive number of seconds"),
+        ("max_gang_wait", "400d", "too long"),
+        ("usage_reset_period", "1h30", "is not a duration"),
+        ("fair_share_weights", {"gpus": 1}, "unknown resource 'gpus'; use gpu, cpu or memory"),
+        ("fair_share_weights", {"gpu": -1}, "must be a finite number >= 0"),
+        ("fair_share_weights", {"gpu": 0}, "all 0"),
+    ],
+)
+def test_bad_fair_share_knobs_are_refused_naming_the_knob(trait, value, words) -> None:
+    from traitlets import TraitError
+
+    from extension.service.app import WmlaService
+
+    app = WmlaService()
+    with pytest.raises(TraitError) as err:
+        setattr(app, trait, value)
+    assert words in str(err.value) and f"c.WmlaService.{trait}" in str(err.value)
+    assert app.fair_share_half_life == 0.0  # the default stands
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("7d", 7 * DAY), (3600, 3600.0), ("0", 0.0)])
+def test_fair_share_knobs_take_durations(value, seconds) -> None:
+    from extension.service.app import WmlaService
+
+    app = WmlaService()
+    app.fair_share_half_life = value
+    assert app.fair_share_half_life == seconds
