@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import time
 
 import psutil
 
@@ -76,3 +78,22 @@ async def test_the_node_launcher_ends_with_its_backend_and_the_workers_are_reado
     (local_rig.workdir("kept") / "control-0").write_text("0")
     await local_rig.events.wait("kept", "finished")
     assert second.node.pid is None  # nothing started yet: no interpreter for nothing
+
+
+async def test_a_gangs_workers_are_answered_at_once_one_after_the_other(local_rig) -> None:
+    """The node's launcher's answer for the second worker, taken in by the pump just before
+    the wait, is seen at once: before, the start waited for the next message (the first
+    launcher's end, or the 10 s deadline and a new node's launcher)."""
+    backend = local_rig.backend()
+    for n in range(4):
+        job = f"pair-{n}"
+        sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+        spec = local_rig.spec(job, command=sleeper, gpus=0)
+        began = time.monotonic()
+        await backend.start(spec, ("local", "local"))
+        await local_rig.events.wait(job, "running")
+        assert time.monotonic() - began < 3.0
+        assert len(backend.worker_cgroups(job)) == 2
+        await backend.stop(job, grace=1, reason="done")
+        await local_rig.events.wait(job, "released")
+    assert backend.node.started == 1

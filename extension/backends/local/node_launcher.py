@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from .records import alive
 
@@ -110,12 +111,18 @@ class _Server:
             except OSError:
                 self.running = False
             self._wait(select.POLLOUT, deadline)
-        while self.asked not in self.answers:
-            self._wait(0, deadline)
+        answered = lambda: self.asked in self.answers  # noqa: E731
+        while not answered():
+            self._wait(0, deadline, answered)
         return self.answers.pop(self.asked)
 
-    def _wait(self, event: int, deadline: float) -> None:
+    def _wait(self, event: int, deadline: float, done: Callable[[], bool] = lambda: False) -> None:
+        """Wait for ``event`` on its stdin (or for anything it says); returns at once when
+        what it said meanwhile is ``done``: an answer the pump took in before the poll would
+        wait for the next message, which may be a launcher's end seconds later."""
         self.pump()
+        if done():
+            return
         if not self.running:
             raise LauncherGone("the node's launcher ended")
         poller = select.poll()
