@@ -32,6 +32,7 @@ from traitlets import (
 )
 from traitlets import Callable as CallableTrait
 
+from extension.backends.local.worker_launcher import reset_signals
 from extension.confine import DEFAULT_GPU_TEMPLATE, DEFAULT_PIDS, check_template, enter
 from extension.userfs.accounts import Account, AccountError, create_account, find_account, is_root
 from extension.userfs.errors import UserFileError
@@ -331,6 +332,7 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         cgroup = self._wmla_cgroup.enter_files() if self._wmla_cgroup is not None else ()
 
         def preexec() -> None:  # runs in the child between fork and exec
+            reset_signals()  # none the hub inherited ignored reaches the server
             if cgroup:  # as root, before the user's code: no window outside the grant
                 enter(cgroup)
             if become is not None:

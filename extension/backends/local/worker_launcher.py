@@ -50,6 +50,7 @@ Standard library only; run with ``-I`` so nothing from any environment is import
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -127,20 +128,51 @@ def enter_cgroup(spec: dict) -> None:
             os.close(fd)
 
 
-def _clean_signals() -> None:
-    """What the worker starts with, as a shell's child would: no signal blocked (whatever the
-    thread that started its launcher had blocked) and none ignored (Python ignores SIGPIPE and
-    SIGXFSZ, as ``Popen(restore_signals=True)`` undoes for its children); the handlers caught
-    here return to their defaults at the exec by themselves."""
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(sig, signal.SIG_DFL)
+def reset_signals() -> None:
+    """What a process starts with, as a shell's child would: no signal blocked (whatever the
+    thread that forked it had blocked) and none ignored. An ignored disposition survives exec, so
+    whatever the service's own parent ignored would reach the user's code: Python ignores SIGPIPE
+    and SIGXFSZ (``Popen(restore_signals=True)`` undoes only those), and a supervisor may leave
+    any other ignored, glibc's own 32 and 33 included, which its ``sigaction`` refuses to touch:
+    those are reset with the raw system call. Handlers caught here return to their defaults at
+    the exec by themselves."""
+    for sig in _ignored_signals():
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            _raw_default(sig)
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
+
+
+def _ignored_signals() -> list[int]:
+    with open("/proc/self/status", "rb") as status:
+        for line in status:
+            if line.startswith(b"SigIgn:"):
+                mask = int(line.split()[1], 16)
+                return [bit + 1 for bit in range(64) if mask >> bit & 1]
+    return [signal.SIGPIPE, signal.SIGXFSZ]
+
+
+# rt_sigaction's number per machine; the C library is opened at import, never in a forked child
+_RT_SIGACTION = {"x86_64": 13, "aarch64": 134, "ppc64le": 173, "s390x": 174}.get(os.uname().machine)
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def _raw_default(sig: int) -> None:
+    """rt_sigaction(sig, SIG_DFL) past glibc: an all-zero kernel sigaction is SIG_DFL, no flags
+    and an empty mask on every architecture's layout."""
+    if _RT_SIGACTION is None:
+        return
+    action = ctypes.create_string_buffer(64)
+    if _LIBC.syscall(_RT_SIGACTION, sig, action, None, 8) != 0:
+        raise OSError(ctypes.get_errno(), f"cannot reset signal {sig}")
 
 
 def _child(spec: dict, report: int, channel: socket.socket | None) -> None:
     """In the forked child: enter the cgroup, drop, then enter the job's world and exec.
     Never returns."""
     try:
+        reset_signals()
         enter_cgroup(spec)
         if spec.get("uid") is not None:
             drop_privileges(int(spec["uid"]), int(spec["gid"]), [int(g) for g in spec["groups"]])
@@ -158,7 +190,6 @@ def _child(spec: dict, report: int, channel: socket.socket | None) -> None:
         if channel is not None:
             os.set_inheritable(channel.fileno(), True)
             env["WMLA_REPORT_FD"] = str(channel.fileno())
-        _clean_signals()
         try:
             os.execvpe(argv[0], argv, env)
         except OSError as err:
