@@ -184,6 +184,7 @@ def test_plotly_is_served_from_the_installed_package(hub: Hub) -> None:
     assert r.status_code == 200
     scripts = re.findall(r'<script src="([^"]+)"', r.text)
     assert scripts == ["/services/wmla/admin/static/plotly/plotly.min.js",
+                       "/services/wmla/admin/static/charts.js",
                        "/services/wmla/admin/static/admin.js"]  # fmt: skip
     assert "cdn" not in r.text.lower() and "<script>" not in r.text  # no inline script
     js = s.get(f"{hub.url}{scripts[0]}", timeout=60)

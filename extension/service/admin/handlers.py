@@ -430,6 +430,6 @@ def admin_routes(prefix: str) -> list[tuple]:
         (admin + r"/shares", SharesPage),
         (admin + r"/static/plotly/(plotly\.min\.js)", web.StaticFileHandler,
          {"path": str(plotly_dir())}),
-        (admin + r"/static/(admin\.(?:css|js)|shares\.js)", web.StaticFileHandler,
+        (admin + r"/static/(admin\.(?:css|js)|shares\.js|charts\.js)", web.StaticFileHandler,
          {"path": str(STATIC)}),
     ]  # fmt: skip

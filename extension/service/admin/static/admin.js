@@ -1,6 +1,5 @@
 // wmla admin page, usage charts: requested vs used GPU and CPU over time for one plan.
-// Data come from the metering API (api/v1/usage) with the user's hub login (cookie) and the
-// page's _xsrf value in a header, as the hub requires for script requests; when metering is not
+// Data come from the metering API (api/v1/usage) through charts.js; when metering is not
 // loaded, from the plans API's current figures (one point: now). plotly.js is served by the
 // service from the installed plotly package.
 "use strict";
@@ -8,23 +7,11 @@
 (function () {
   const box = document.getElementById("usage");
   if (!box) return;
-  const api = box.dataset.api;
+  const charts = window.wmlaCharts;
   const plan = box.dataset.plan;
   const status = document.getElementById("usage-status");
   const windows = { "1h": 3600, "6h": 6 * 3600, "1d": 86400, "7d": 7 * 86400 };
   const seconds = windows[box.dataset.window] || 6 * 3600;
-
-  function get(path) {
-    return fetch(api + path, {
-      credentials: "same-origin",
-      headers: { "X-XSRFToken": box.dataset.xsrf, Accept: "application/json" },
-    }).then((r) =>
-      r.json().then((body) => {
-        if (!r.ok) throw new Error(body.error || r.statusText);
-        return body;
-      })
-    );
-  }
 
   function draw(id, title, unit, t, requested, used, scale) {
     const x = t.map((s) => new Date(s * 1000));
@@ -34,11 +21,7 @@
       { x: x, y: used.map((v) => v * scale), name: "used", mode: "lines", fill: "tozeroy",
         line: { shape: "hv", color: "#3d7cc9" } },
     ];
-    const layout = {
-      title: { text: title }, margin: { t: 40, r: 20, b: 80, l: 60 },
-      yaxis: { title: { text: unit }, rangemode: "tozero" }, legend: { orientation: "h", y: -0.3 },
-    };
-    window.Plotly.newPlot(id, traces, layout, { displaylogo: false, responsive: true });
+    charts.plot(id, title, { title: { text: unit }, rangemode: "tozero" }, traces);
   }
 
   function fill(children) {
@@ -60,7 +43,7 @@
 
   function fromUsage() {
     const q = new URLSearchParams({ plan: plan, start: "now-" + seconds + "s" });
-    return get("usage?" + q.toString()).then((u) => {
+    return charts.get(box, "usage?" + q.toString()).then((u) => {
       const s = u.series;
       draw("chart-gpu", "GPU: requested vs used, " + plan, "devices", s.t,
         s.requested.gpu, s.used.gpu, 1);
@@ -72,7 +55,7 @@
   }
 
   function fromPlans() {
-    return get("plans").then((p) => {
+    return charts.get(box, "plans").then((p) => {
       const node = plan === "/" ? p.root : p.plans.find((x) => x.path === plan);
       const now = Date.now() / 1000;
       const d = node.demand, a = node.allocated;
@@ -84,19 +67,5 @@
     });
   }
 
-  function start() {
-    if (!window.Plotly) {
-      status.textContent = "plotly.js did not load";
-      return;
-    }
-    const run = box.dataset.source === "usage" ? fromUsage : fromPlans;
-    run()
-      .then(() => { box.dataset.ready = "1"; })
-      .catch((err) => {
-        status.textContent = "could not load usage: " + err.message;
-        status.className = "error";
-        box.dataset.ready = "error";
-      });
-  }
-  start();
+  charts.start(box, status, "usage", box.dataset.source === "usage" ? fromUsage : fromPlans);
 })();
