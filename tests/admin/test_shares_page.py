@@ -17,12 +17,12 @@ import pytest
 
 from tests.admin import test_admin_page as page_helpers
 from tests.service.hub import PROXY, REPO, Client, Hub
+from tests.service.shares_hub import shares_hub
 
 pytestmark = pytest.mark.skipif(
     not PROXY.exists(), reason="configurable-http-proxy is missing: run `make install`"
 )
 ARTIFACTS = REPO / "test-artifacts" / "admin-shares"
-SLEEPER = "import sys, time\ntime.sleep(float(sys.argv[1]))\n"
 browser = page_helpers.browser  # the module's Chromium (skips without /usr/bin/chromium)
 
 
@@ -30,22 +30,12 @@ browser = page_helpers.browser  # the module's Chromium (skips without /usr/bin/
 def hub(tmp_path_factory: pytest.TempPathFactory):
     import json
 
-    tmp = tmp_path_factory.mktemp("admin-shares-hub")
-    traits = {"tick": 1, "grace": 1, "device_layout": "1x4", "cpu_oversubscription": 2,
-              "fair_share_half_life": "10m"}  # fmt: skip
-    hub = Hub(tmp, traits)
     shutil.rmtree(ARTIFACTS, ignore_errors=True)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    try:
-        hub.start()
+    with shares_hub(tmp_path_factory.mktemp("admin-shares-hub"), ("padmin",), "sleep") as hub:
         hub.passwords = json.loads((hub.var / "hub-passwords.json").read_text())
         hub.clients = {n: Client(hub, hub.user_token(n)) for n in ("padmin", "user1")}
-        folder = hub.storage / "padmin" / "models" / "sleep"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "main.py").write_text(SLEEPER)
         yield hub
-    finally:
-        hub.stop()
 
 
 @pytest.fixture(scope="module")

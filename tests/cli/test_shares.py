@@ -16,11 +16,11 @@ import pytest
 
 from tests.cli import test_cli
 from tests.service.hub import PROXY, Client, Hub
+from tests.service.shares_hub import shares_hub
 
 pytestmark = pytest.mark.skipif(
     not PROXY.exists(), reason="configurable-http-proxy is missing: run `make install`"
 )
-SLEEPER = "import sys, time\ntime.sleep(float(sys.argv[1]))\n"
 as_user = test_cli.as_user  # the fixture: ``wmla ARGS`` as a user, with this module's hub
 HEADER = ["Plan", "RawShares", "NormShares", "RawUsage", "EffectvUsage", "FairShare"]
 
@@ -28,22 +28,12 @@ HEADER = ["Plan", "RawShares", "NormShares", "RawUsage", "EffectvUsage", "FairSh
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("cli-shares-hub")
-    traits = {"tick": 1, "grace": 1, "device_layout": "1x4", "cpu_oversubscription": 2,
-              "fair_share_half_life": "10m"}  # fmt: skip
-    hub = Hub(tmp, traits)
-    try:
-        hub.start()
+    with shares_hub(tmp, ("user1", "user2"), "sleeper") as hub:
         hub.tokens = {name: hub.user_token(name) for name in ("padmin", "user1", "user2")}
         admin = Client(hub, hub.tokens["padmin"])
         for path in ("/fs", "/fs/a", "/fs/b"):
             assert admin.post("/plans", json={"path": path}).status_code == 201
-        for user in ("user1", "user2"):
-            folder = hub.storage / user / "models" / "sleeper"
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "main.py").write_text(SLEEPER)
         yield hub
-    finally:
-        hub.stop()
 
 
 @pytest.fixture(scope="module")

@@ -19,31 +19,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .hub import PROXY, Client, Hub
 from .openapi_schema import schema_checker
+from .shares_hub import HALF_LIFE, shares_hub
 
 pytestmark = pytest.mark.skipif(
     not PROXY.exists(), reason="configurable-http-proxy is missing: run `make install`"
 )
-HALF_LIFE = 600.0
 SECONDS = 6  # each job's sleep
-SLEEPER = "import sys, time\ntime.sleep(float(sys.argv[1]))\n"
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory):
-    tmp = tmp_path_factory.mktemp("shares-hub")
-    traits = {"tick": 1, "grace": 1, "device_layout": "1x4", "cpu_oversubscription": 2,
-              "fair_share_half_life": "10m"}  # fmt: skip
-    hub = Hub(tmp, traits)
-    try:
-        hub.start()
+    with shares_hub(tmp_path_factory.mktemp("shares-hub"), ("user1", "user2"), "sleep") as hub:
         hub.clients = {n: Client(hub, hub.user_token(n)) for n in ("padmin", "user1", "user2")}
-        for user in ("user1", "user2"):
-            folder = hub.storage / user / "models" / "sleep"
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "main.py").write_text(SLEEPER)
         yield hub
-    finally:
-        hub.stop()
 
 
 def sleeper(plan: str, workers: int) -> dict:
