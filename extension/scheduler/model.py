@@ -41,7 +41,7 @@ class Node:
     capacity: Resources
 
 
-@dataclass
+@dataclass(slots=True)
 class Job:
     """A gang of identical workers. Rigid when ``min_workers == max_workers``, else elastic.
 
