@@ -17,6 +17,7 @@ from itertools import chain
 from operator import attrgetter
 
 from . import messages
+from .kept import WaitingKept
 from .model import Instance, Job
 from .placement import fit_count
 from .plans import ROOT, PlanError, PlanTree, leaf_path
@@ -176,6 +177,7 @@ class PlanIndex:
         self.free = [list(node.capacity) for node in inst.nodes]
         self.incoming = [[0, 0, 0] for _ in inst.nodes]
         self.pool = [[0, 0, 0] for _ in inst.nodes]
+        self.waiting = WaitingKept()  # the last cycle's waiting reasons (kept.py)
         for plan in sorted(tree, key=lambda p: (p.path.count("/"), p.path)):
             self.add(plan.path, plan.share, plan.limit, plan.user_leaf)
 

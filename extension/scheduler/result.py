@@ -10,14 +10,13 @@ reads only the decisions) the reasons and figures are left out.
 
 from __future__ import annotations
 
-from operator import attrgetter
+from functools import partial
 
 from . import messages
 from .admit import capacity_reason
 from .decisions import CycleResult, Grow, PlanRows, Start
+from .model import Job
 from .state import CycleState
-
-_id_of = attrgetter("id")
 
 
 def result(state: CycleState, explain: bool = True) -> CycleResult:
@@ -37,19 +36,19 @@ def result(state: CycleState, explain: bool = True) -> CycleResult:
 
 def _waiting(state: CycleState, waiting: dict[str, str]) -> None:
     """Every job left in a bucket waits for capacity (one reason per shape, in the order the
-    shapes first come bottom-up), then the reasons the cycle gave single jobs."""
-    by_shape: dict[tuple, list[str]] = {}
+    shapes first come bottom-up; the index keeps them for the next cycle: kept.py), then the
+    reasons the cycle gave single jobs."""
+    groups: dict[tuple, list[list[Job]]] = {}
     for plan in state.bottom_up:
         if not plan.buckets:
             continue
         for (w, n, _), jobs in plan.buckets.items():
             if jobs:
-                ids = by_shape.get((w, n))
-                if ids is None:
-                    ids = by_shape[(w, n)] = []
-                ids += map(_id_of, jobs)
-    for (w, n), ids in by_shape.items():
-        waiting.update(dict.fromkeys(ids, capacity_reason(state, w, n)))
+                parts = groups.get((w, n))
+                if parts is None:
+                    parts = groups[(w, n)] = []
+                parts.append(jobs)
+    waiting.update(state.index.waiting.reasons(groups, partial(capacity_reason, state)))
     for job_id in state.started:
         del waiting[job_id]
     waiting.update(state.waits)

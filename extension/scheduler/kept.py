@@ -1,0 +1,73 @@
+"""What a cycle derives from its pending jobs and keeps for the next cycle on the same index
+(docs/scheduling.md "Cost": waiting reasons as changes).
+
+A busy cluster's pending jobs barely change from one cycle to the next, yet every cycle lists
+each of them with its reason (``CycleResult.waiting``): at 100,000 pending, reading every
+job's id in bucket order (random in memory) and hashing it into a dict was most of a settled
+cycle. ``WaitingKept`` keeps, per shape, the buckets' contents it last listed with the dict
+it made of them; a shape whose buckets hold the same jobs in the same order with the same
+reason reuses its dict, so an unchanged cycle costs one pass comparing references (no job is
+read) and one copy of a dict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from operator import attrgetter
+
+from .model import Job
+
+_id_of = attrgetter("id")
+
+
+class ShapeReasons:
+    """One shape's waiting jobs as last listed: copies of its buckets (in the order listed),
+    the reason every one of them got, and the dict job id -> that reason."""
+
+    __slots__ = ("parts", "reason", "ids")
+
+    def __init__(self, parts: list[list[Job]], reason: str) -> None:
+        ids: list[str] = []
+        for jobs in parts:
+            ids += map(_id_of, jobs)
+        self.parts = [jobs[:] for jobs in parts]
+        self.reason = reason
+        self.ids = dict.fromkeys(ids, reason)
+
+    def holds(self, parts: list[list[Job]], reason: str) -> bool:
+        """The same jobs in the same order with the same reason. Lists compare their items by
+        identity first, so an unchanged bucket is compared without reading its jobs; an item
+        that is another but equal Job (every field, the id too) lists the same."""
+        return reason == self.reason and parts == self.parts
+
+
+class WaitingKept:
+    """Capacity reasons per shape, kept between cycles on one plan index."""
+
+    __slots__ = ("shapes", "merged")
+
+    def __init__(self) -> None:
+        self.shapes: dict[tuple, ShapeReasons] = {}
+        self.merged: dict[str, str] = {}  # every shape's dict, in shape order
+
+    def reasons(
+        self, groups: dict[tuple, list[list[Job]]], reason_of: Callable[[tuple, int], str]
+    ) -> dict[str, str]:
+        """Job id -> reason for every job of ``groups`` ((worker, count) -> its buckets, in
+        the order to list them), shape after shape; ``reason_of(worker, count)`` says why a
+        job of that shape waits. The answer is the kept dict itself: copy it before writing."""
+        kept, shapes = self.shapes, {}
+        same = len(groups) == len(kept)
+        for shape, parts in groups.items():
+            reason = reason_of(*shape)
+            old = kept.get(shape)
+            if old is None or not old.holds(parts, reason):
+                old, same = ShapeReasons(parts, reason), False
+            shapes[shape] = old
+        if same and list(shapes) == list(kept):
+            return self.merged
+        merged: dict[str, str] = {}
+        for one in shapes.values():
+            merged.update(one.ids)
+        self.shapes, self.merged = shapes, merged
+        return merged
