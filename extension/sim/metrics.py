@@ -54,6 +54,7 @@ class PlanShape:
         self.share: dict[str, float] = {}
         self.limit: dict[str, float] = {}
         self.children: dict[str, list[str]] = {"/": []}
+        self.parent: dict[str, str] = {}
         self._order: list[str] | None = None
         for path, share, limit in sorted(plans, key=lambda p: (p[0].count("/"), p[0])):
             self.add(path, share, limit)
@@ -65,6 +66,7 @@ class PlanShape:
         if parent not in self.children:
             self.add(parent)
         self.paths.append(path)
+        self.parent[path] = parent
         self.share[path] = share
         self.limit[path] = limit
         self.children.setdefault(path, [])
@@ -94,12 +96,19 @@ def plan_demand(shape: PlanShape, leaf_demand: dict[str, float]) -> dict[str, fl
     """GPU demand of every plan: its leaves' summed up, each plan's capped by its limit."""
     demand: dict[str, float] = {}
     for path in shape.bottom_up():
-        kids = shape.children.get(path, ())
-        total = leaf_demand.get(path, 0.0) if not kids else sum(demand[k] for k in kids)
-        if path != "/":
-            total = min(total, shape.limit[path])
-        demand[path] = total
+        demand[path] = plan_total(shape, path, leaf_demand, demand)
     return demand
+
+
+def plan_total(
+    shape: PlanShape, path: str, leaf_demand: dict[str, float], demand: dict[str, float]
+) -> float:
+    """One plan's figure of ``plan_demand`` from its children's (already in ``demand``)."""
+    kids = shape.children.get(path, ())
+    total = leaf_demand.get(path, 0.0) if not kids else sum(demand[k] for k in kids)
+    if path != "/":
+        total = min(total, shape.limit[path])
+    return total
 
 
 def deserved_gpus(
@@ -120,12 +129,17 @@ def deserved_gpus(
         kids = shape.children.get(path, ())
         if not kids:
             continue
-        wants = [demand[k] for k in kids]
-        if sum(wants) <= out[path]:  # enough for all: water-filling gives each its demand
-            got = wants
-        else:
-            got = water_fill(out[path], wants, [shape.share[k] for k in kids])
-        for kid, amount in zip(kids, got):
+        for kid, amount in zip(kids, split(shape, kids, out[path], demand)):
             out[kid] = amount
         stack.extend(kids)
     return out
+
+
+def split(
+    shape: PlanShape, kids: list[str], amount: float, demand: dict[str, float]
+) -> list[float]:
+    """What a plan's ``amount`` gives each of its children ``kids`` (``deserved_gpus``'s step)."""
+    wants = [demand[k] for k in kids]
+    if sum(wants) <= amount:  # enough for all: water-filling gives each its demand
+        return wants
+    return water_fill(amount, wants, [shape.share[k] for k in kids])

@@ -10,8 +10,9 @@ also told to it (``wmla simulate --jobs-csv``).
 
 from __future__ import annotations
 
+from .deserved import DeservedNow
 from .jobs import ReplayJob
-from .metrics import EPS, PlanShape, deserved_gpus, num, plan_demand
+from .metrics import EPS, PlanShape, num
 from .scenario import Scenario
 from .segments import SegmentLog
 
@@ -33,15 +34,22 @@ class Recorder:
         self.teams = sorted(p for p in self.shape.paths if p.count("/") == 1)
         self.team_index = {t[1:]: i for i, t in enumerate(self.teams)}
         self.leaf_held: dict[str, float] = {}
-        self.held_by_plan: dict[str, float] = {}  # GPUs held per plan, leaves summed up
+        # GPUs held per plan, leaves summed up; a plan holding none has no entry, so the
+        # integration passes over the plans that hold some only
+        self.held_by_plan: dict[str, float] = {}
         self.leaf_demand: dict[str, float] = {}
+        self.shares = DeservedNow(self.shape, self.leaf_demand, capacity)
+        # |held - deserved| GPUs of every plan where it is not 0, kept up to date at every change
+        # of either, so that the integration passes over these plans only
+        self.gaps: dict[str, float] = {}
+        self.position: dict[str, int] = {}  # plan -> its place in shape.paths
+        self.ancestry: dict[str, tuple[tuple[str, ...], int | None]] = {}  # leaf -> see _line
         self.team_held = [0.0] * len(self.teams)
         self.held = 0.0
         self.busy = 0.0
         self.demand = 0.0
         self.last_t: float = 0.0
         self.first_t: float | None = None
-        self.deserved: dict[str, float] = {}
         self.deserved_stale = True
         self.deadlocked = 0.0  # GPUs held by deadlocked jobs now (set by pod-fifo)
         # integrals (GPU-seconds or seconds)
@@ -57,11 +65,13 @@ class Recorder:
         self.dev_all: dict[str, float] = {}
         self.dev_contended: dict[str, float] = {}
         self.with_demand: list[str] = []  # plans (not the root) with GPU demand now
+        self.wanting: set[str] = set()  # the same as a set
         self.demand_s = 0.0  # seconds in which some plan had demand
         self.dev_demand_gs = 0.0  # the integral of the mean gap over the plans with demand
         self.held_gs: dict[str, float] = {}  # GPU-seconds held per plan
         self.timeline: list[tuple[float, tuple[float, ...], float]] = []
         self._last_point: tuple | None = None
+        self._point_moved = True  # team_held or demand changed since the last point
         self.segments: SegmentLog | None = None  # each job's run segments, when asked for
 
     def add_demand(self, job: ReplayJob, sign: int) -> None:
@@ -71,23 +81,53 @@ class Recorder:
         amount = sign * job.gpu * job.core.max_workers
         self.leaf_demand[leaf] = self.leaf_demand.get(leaf, 0.0) + amount
         self.demand += amount
+        self.shares.touch(leaf)
         self.deserved_stale = True
+        self._point_moved = True
 
     def change(self, job: ReplayJob, held: float, busy: float) -> None:
         if held:
             leaf = job.leaf
             self.leaf_held[leaf] = self.leaf_held.get(leaf, 0.0) + held
-            path = leaf
-            while path != "/":  # every plan above the leaf holds it too
-                self.held_by_plan[path] = self.held_by_plan.get(path, 0.0) + held
-                path = path.rsplit("/", 1)[0] or "/"
+            line, team = self.ancestry.get(leaf) or self._line(job)
+            by_plan = self.held_by_plan
+            for path in line:  # every plan above the leaf holds it too
+                gpus = by_plan.get(path, 0.0) + held
+                if gpus:
+                    by_plan[path] = gpus
+                else:
+                    del by_plan[path]
+                self._gap(path)
             self.held += held
-            i = self.team_index.get(job.team)
-            if i is not None:
-                self.team_held[i] += held
+            if team is not None:
+                self.team_held[team] += held
+                self._point_moved = True
         self.busy += busy
         if self.segments is not None:  # its state and placement are already the new ones
             self.segments.seen(job, self.last_t)
+
+    def _line(self, job: ReplayJob) -> tuple[tuple[str, ...], int | None]:
+        """The leaf and every plan above it (not the root), and the job's team's place in
+        ``teams``; kept per leaf once the shape knows the leaf."""
+        line = []
+        path = job.leaf
+        while path != "/":
+            line.append(path)
+            path = path.rsplit("/", 1)[0] or "/"
+        found = (tuple(line), self.team_index.get(job.team))
+        if job.leaf in self.shape.share:
+            self.ancestry[job.leaf] = found
+        return found
+
+    def _gap(self, path: str) -> None:
+        """Bring ``gaps`` up to date for ``path`` (a plan of the shape; the root is none)."""
+        if path not in self.shape.share:
+            return
+        gap = abs(self.held_by_plan.get(path, 0.0) - self.shares.deserved.get(path, 0.0))
+        if gap:
+            self.gaps[path] = gap
+        else:
+            self.gaps.pop(path, None)
 
     def advance(self, now: float) -> None:
         """Integrate the figures from the last instant to ``now`` with the state as it was."""
@@ -101,10 +141,10 @@ class Recorder:
     def observe(self, now: float) -> None:
         """The state after the decisions at ``now``: deserved shares, a timeline point."""
         if self.deserved_stale:
-            demand = plan_demand(self.shape, self.leaf_demand)
-            self.deserved = deserved_gpus(self.shape, self.leaf_demand, self.capacity, demand)
-            self.with_demand = [p for p in self.shape.paths if demand.get(p, 0.0) > EPS]
-            self.deserved_stale = False
+            self._update_shares()
+        if not self._point_moved:
+            return
+        self._point_moved = False
         point = (tuple(self.team_held), self.demand)
         if point != self._last_point:
             self._last_point = point
@@ -112,6 +152,19 @@ class Recorder:
                 self.timeline[-1] = (now, *point)
             else:
                 self.timeline.append((now, *point))
+
+    def _update_shares(self) -> None:
+        """Deserved shares, the gaps and the plans with demand after demand changed."""
+        self.deserved_stale = False
+        wanted, deserved = self.shares.update()
+        for path in deserved:
+            self._gap(path)
+        demand = self.shares.demand
+        if any((demand[p] > EPS) != (p in self.wanting) for p in wanted if p != "/"):
+            self.with_demand = [p for p in self.shape.paths if demand.get(p, 0.0) > EPS]
+            self.wanting = set(self.with_demand)
+        if len(self.position) != len(self.shape.paths):
+            self.position = {p: n for n, p in enumerate(self.shape.paths)}
 
     def _integrate(self, dt: float) -> None:
         self.span += dt
@@ -125,22 +178,29 @@ class Recorder:
             self.contended += dt
             self.held_contended += self.held * dt
             self.busy_contended += self.busy * dt
-        held = self.held_by_plan
-        for path in self.shape.paths:
-            gap = abs(held.get(path, 0.0) - self.deserved.get(path, 0.0)) * dt
+        dev_all, dev_contended = self.dev_all, self.dev_contended
+        for path, gap in self.gaps.items():  # the plans whose gap is not 0
+            gap *= dt
             if gap:
-                self.dev_all[path] = self.dev_all.get(path, 0.0) + gap
+                dev_all[path] = dev_all.get(path, 0.0) + gap
                 if contended:
-                    self.dev_contended[path] = self.dev_contended.get(path, 0.0) + gap
-        for path, gpus in held.items():
-            if gpus:
-                self.held_gs[path] = self.held_gs.get(path, 0.0) + gpus * dt
-        wanting = self.with_demand
-        if wanting:
-            deserved = self.deserved
-            gaps = sum(abs(held.get(p, 0.0) - deserved.get(p, 0.0)) for p in wanting)
-            self.dev_demand_gs += gaps / len(wanting) * dt
-            self.demand_s += dt
+                    dev_contended[path] = dev_contended.get(path, 0.0) + gap
+        held_gs = self.held_gs
+        for path, gpus in self.held_by_plan.items():  # the plans that hold some
+            held_gs[path] = held_gs.get(path, 0.0) + gpus * dt
+        if self.with_demand:
+            self._integrate_wanting(dt)
+
+    def _integrate_wanting(self, dt: float) -> None:
+        """The mean gap over the plans with demand: a plan whose gap is 0 adds nothing to the
+        sum (x + 0.0 is x), so only the others are summed, in the order of the full sum."""
+        if self.gaps:
+            wanting, position = self.wanting, self.position
+            terms = sorted((position[p], g) for p, g in self.gaps.items() if p in wanting)
+            if terms:
+                gaps = sum(g for _, g in terms)
+                self.dev_demand_gs += gaps / len(self.with_demand) * dt
+        self.demand_s += dt
 
     def fairness(self) -> dict:
         """Per depth: the mean over plans of the time-averaged |held - deserved| GPUs, the worst
