@@ -21,6 +21,7 @@ from operator import attrgetter
 from . import messages
 from .deserved import within_deserved
 from .index import PlanNode
+from .kept import SortedKept
 from .ledger import EPS
 from .model import Job
 from .placement import gang_room
@@ -32,14 +33,22 @@ _by_time = attrgetter("submitted", "id")
 _by_priority = attrgetter("priority")
 
 
-def in_order(jobs: list[Job]) -> list[Job]:
+def in_order(jobs: list[Job], kept: SortedKept | None = None) -> list[Job]:
     """Sort a bucket into the order inside a leaf (Admission 1): priority (high first), then
-    submission time, then id (two sorts in C: a stable sort keeps the time order among equal
-    priorities)."""
+    submission time, then id. ``kept``: the index's sorts of the last cycle, which a bucket
+    of the same jobs reuses (kept.py)."""
     if len(jobs) > 1:
-        jobs.sort(key=_by_time)
-        jobs.sort(key=_by_priority, reverse=True)
+        if kept is None:
+            _sort(jobs)
+        else:
+            kept.sort(jobs, _sort)
     return jobs
+
+
+def _sort(jobs: list[Job]) -> None:
+    """Two sorts in C: a stable sort keeps the time order among equal priorities."""
+    jobs.sort(key=_by_time)
+    jobs.sort(key=_by_priority, reverse=True)
 
 
 def admit(state: CycleState) -> None:
@@ -154,7 +163,7 @@ def _turn(state: CycleState, leaf: PlanNode, quick: bool, held: Job | None) -> N
     failed, blocked = state.failed_shapes, state.blocked
     heads = leaf.heads
     if heads is None:
-        heads = leaf.heads = _heads(leaf)
+        heads = leaf.heads = _heads(leaf, state.index.sorted)
     heappop, heapreplace = heapq.heappop, heapq.heapreplace
     while heads:
         _, _, _, seq, jobs, i = heads[0]
@@ -214,12 +223,12 @@ def _blocked_borrower(state: CycleState, jobs: list[Job], job: Job, leaf: PlanNo
     state.blocked.setdefault(id(jobs), job)
 
 
-def _heads(leaf: PlanNode) -> list:
+def _heads(leaf: PlanNode, kept: SortedKept) -> list:
     """The first job of every bucket in the order inside a leaf, as a heap."""
     heads = []
     for seq, jobs in enumerate(leaf.buckets.values()):
         if jobs:
-            first = in_order(jobs)[0]
+            first = in_order(jobs, kept)[0]
             heads.append((-first.priority, first.submitted, first.id, seq, jobs, 0))
     heapq.heapify(heads)
     return heads

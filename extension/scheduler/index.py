@@ -17,7 +17,7 @@ from itertools import chain
 from operator import attrgetter
 
 from . import messages
-from .kept import WaitingKept
+from .kept import SortedKept, WaitingKept
 from .model import Instance, Job
 from .placement import fit_count
 from .plans import ROOT, PlanError, PlanTree, leaf_path
@@ -178,6 +178,7 @@ class PlanIndex:
         self.incoming = [[0, 0, 0] for _ in inst.nodes]
         self.pool = [[0, 0, 0] for _ in inst.nodes]
         self.waiting = WaitingKept()  # the last cycle's waiting reasons (kept.py)
+        self.sorted = SortedKept()  # the buckets the last cycle sorted (kept.py)
         for plan in sorted(tree, key=lambda p: (p.path.count("/"), p.path)):
             self.add(plan.path, plan.share, plan.limit, plan.user_leaf)
 
@@ -231,6 +232,7 @@ class PlanIndex:
 
     def reset(self) -> None:
         """Zero what the last cycle wrote; keep the vertices and the emptied bucket lists."""
+        self.sorted.next_cycle()
         for p in self.plans.values():
             p.alloc[:] = (0, 0, 0)
             p.demand[:] = (0, 0, 0)

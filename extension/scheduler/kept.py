@@ -13,7 +13,7 @@ read) and one copy of a dict.
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import attrgetter
+from operator import attrgetter, is_
 
 from .model import Job
 
@@ -71,3 +71,43 @@ class WaitingKept:
             merged.update(one.ids)
         self.shapes, self.merged = shapes, merged
         return merged
+
+
+class SortedKept:
+    """Buckets as they were last sorted into the order inside a leaf (``admit.in_order``),
+    kept from one cycle to the next: a bucket that holds the very jobs it held then, in the
+    same intake order, is put in the order it was sorted into then without reading a job.
+    What one cycle sorted is kept for the next one only."""
+
+    __slots__ = ("last", "now")
+
+    def __init__(self) -> None:
+        # id(bucket) -> (bucket, its jobs before the sort, after it); the bucket is held, so
+        # its id names it for as long as the entry lives
+        self.last: dict[int, tuple[list[Job], list[Job], list[Job]]] = {}
+        self.now: dict[int, tuple[list[Job], list[Job], list[Job]]] = {}
+
+    def sort(self, jobs: list[Job], order: Callable[[list[Job]], None]) -> None:
+        """Put ``jobs`` in the order ``order`` sorts them into (in place)."""
+        key = id(jobs)
+        kept = self.now.get(key) or self.last.get(key)
+        if kept is not None and kept[0] is jobs:
+            _, before, after = kept
+            if _same(jobs, before):
+                jobs[:] = after
+                self.now[key] = kept
+                return
+            if _same(jobs, after):  # sorted already this cycle
+                self.now[key] = kept
+                return
+        before = jobs[:]
+        order(jobs)
+        self.now[key] = (jobs, before, jobs[:])
+
+    def next_cycle(self) -> None:
+        self.last, self.now = self.now, {}
+
+
+def _same(jobs: list[Job], kept: list[Job]) -> bool:
+    """The same job objects in the same order (compared by identity: no job is read)."""
+    return len(jobs) == len(kept) and all(map(is_, jobs, kept))

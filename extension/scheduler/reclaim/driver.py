@@ -33,7 +33,7 @@ def reclaim(state: CycleState) -> None:
             promised, leaf, some.per_worker, some.min_workers, some.max_workers
         )
         if k:
-            job = in_order(blocked)[0] if bucket else blocked
+            job = in_order(blocked, state.index.sorted)[0] if bucket else blocked
             _reclaim_for(state, job, leaf, k, height)
 
 
