@@ -146,6 +146,10 @@ class Store:
                 cursor = conn.cursor()
                 cursor.execute("PRAGMA foreign_keys=ON")
                 cursor.execute("PRAGMA journal_mode=WAL")  # readers do not block the loop
+                # 256 KiB of pages a connection instead of 2 MiB: the pool's six connections
+                # each filled theirs as the file grew (RSS +4 MiB over 40,000 jobs); the kernel's
+                # page cache serves the rest at the same submission rate
+                cursor.execute("PRAGMA cache_size=-256")
                 cursor.close()
 
         return cls(engine)
