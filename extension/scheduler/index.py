@@ -179,6 +179,7 @@ class PlanIndex:
         self.pool = [[0, 0, 0] for _ in inst.nodes]
         self.waiting = WaitingKept()  # the last cycle's waiting reasons (kept.py)
         self.sorted = SortedKept()  # the buckets the last cycle sorted (kept.py)
+        self.intake_kept: object | None = None  # what the last intake derived: intake.Kept
         for plan in sorted(tree, key=lambda p: (p.path.count("/"), p.path)):
             self.add(plan.path, plan.share, plan.limit, plan.user_leaf)
 
@@ -231,7 +232,8 @@ class PlanIndex:
         return self.order
 
     def reset(self) -> None:
-        """Zero what the last cycle wrote; keep the vertices and the emptied bucket lists."""
+        """Zero what the last cycle wrote; keep the vertices and the bucket lists (intake
+        empties them, or keeps them as the last cycle's intake left them: intake.Kept)."""
         self.sorted.next_cycle()
         for p in self.plans.values():
             p.alloc[:] = (0, 0, 0)
@@ -244,6 +246,11 @@ class PlanIndex:
             if p.under:
                 p.under.clear()
             p.shield = INF
+
+    def empty_buckets(self) -> None:
+        """Before intake reads the jobs afresh: every bucket emptied (``reset`` leaves them to
+        intake, which may keep the last cycle's: intake.Kept), the lists kept."""
+        for p in self.plans.values():
             if p.buckets:
                 for jobs in p.buckets.values():
                     jobs.clear()

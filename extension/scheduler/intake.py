@@ -14,7 +14,8 @@ leaves' pending counts are added up per bucket afterwards (docs/scheduling.md "C
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from operator import attrgetter, is_
 
 from .decisions import Reject
 from .index import PlanNode
@@ -22,18 +23,32 @@ from .model import Job, JobState
 from .reject import impossible
 from .state import CycleState
 
+_state_of = attrgetter("state")
+
 
 def intake(state: CycleState, extra: Iterable[Job] = ()) -> None:
     """Phase 1 (and 2): every job of the snapshot (and ``extra``) to its leaf's bucket, the
-    running list or a Reject."""
+    running list or a Reject; the last cycle's answer when its jobs are the same (``Kept``)."""
+    index, snapshot = state.index, state.snapshot
+    kept = index.intake_kept
+    if not extra and isinstance(kept, Kept) and kept.holds(snapshot.jobs, snapshot.reserved):
+        kept.restore(state)
+        return
+    index.intake_kept = None
+    index.empty_buckets()
+    state.jobs = [*snapshot.jobs, *extra]
+    _read(state, state.jobs)
+    if not extra:
+        index.intake_kept = Kept(state, state.jobs)
+
+
+def _read(state: CycleState, jobs: list[Job]) -> None:
+    """Every job of ``jobs`` to its leaf's bucket, the running list or a Reject."""
     leaves, leaf_of = state.index.leaves, state.index.leaf_of
     elastic = state.elastic
     running, running_leaves = state.running, state.running_leaves
     pending_state, running_state = JobState.PENDING, JobState.RUNNING
     wanted = state.snapshot.reserved
-    jobs = state.snapshot.jobs
-    if extra:
-        jobs = [*jobs, *extra]
     # (plan, user, worker, min, max) -> the bucket of a rigid pending job this cycle, and every
     # bucket filled this cycle with its leaf (the leaves' pending counts, after the loop)
     seen: dict[tuple, list[Job]] = {}
@@ -100,3 +115,56 @@ def _enqueue(
         seen[key] = bucket
     if job.id == state.snapshot.reserved:
         state.holder = (job, leaf)
+
+
+class Kept:
+    """What intake derived from one snapshot's jobs, kept on the index for the next cycle
+    (docs/scheduling.md "Cost"): when that cycle's jobs are the very same objects in the same
+    order, each in the same state, with the same reservation, intake's answer is the same,
+    and the cycle takes it from here instead of reading every job's plan, user and shape.
+    A job's id, plan, user, shape, priority and submission time never change once it is made
+    (model.Job); intake reads nothing else of a job but its state."""
+
+    __slots__ = ("jobs", "states", "reserved", "buckets", "counts", "running", "leaves")
+    __slots__ += ("elastic", "holder", "running_jobs", "rejects")
+
+    def __init__(self, state: CycleState, jobs: list[Job]) -> None:
+        self.jobs = jobs
+        self.states = list(map(_state_of, jobs))
+        self.reserved = state.snapshot.reserved
+        plans = state.index.plans.values()
+        # each filled bucket with its jobs in intake order (admission sorts the bucket itself)
+        self.buckets = [(b, b[:]) for p in plans if p.pending for b in p.buckets.values() if b]
+        self.counts = [(p, p.pending, p.running) for p in plans if p.pending or p.running]
+        self.running, self.leaves = list(state.running), list(state.running_leaves)
+        self.elastic = list(state.elastic)
+        self.holder, self.running_jobs = state.holder, state.running_jobs
+        self.rejects = list(state.decisions)
+
+    def holds(self, jobs: Sequence[Job], reserved: str | None) -> bool:
+        """The same jobs in the same order, each in the same state, and the same reservation.
+        Lists compare their items by identity first, so only the states are read; an item
+        that is another but equal Job (every field alike) gives intake the same answer. Jobs
+        that are all copies (the first or last is another object) are read afresh at once
+        rather than compared field by field."""
+        kept = self.jobs
+        if reserved != self.reserved or len(jobs) != len(kept) or not kept:
+            return False
+        if jobs[0] is not kept[0] or jobs[-1] is not kept[-1]:
+            return False
+        if jobs.__class__ is not list:
+            jobs = list(jobs)
+        return jobs == kept and all(map(is_, map(_state_of, jobs), self.states))
+
+    def restore(self, state: CycleState) -> None:
+        """Intake's answer again, on a state whose index ``reset`` zeroed (buckets aside)."""
+        for bucket, jobs in self.buckets:
+            if bucket != jobs:  # sorted by the last cycle: back to intake order
+                bucket[:] = jobs
+        for plan, pending, running in self.counts:
+            plan.pending, plan.running = pending, running
+        state.running[:], state.running_leaves[:] = self.running, self.leaves
+        state.elastic[:] = self.elastic
+        state.holder, state.running_jobs = self.holder, self.running_jobs
+        state.decisions += self.rejects
+        state.jobs = self.jobs

@@ -13,7 +13,7 @@ read) and one copy of a dict.
 from __future__ import annotations
 
 from collections.abc import Callable
-from operator import attrgetter, is_
+from operator import attrgetter, itemgetter
 
 from .model import Job
 
@@ -75,39 +75,36 @@ class WaitingKept:
 
 class SortedKept:
     """Buckets as they were last sorted into the order inside a leaf (``admit.in_order``),
-    kept from one cycle to the next: a bucket that holds the very jobs it held then, in the
-    same intake order, is put in the order it was sorted into then without reading a job.
-    What one cycle sorted is kept for the next one only."""
+    kept from one cycle to the next: a bucket that holds the jobs it held then, in the same
+    intake order, is put in the order it was sorted into then without reading a job (lists
+    compare their items by identity first; an item that is another but equal Job, every field
+    alike, sorts alike). What one cycle sorted is kept for the next one only."""
 
     __slots__ = ("last", "now")
 
     def __init__(self) -> None:
-        # id(bucket) -> (bucket, its jobs before the sort, after it); the bucket is held, so
-        # its id names it for as long as the entry lives
-        self.last: dict[int, tuple[list[Job], list[Job], list[Job]]] = {}
-        self.now: dict[int, tuple[list[Job], list[Job], list[Job]]] = {}
+        # id(bucket) -> (bucket, its jobs before the sort, after it, where each came from);
+        # the bucket is held, so its id names it for as long as the entry lives
+        self.last: dict[int, tuple[list[Job], list[Job], list[Job], list[int]]] = {}
+        self.now: dict[int, tuple[list[Job], list[Job], list[Job], list[int]]] = {}
 
     def sort(self, jobs: list[Job], order: Callable[[list[Job]], None]) -> None:
-        """Put ``jobs`` in the order ``order`` sorts them into (in place)."""
+        """Put ``jobs`` (two or more) in the order ``order`` sorts them into (in place)."""
         key = id(jobs)
         kept = self.now.get(key) or self.last.get(key)
         if kept is not None and kept[0] is jobs:
-            _, before, after = kept
-            if _same(jobs, before):
-                jobs[:] = after
+            _, before, after, moves = kept
+            if jobs == before:
+                jobs[:] = itemgetter(*moves)(jobs)  # its own jobs, however alike
                 self.now[key] = kept
                 return
-            if _same(jobs, after):  # sorted already this cycle
+            if jobs == after:  # sorted already this cycle
                 self.now[key] = kept
                 return
         before = jobs[:]
         order(jobs)
-        self.now[key] = (jobs, before, jobs[:])
+        at = {id(job): i for i, job in enumerate(before)}
+        self.now[key] = (jobs, before, jobs[:], [at[id(job)] for job in jobs])
 
     def next_cycle(self) -> None:
         self.last, self.now = self.now, {}
-
-
-def _same(jobs: list[Job], kept: list[Job]) -> bool:
-    """The same job objects in the same order (compared by identity: no job is read)."""
-    return len(jobs) == len(kept) and all(map(is_, jobs, kept))

@@ -26,6 +26,9 @@ class CycleState:
     nodes: NodeFigures
     ledger: Ledger
     # 1. intake: the one pass over the jobs ----------------------------------------------
+    # the jobs it read, in order: the snapshot's, or the kept ones equal to them (intake.Kept);
+    # every job the cycle holds is one of these
+    jobs: list[Job] = field(default_factory=list)
     # running jobs and, in step, their leaves: two lists, not a tuple per job, so a settled
     # cycle leaves the garbage collector nothing to count (docs/scheduling.md "Cost")
     running: list[Job] = field(default_factory=list)
@@ -112,7 +115,7 @@ def rerun(
     over (none of them reads ``hold_back`` or ``spare``, so they would write the same
     again); every field of phases 5-7 starts empty, as in a new state."""
     if at.place is None:  # the first rerun of the cycle: a job's place in the snapshot
-        at.place = {id(job): n for n, job in enumerate(state.snapshot.jobs)}
+        at.place = {id(job): n for n, job in enumerate(state.jobs)}
     place = at.place
     state.index.rewind(at.plans, lambda job: place[id(job)])
     state.ledger.rewind(at.ledger)
@@ -123,6 +126,7 @@ def rerun(
         state.index,
         state.nodes,
         state.ledger,
+        jobs=state.jobs,
         running=state.running,
         running_leaves=state.running_leaves,
         elastic=state.elastic,
