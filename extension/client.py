@@ -39,6 +39,7 @@ from extension.retry import (
     new_idempotency_key,
     retry_seconds_from,
     status_failure,
+    throttled_failure,
     transport_failure,
 )
 from extension.scheduler import FINAL_STATES
@@ -148,6 +149,8 @@ class WmlaClient:
             )
         except requests.RequestException as err:
             return transport_failure(err, self.url, self.timeout)
+        if r.status_code == 429 and "Retry-After" in r.headers:
+            return throttled_failure(r, _json(r), self.url)
         if r.status_code not in RETRY_STATUSES:
             return self._answer(r, what)
         return status_failure(r, _json(r), self.url)

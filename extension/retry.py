@@ -218,6 +218,18 @@ def status_failure(r: requests.Response, data: Any, url: str) -> Failure:
     return Failure(reason, summary, DOWN, status, retry_after=retry_after(r, data))
 
 
+def throttled_failure(r: requests.Response, data: Any, url: str) -> Failure:
+    """A 429 with ``Retry-After``: the service refused the request for the user's request rate
+    (c.RequestRate) before doing anything for it, so any method may be sent again once the wait
+    is over. (The pending-jobs cap's 429 has no ``Retry-After``: it is final.)"""
+    error = data.get("error") if isinstance(data, dict) else None
+    error = " ".join(str(error or "too many requests").split())[:300]
+    return Failure(f"the wmla service asks to slow down (HTTP 429: {error})",
+                   f"the wmla service at {url} refused the request for its rate ({error})",
+                   "Poll less often; the limit is the administrator's c.RequestRate.", 429,
+                   sent=False, stored=False, retry_after=retry_after(r, data))  # fmt: skip
+
+
 # -- giving up ---------------------------------------------------------------------------------
 def give_up(
     failure: Failure,

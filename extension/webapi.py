@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
@@ -22,13 +22,28 @@ MAX_BODY = 1024 * 1024  # bytes of a JSON body (the HTTP server reads up to 16 M
 MAX_DEPTH = 32  # levels of nesting; no valid body has more than 4
 
 
-class Unavailable(RuntimeError):
-    """What a handler raises when the service cannot serve now (its database is down): a 503
-    JSON answer with ``Retry-After``; nothing was changed, the client may try again."""
+class TryLater(RuntimeError):
+    """A refusal that did nothing and says when to come back (``Retry-After``)."""
 
     def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class Unavailable(TryLater):
+    """What a handler raises when the service cannot serve now (its database is down): a 503
+    JSON answer with ``Retry-After``; nothing was changed, the client may try again."""
+
+
+class Throttled(TryLater):
+    """The caller made more requests than its rate (``extension.service.request_rate``): a 429
+    JSON answer with ``Retry-After``; nothing was done for the request."""
+
+
+class RequestLimiter(Protocol):
+    def take(self, user: str) -> float: ...
+
+    def message(self, user: str, wait: float) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -64,6 +79,16 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
             self._hub_auth_user_cache = self.check_hub_user(model)
         except Exception:
             return
+        limiter: RequestLimiter | None = self.settings.get("wmla_request_rate")
+        if limiter is not None and model.get("kind") != "service":
+            wait = limiter.take(model["name"])
+            if wait:
+                raise Throttled(limiter.message(model["name"], wait), wait)
+
+    def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
+        if isinstance(value, Throttled):  # the request log line says it; a flood logs no more
+            return
+        super().log_exception(typ, value, tb)
 
     @property
     def sched(self) -> Any:  # the service's Scheduler
@@ -105,12 +130,13 @@ class APIHandler(BaseHandler):
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         message = None
         exc = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(exc, Unavailable):  # nothing was changed: the client may retry
+        if isinstance(exc, TryLater):  # nothing was changed: the client may retry
+            status = 503 if isinstance(exc, Unavailable) else 429
             retry = max(1, math.ceil(exc.retry_after))
-            self.set_status(503)
+            self.set_status(status)
             self.set_header("Retry-After", str(retry))
             self.set_header("Content-Type", "application/json; charset=utf-8")
-            body = {"error": str(exc), "status": 503, "retry_after": retry}
+            body = {"error": str(exc), "status": status, "retry_after": retry}
             self.finish(json.dumps(body))
             return
         if isinstance(exc, APIError):

@@ -55,13 +55,22 @@ ERRORS = {
         "headers": {"Retry-After": {"schema": {"type": "integer"}}},
     },
 }
+THROTTLED = {
+    **_error(
+        "the user made more requests than c.RequestRate allows (a burst, then a rate per "
+        "second); nothing was done; try again after Retry-After seconds"
+    ),
+    "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+}
+ERRORS["429"] = THROTTLED
 IDEMPOTENCY_KEY = {
     "name": "Idempotency-Key",
     "in": "header",
     "required": False,
     "description": "1-128 characters of A-Z a-z 0-9 . _ : - (e.g. a UUID), one per submission: "
     "a retry with the same key and body returns the job the first try made (200), with "
-    "another body a 422. The wmla client, CLI and magics send one and retry on 502/503/504.",
+    "another body a 422. The wmla client, CLI and magics send one and retry on 502/503/504 "
+    "and on a 429 with Retry-After.",
     "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
 }
 JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -474,10 +483,15 @@ def _job_paths(job_ref: dict) -> dict[str, Any]:
                         "rejected: it can never run as asked; the message names the plan, "
                         "the resource, the limit and the request"
                     ),
-                    "429": _error(
-                        "the user already has c.WmlaService.max_pending_per_user pending jobs; "
-                        "nothing was stored"
-                    ),
+                    "429": {
+                        **_error(
+                            "the user already has c.WmlaService.max_pending_per_user pending "
+                            "jobs (no Retry-After: final), or made more requests than "
+                            "c.RequestRate allows (Retry-After: try again then); nothing was "
+                            "stored"
+                        ),
+                        "headers": THROTTLED["headers"],
+                    },
                 },
             },
         },

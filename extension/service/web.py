@@ -18,6 +18,7 @@ from extension.service.admin import admin_routes
 from extension.webapi import APIError, APIHandler
 
 from .handlers import IndexHandler, routes
+from .request_rate import RequestRate
 from .shares import share_routes
 
 
@@ -58,6 +59,7 @@ def web_application(service: Any, prefix: str) -> web.Application:
         wmla_scheduler=service.scheduler,
         wmla_service=service,
         wmla_meter=service.meter,
+        wmla_request_rate=RequestRate(parent=service).buckets(),  # each user's requests, bounded
         wmla_prefix=prefix,
         log_function=log_request,
     )

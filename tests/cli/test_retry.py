@@ -140,3 +140,20 @@ def test_exec_start_wait_that_loses_the_service_says_the_job_keeps_running(
         "once the service answers): the wmla service at "
     )
     assert "Traceback" not in err and "<" not in err
+
+
+def test_a_rate_refusal_is_waited_out_and_the_submission_goes_through_once(
+    stub: Stub, wmla
+) -> None:
+    """A 429 with Retry-After (c.RequestRate) did nothing: the call waits what it says and is
+    sent again, a submission with its same key; the pending cap's 429 has none and is final."""
+    stub.script = ["json429:0", "json429:0"]
+    code, out, err = wmla(*START, "--json")
+    assert code == 0, err
+    assert list(stub.jobs) == ["j1"] and len(set(stub.keys_sent())) == 1
+    lines = err.splitlines()
+    assert len(lines) == 2 and all("asks to slow down (HTTP 429" in line for line in lines)
+    stub.script = ["cap429"]
+    code, out, err = wmla(*START, "--json")
+    assert code == 1 and "1000 pending jobs" in err and "retrying" not in err
+    assert list(stub.jobs) == ["j1"]

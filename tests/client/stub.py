@@ -9,6 +9,10 @@ Each request takes the next step of ``stub.script`` (an empty script answers nor
     the service's own 503 JSON ``{"error", "retry_after"}`` with ``Retry-After: N`` (default 1);
 ``"body503:N"``
     the same with ``retry_after`` in the body only;
+``"json429:N"``
+    the service's refusal for the user's request rate: 429 JSON with ``Retry-After: N``;
+``"cap429"``
+    the pending-jobs cap's 429 (no ``Retry-After``: final);
 ``"drop"``
     reads the request, acts on it (a POST /jobs is stored) and closes the connection without an
     answer: the job was stored but the client lost the answer;
@@ -182,6 +186,12 @@ class Handler(tornado.web.RequestHandler):
                 self.set_header("Retry-After", str(after))
             self._json(503, {"error": "the store is unavailable (database is locked); try "
                              "again shortly", "status": 503, "retry_after": after})  # fmt: skip
+        elif kind == "json429":
+            self.set_header("Retry-After", arg or "1")
+            self._json(429, {"error": "alice made more than 200 requests at once (c.RequestRate)",
+                             "status": 429, "retry_after": int(arg or 1)})  # fmt: skip
+        elif kind == "cap429":
+            self._error(429, "you have 1000 pending jobs, the most this instance queues per user")
         elif kind in ("400", "422"):
             self._error(int(kind), "workers: must be at least 1" if kind == "400" else
                         "rejected: /p allows 2 gpu; the job asks for 4 gpu")  # fmt: skip

@@ -38,6 +38,8 @@ service = c.JupyterHub.services[0]
 extra = json.loads({service_traits!r})
 config = json.loads(service["environment"]["WMLA_SERVICE_CONFIG"])
 config["WmlaService"].update(extra)
+for section, values in json.loads({sections!r}).items():
+    config.setdefault(section, {{}}).update(values)
 service["environment"]["WMLA_SERVICE_CONFIG"] = json.dumps(config)
 c.JupyterHub.services.append({{"name": "tester", "api_token": {token!r}}})
 c.JupyterHub.load_roles.append(
@@ -60,7 +62,11 @@ c.JupyterHub.log_level = "INFO"
 
 
 class Hub:
-    def __init__(self, tmp: Path, service_traits: dict | None = None) -> None:
+    def __init__(
+        self, tmp: Path, service_traits: dict | None = None, sections: dict | None = None
+    ) -> None:
+        """``service_traits``: ``c.WmlaService`` values; ``sections``: other sections of the
+        service's config (``{"RequestRate": {"per_second": 0}}``)."""
         self.tmp = tmp
         self.var = tmp / "var"
         self.storage = self.var / "storage"
@@ -89,6 +95,7 @@ class Hub:
             TEST_CONFIG.format(
                 base=str(REPO / "jupyterhub_config.py"),
                 service_traits=json.dumps(service_traits),
+                sections=json.dumps(sections or {}),
                 token=self.token,
                 storage=str(self.storage),
             )

@@ -12,6 +12,7 @@ redirects (post/redirect/get) so a reload never posts twice.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from tornado import web
 
 from extension.scheduler import PlanError, QuantityError
 from extension.scheduler.plans import ROOT
-from extension.webapi import ADMIN_SCOPE, APIError, BaseHandler, Caller
+from extension.webapi import ADMIN_SCOPE, APIError, BaseHandler, Caller, Throttled
 
 from ..handlers import parse_plan
 from ..scheduling import Scheduler
@@ -91,7 +92,12 @@ class AdminBase(BaseHandler):
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         message = ""
-        if isinstance(exc, web.HTTPError):
+        if isinstance(exc, Throttled):
+            status_code = 429
+            self.set_status(status_code)
+            self.set_header("Retry-After", str(max(1, math.ceil(exc.retry_after))))
+            message = str(exc)
+        elif isinstance(exc, web.HTTPError):
             message = exc.log_message or exc.reason or ""
         if not message:
             message = self._reason if status_code < 500 else "internal error; see the service log"
