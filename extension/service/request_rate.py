@@ -8,7 +8,9 @@ every user but its own. The buckets are per hub user, so they are as many as the
 
 from __future__ import annotations
 
+import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from traitlets import Float, Int, TraitError, validate
@@ -58,19 +60,31 @@ class RequestRate(LoggingConfigurable):
         """The buckets these settings describe; None when there is no limit."""
         if not self.per_second:
             return None
-        return UserBuckets(self.per_second, self.burst, clock)
+        return UserBuckets(self.per_second, self.burst, clock, self.log)
+
+
+SUMMARY_EVERY = 60.0  # seconds between two log lines counting the refusals
 
 
 class UserBuckets:
-    """One token bucket per user name; ``take`` spends a token or says how long to wait."""
+    """One token bucket per user name; ``take`` spends a token or says how long to wait.
+    Refusals are logged as a count per user once a minute, not one line each: a flood would
+    otherwise fill the disk with the service's log."""
 
     def __init__(
-        self, per_second: float, burst: int, clock: Callable[[], float] = time.monotonic
+        self,
+        per_second: float,
+        burst: int,
+        clock: Callable[[], float] = time.monotonic,
+        log: logging.Logger | None = None,
     ) -> None:
         self.per_second = per_second
         self.burst = burst
         self.clock = clock
+        self.log = log or logging.getLogger(__name__)
         self._tokens: dict[str, tuple[float, float]] = {}  # user -> (tokens, when counted)
+        self.refused: Counter[str] = Counter()  # since the last summary
+        self._said_at = clock()
 
     def take(self, user: str) -> float:
         """0.0 when ``user`` may go on (a token spent), else the seconds until a token is back
@@ -82,7 +96,20 @@ class UserBuckets:
             self._tokens[user] = (tokens - 1.0, now)
             return 0.0
         self._tokens[user] = (tokens, now)
+        self.refused[user] += 1
+        if now - self._said_at >= SUMMARY_EVERY:
+            self._summary(now)
         return (1.0 - tokens) / self.per_second
+
+    def _summary(self, now: float) -> None:
+        counts = ", ".join(f"{user} {n}" for user, n in self.refused.most_common(10))
+        more = len(self.refused) - 10
+        self.log.warning(
+            "requests refused for the users' rate (c.RequestRate) in the last %.0f s: %s%s",
+            now - self._said_at, counts, f" and {more} more users" if more > 0 else "",
+        )  # fmt: skip
+        self.refused.clear()
+        self._said_at = now
 
     def message(self, user: str, wait: float) -> str:
         return (

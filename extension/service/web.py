@@ -34,8 +34,8 @@ def web_application(service: Any, prefix: str) -> web.Application:
     def log_request(handler: web.RequestHandler) -> None:
         status = handler.get_status()
         level = logging.INFO if status < 400 else logging.WARNING
-        if handler.request.path.endswith("/health"):
-            level = logging.DEBUG
+        if handler.request.path.endswith("/health") or status == 429:
+            level = logging.DEBUG  # a rate's refusals: counted once a minute (request_rate.py)
         log.log(
             level,
             "%i %s %s %.1fms",

@@ -9,6 +9,7 @@ burst of requests meets the limit within the test's first second whatever the ma
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import time
 
 import pytest
@@ -43,6 +44,20 @@ def test_a_bucket_gives_its_burst_then_its_rate_per_user() -> None:
     assert [buckets.take("a") for _ in range(4)][-1] > 0  # refilled to the burst, no more
     message = buckets.message("a", 0.5)
     assert "more than 3 requests at once" in message and "c.RequestRate" in message
+
+
+def test_refusals_are_logged_as_a_count_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    buckets = UserBuckets(1.0, 1, clock, logging.getLogger("t-rate"))
+    with caplog.at_level(logging.WARNING, "t-rate"):
+        for _ in range(1000):
+            buckets.take("mallory")
+        assert not caplog.records  # not a line a refusal
+        clock.now += 61
+        buckets.take("mallory")
+        buckets.take("mallory")
+    assert len(caplog.records) == 1
+    assert "in the last 61 s: mallory 1000" in caplog.records[0].getMessage()
 
 
 def test_a_refused_request_costs_nothing_more() -> None:
