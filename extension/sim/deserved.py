@@ -43,52 +43,70 @@ class DeservedNow:
                 deserved_gpus(self.shape, self.leaf_demand, self.capacity, self.demand)
             )
             return set(self.demand), set(self.deserved)
-        dirty = self._above_touched()
-        return self._sum_up(dirty), self._hand_down(dirty)
+        wanted = self._sum_up(self._above_touched())
+        return wanted, self._hand_down(wanted)
 
     def _above_touched(self) -> list[str]:
         """The touched leaves and every plan above them, children before parents."""
-        parent = self.shape.parent
+        touched, parent = self.touched, self.shape.parent
+        if len(touched) == 1:  # the common instant: one leaf's jobs came or went
+            path = touched.pop()
+            line = [path]
+            while path != "/":
+                path = parent[path]
+                line.append(path)
+            return line
         seen: set[str] = set()
-        for leaf in self.touched:
+        for leaf in touched:
             path = leaf
             while path not in seen:
                 seen.add(path)
                 if path == "/":
                     break
                 path = parent[path]
-        self.touched.clear()
+        touched.clear()
         return sorted(seen, key=lambda p: -1 if p == "/" else p.count("/"), reverse=True)
 
     def _sum_up(self, dirty: list[str]) -> set[str]:
-        demand, changed = self.demand, set()
+        """Demand of the plans in ``dirty`` (children first) that can have changed: a touched
+        leaf, or a plan one of whose children's changed. Returns the plans whose changed."""
+        shape, demand, leaf_demand = self.shape, self.demand, self.leaf_demand
+        parent, children = shape.parent, shape.children
+        changed: set[str] = set()
+        moved: set[str] = set()  # plans a child of which changed
         for path in dirty:
-            total = plan_total(self.shape, path, self.leaf_demand, demand)
+            if children.get(path) and path not in moved:
+                continue  # a plan above: none of its children's demand changed
+            total = plan_total(shape, path, leaf_demand, demand)
             if path not in demand or demand[path] != total:
                 changed.add(path)
+                if path != "/":
+                    moved.add(parent[path])
             demand[path] = total
         return changed
 
-    def _hand_down(self, dirty: list[str]) -> set[str]:
-        """Deserved shares from the root down, into the plans on a dirty path or whose share
-        changed: elsewhere the inputs, hence the answers, are what they were."""
+    def _hand_down(self, wanted: set[str]) -> set[str]:
+        """Deserved shares from the root down, handed out again by the plans whose share or
+        one of whose children's demand (``wanted``) changed: elsewhere the inputs, hence the
+        answers, are what they were. Returns the plans whose share changed."""
         shape, demand, deserved = self.shape, self.demand, self.deserved
-        on_path = set(dirty)
+        parent = shape.parent
+        again = {parent[p] for p in wanted if p != "/"}  # plans to hand out again
         changed: set[str] = set()
         root = min(demand["/"], self.capacity)
         if deserved.get("/") != root:
             changed.add("/")
+            again.add("/")
         deserved["/"] = root
-        stack = ["/"]
+        stack = sorted(again, key=lambda p: -1 if p == "/" else p.count("/"), reverse=True)
         while stack:
-            path = stack.pop()
-            kids = shape.children.get(path, ())
-            if not kids or (path not in on_path and path not in changed):
-                continue
+            path = stack.pop()  # the shallowest first: a parent hands out before its children
+            kids = shape.children[path]
             for kid, amount in zip(kids, split(shape, kids, deserved[path], demand)):
                 if kid not in deserved or deserved[kid] != amount:
                     changed.add(kid)
+                    if shape.children.get(kid) and kid not in again:
+                        again.add(kid)
+                        stack.append(kid)
                 deserved[kid] = amount
-                if kid in on_path or kid in changed:
-                    stack.append(kid)
         return changed

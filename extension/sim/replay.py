@@ -110,6 +110,7 @@ class Replay:
         self.capacity_gpu = float(self.instance.capacity.gpu)
         self.jobs: dict[str, ReplayJob] = {}
         self.order = sorted(range(len(scenario.jobs)), key=lambda i: (scenario.jobs[i].at, i))
+        self.arrival_at = [scenario.jobs[i].at for i in self.order]  # the same order
         self.next_arrival = 0
         # cancel events of a scenario file, in time order (after submissions at the same time)
         self.cancels = sorted(
@@ -142,20 +143,10 @@ class Replay:
         now = 0.0
         until = self.scenario.until
         while True:
-            times = [
-                t
-                for t in (
-                    self._arrival_time(),
-                    self.cancels[-1][0] if self.cancels else None,
-                    self.backend.next_time(),
-                    self.policy.next_timer(),
-                    self.tick,
-                )
-                if t is not None
-            ]
-            if not times:
+            nxt = self._next_instant()
+            if nxt is None:
                 break
-            now = min(times)
+            now = nxt
             if now > until:
                 now = until
                 break
@@ -184,18 +175,27 @@ class Replay:
         )
 
     def _arrival_time(self) -> float | None:
-        if self.next_arrival < len(self.order):
-            return self.scenario.jobs[self.order[self.next_arrival]].at
+        if self.next_arrival < len(self.arrival_at):
+            return self.arrival_at[self.next_arrival]
         return None
+
+    def _next_instant(self) -> float | None:
+        """The earliest of the next submission, cancel, backend event, policy timer and tick
+        (the first of them on a tie, as ``min`` gives), or None when none is left."""
+        t = self._arrival_time()
+        for u in (
+            self.cancels[-1][0] if self.cancels else None,
+            self.backend.next_time(),
+            self.policy.next_timer(),
+            self.tick,
+        ):
+            if u is not None and (t is None or u < t):
+                t = u
+        return t
 
     def _instant(self, now: float) -> None:
         self.recorder.advance(now)  # the span up to now ran with the state before this instant
-        timer = self.policy.next_timer()
-        decide = (
-            not self.interval
-            or _on_multiple(now, self.interval)
-            or (timer is not None and timer <= now + EPS)
-        )
+        decide = not self.interval or _on_multiple(now, self.interval) or self._timer_due(now)
         for _ in range(MAX_STEPS_PER_INSTANT):
             self._arrive(now)
             self._cancel(now)
@@ -214,12 +214,15 @@ class Replay:
         self._touched.clear()
         self.recorder.observe(now)
 
+    def _timer_due(self, now: float) -> bool:
+        timer = self.policy.next_timer()
+        return timer is not None and timer <= now + EPS
+
     def _arrive(self, now: float) -> None:
         batch = []
         jobs = self.scenario.jobs
-        while self.next_arrival < len(self.order) and jobs[self.order[self.next_arrival]].at <= (
-            now + EPS
-        ):
+        arrival_at, until = self.arrival_at, now + EPS
+        while self.next_arrival < len(arrival_at) and arrival_at[self.next_arrival] <= until:
             seq = self.next_arrival
             spec = jobs[self.order[seq]]
             self.next_arrival += 1
