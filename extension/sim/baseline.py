@@ -1,11 +1,15 @@
 """What the baseline policies (``gang_fifo.py``, ``pod_fifo.py``) share: free GPUs per node,
-kept by the policy itself without the core, and the core's own ``place_gang`` and
-``max_workers_on`` so that only the admission policy differs from wmla, not the bin-packing.
+kept by the policy itself without the core, and the core's own placement (``FitIndex``, which
+answers what ``place_gang`` does, and ``max_workers_on``) so that only the admission policy
+differs from wmla, not the bin-packing.
+
+A ``FitIndex`` per worker shape is kept between cycles and told of every node whose free
+resources change, so that placing a gang costs a bisection instead of a pass over every node.
 """
 
 from __future__ import annotations
 
-from extension.scheduler.placement import max_workers_on
+from extension.scheduler.placement import FitIndex, max_workers_on
 
 from .jobs import ReplayJob
 from .replay import Policy, Replay
@@ -26,6 +30,14 @@ class Baseline(Policy):
         self.started_jobs: dict[str, ReplayJob] = {}
         self._most: dict[tuple, float] = {}  # worker shape -> most such workers on the nodes
         self.free_gpus = sum(row[0] for row in self.free)
+        self.indexes: dict[tuple, FitIndex] = {}  # worker shape -> its nodes by fit
+
+    def _place(self, w: tuple, count: int) -> list[int] | None:
+        """``place_gang(self.free, self.names, w, count)``, from the shape's index."""
+        index = self.indexes.get(w)
+        if index is None:
+            index = self.indexes[w] = FitIndex(self.free, self.names, w)
+        return index.place(count)
 
     def _start(self, job: ReplayJob, placement: tuple[str, ...], now: float) -> None:
         self.started_jobs[job.id] = job
@@ -48,6 +60,11 @@ class Baseline(Policy):
             for r in range(3):
                 row[r] += sign * w[r]
         self.free_gpus += sign * w[0] * len(placement)
+        if self.indexes:
+            changed = set(placement)
+            for index in self.indexes.values():
+                for i in changed:
+                    index.update(i)
 
     def _give_back(self, job: ReplayJob) -> None:
         idx = [self.node_at[n] for n in job.core.placement]

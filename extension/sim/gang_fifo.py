@@ -5,8 +5,6 @@ oldest first and starts every gang that fits whole; one that does not fit is pas
 
 from __future__ import annotations
 
-from extension.scheduler.placement import place_gang
-
 from .baseline import Baseline
 from .jobs import ReplayJob
 from .replay import Replay
@@ -46,7 +44,7 @@ class GangFifo(Baseline):
             if shape in failed or w[0] * n > self.free_gpus:
                 left.append(job)
                 continue
-            placement = place_gang(self.free, self.names, w, n)
+            placement = self._place(w, n)
             if placement is None:
                 failed.add(shape)
                 left.append(job)

@@ -98,7 +98,7 @@ class PodFifo(Baseline):
             if shape in failed or w[0] > self.free_gpus:
                 left.append(job)
                 continue
-            spot = place_gang(self.free, self.names, w, 1)
+            spot = self._place(w, 1)
             if spot is None:
                 failed.add(shape)
                 left.append(job)

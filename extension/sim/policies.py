@@ -6,8 +6,9 @@
 - ``pod-fifo``: every worker a pod placed on its own, first come first served, the default
   Kubernetes behaviour (``pod_fifo.py``).
 
-The baselines place workers with the core's own ``place_gang`` so that only the admission
-policy differs, not the bin-packing (``baseline.py``).
+The baselines place workers with the core's own placement (``FitIndex``, ``place_gang``'s
+answer kept between cycles) so that only the admission policy differs, not the bin-packing
+(``baseline.py``).
 
 ``Wmla`` stays in this module because it calls ``schedule`` by this module's name, which is
 where the golden recorder (tests/scheduler/golden_record.py) swaps it for a recording one.

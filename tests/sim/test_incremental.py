@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from extension.scheduler.placement import place_gang
 from extension.sim.deserved import DeservedNow
+from extension.sim.gang_fifo import GangFifo
 from extension.sim.metrics import EPS, PlanShape, deserved_gpus, plan_demand
+from extension.sim.pod_fifo import PodFifo
 from extension.sim.recorder import Recorder
+from extension.sim.replay import Replay
+from extension.sim.trace import load_trace_scenario
 
 
 def random_plans(rng: random.Random) -> list[tuple[str, float, float]]:
@@ -161,3 +167,42 @@ def _hold(ref: FullPass, leaf: str, gpus: float) -> None:
     while path != "/":
         ref.held[path] = ref.held.get(path, 0.0) + gpus
         path = path.rsplit("/", 1)[0] or "/"
+
+
+class CheckedGangFifo(GangFifo):
+    """gang-fifo whose every placement from its kept indexes is checked against a pass of
+    ``place_gang`` over the free rows as they are then."""
+
+    checked = 0
+
+    def _place(self, w: tuple, count: int) -> list[int] | None:
+        got = super()._place(w, count)
+        assert got == place_gang(self.free, self.names, w, count)
+        self.checked += 1
+        return got
+
+
+class CheckedPodFifo(PodFifo):
+    checked = 0
+
+    def _place(self, w: tuple, count: int) -> list[int] | None:
+        got = super()._place(w, count)
+        assert got == place_gang(self.free, self.names, w, count)
+        self.checked += 1
+        return got
+
+
+@pytest.mark.parametrize("policy", [CheckedGangFifo, CheckedPodFifo])
+def test_baselines_place_as_place_gang_does(policy: type, tmp_path: Path) -> None:
+    rng = random.Random(7)
+    rows = ["job_id,submit_s,duration_s,gpus,team,user,status"]
+    for n in range(300):
+        gpus = rng.choice([1, 1, 1, 2, 3, 4, 8, 12, 16])
+        rows.append(f"j{n},{n * 30},{rng.randint(60, 4000)},{gpus},vc{n % 3},u{n % 5},Pass")
+    path = tmp_path / "mixed.csv"
+    path.write_text("\n".join(rows) + "\n")
+    scenario = load_trace_scenario(path, "3x8,2x4,1x2", None)
+    chosen = policy()
+    summary = Replay(scenario, chosen).run().to_json()
+    assert summary["jobs"]["finished"] + summary["jobs"]["rejected"] == 300
+    assert chosen.checked > 300
