@@ -33,15 +33,12 @@ _by_time = attrgetter("submitted", "id")
 _by_priority = attrgetter("priority")
 
 
-def in_order(jobs: list[Job], kept: SortedKept | None = None) -> list[Job]:
+def in_order(jobs: list[Job], kept: SortedKept) -> list[Job]:
     """Sort a bucket into the order inside a leaf (Admission 1): priority (high first), then
-    submission time, then id. ``kept``: the index's sorts of the last cycle, which a bucket
-    of the same jobs reuses (kept.py)."""
+    submission time, then id. Through ``kept``, the index's sorts (kept.py): a bucket of the
+    same jobs as last cycle reuses its order, and the next cycle knows what was sorted."""
     if len(jobs) > 1:
-        if kept is None:
-            _sort(jobs)
-        else:
-            kept.sort(jobs, _sort)
+        kept.sort(jobs, _sort)
     return jobs
 
 

@@ -24,6 +24,7 @@ from .reject import impossible
 from .state import CycleState
 
 _state_of = attrgetter("state")
+_pending_of, _running_of = attrgetter("pending"), attrgetter("running")
 
 
 def intake(state: CycleState, extra: Iterable[Job] = ()) -> None:
@@ -125,18 +126,18 @@ class Kept:
     A job's id, plan, user, shape, priority and submission time never change once it is made
     (model.Job); intake reads nothing else of a job but its state."""
 
-    __slots__ = ("jobs", "states", "reserved", "buckets", "counts", "running", "leaves")
-    __slots__ += ("elastic", "holder", "running_jobs", "rejects")
+    __slots__ = ("jobs", "states", "reserved", "leaves", "pending", "running", "running_jobs")
+    __slots__ += ("runners", "runners_in", "elastic", "holder", "rejects")
 
     def __init__(self, state: CycleState, jobs: list[Job]) -> None:
         self.jobs = jobs
         self.states = list(map(_state_of, jobs))
         self.reserved = state.snapshot.reserved
-        plans = state.index.plans.values()
-        # each filled bucket with its jobs in intake order (admission sorts the bucket itself)
-        self.buckets = [(b, b[:]) for p in plans if p.pending for b in p.buckets.values() if b]
-        self.counts = [(p, p.pending, p.running) for p in plans if p.pending or p.running]
-        self.running, self.leaves = list(state.running), list(state.running_leaves)
+        # the leaves' counts as columns: no object per leaf for the garbage collector
+        self.leaves = [p for p in state.index.plans.values() if p.pending or p.running]
+        self.pending = list(map(_pending_of, self.leaves))
+        self.running = list(map(_running_of, self.leaves))
+        self.runners, self.runners_in = list(state.running), list(state.running_leaves)
         self.elastic = list(state.elastic)
         self.holder, self.running_jobs = state.holder, state.running_jobs
         self.rejects = list(state.decisions)
@@ -157,13 +158,12 @@ class Kept:
         return jobs == kept and all(map(is_, map(_state_of, jobs), self.states))
 
     def restore(self, state: CycleState) -> None:
-        """Intake's answer again, on a state whose index ``reset`` zeroed (buckets aside)."""
-        for bucket, jobs in self.buckets:
-            if bucket != jobs:  # sorted by the last cycle: back to intake order
-                bucket[:] = jobs
-        for plan, pending, running in self.counts:
+        """Intake's answer again, on a state whose index ``reset`` zeroed. The buckets hold
+        these jobs still; those the last cycle sorted go back to intake order."""
+        state.index.sorted.unsort()
+        for plan, pending, running in zip(self.leaves, self.pending, self.running):
             plan.pending, plan.running = pending, running
-        state.running[:], state.running_leaves[:] = self.running, self.leaves
+        state.running[:], state.running_leaves[:] = self.runners, self.runners_in
         state.elastic[:] = self.elastic
         state.holder, state.running_jobs = self.holder, self.running_jobs
         state.decisions += self.rejects

@@ -78,15 +78,17 @@ class SortedKept:
     kept from one cycle to the next: a bucket that holds the jobs it held then, in the same
     intake order, is put in the order it was sorted into then without reading a job (lists
     compare their items by identity first; an item that is another but equal Job, every field
-    alike, sorts alike). What one cycle sorted is kept for the next one only."""
+    alike, sorts alike). Every sort of a bucket goes through here, so the buckets one cycle
+    sorted are known to the next (``unsort``). What one cycle sorted is kept for the next
+    one only."""
 
     __slots__ = ("last", "now")
 
     def __init__(self) -> None:
-        # id(bucket) -> (bucket, its jobs before the sort, after it, where each came from);
-        # the bucket is held, so its id names it for as long as the entry lives
-        self.last: dict[int, tuple[list[Job], list[Job], list[Job], list[int]]] = {}
-        self.now: dict[int, tuple[list[Job], list[Job], list[Job], list[int]]] = {}
+        # id(bucket) -> [bucket, its jobs in intake order, sorted, where each came from]; the
+        # bucket is held, so its id names it for as long as the entry lives
+        self.last: dict[int, list] = {}
+        self.now: dict[int, list] = {}
 
     def sort(self, jobs: list[Job], order: Callable[[list[Job]], None]) -> None:
         """Put ``jobs`` (two or more) in the order ``order`` sorts them into (in place)."""
@@ -95,6 +97,7 @@ class SortedKept:
         if kept is not None and kept[0] is jobs:
             _, before, after, moves = kept
             if jobs == before:
+                before[:] = jobs  # these very jobs, for ``unsort``
                 jobs[:] = itemgetter(*moves)(jobs)  # its own jobs, however alike
                 self.now[key] = kept
                 return
@@ -104,7 +107,14 @@ class SortedKept:
         before = jobs[:]
         order(jobs)
         at = {id(job): i for i, job in enumerate(before)}
-        self.now[key] = (jobs, before, jobs[:], [at[id(job)] for job in jobs])
+        self.now[key] = [jobs, before, jobs[:], [at[id(job)] for job in jobs]]
 
     def next_cycle(self) -> None:
         self.last, self.now = self.now, {}
+
+    def unsort(self) -> None:
+        """Every bucket the last cycle sorted back in its intake order of then (intake.Kept:
+        the same jobs again)."""
+        for bucket, before, _, _ in self.last.values():
+            if bucket != before:
+                bucket[:] = before

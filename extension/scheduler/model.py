@@ -48,6 +48,11 @@ class Job:
     A running job lists in ``placement`` the node of every worker that holds resources; a job
     whose preemption or shrink is under way (``terminating``) still holds them until the
     backend reports the workers gone.
+
+    What a job is (``id``, ``user``, ``plan``, ``per_worker``, the worker counts, ``priority``,
+    ``submitted``, ``preemptible``) never changes once it is made: a changed one is a new Job
+    (``dataclasses.replace``). The core keeps what it derived from them between cycles
+    (intake.Kept, kept.py); the rest (state, placement, ...) changes in place.
     """
 
     id: str

@@ -20,6 +20,7 @@ from extension.scheduler import (
     check_submission,
     schedule,
 )
+from extension.scheduler.admit import in_order
 from extension.scheduler.kept import SortedKept
 
 from . import streams
@@ -107,8 +108,8 @@ def test_a_bucket_of_other_jobs_is_sorted_afresh():
 def test_buckets_left_in_another_order_are_read_in_intake_order_again():
     """A cycle leaves the buckets it sorted in the order inside a leaf; the next one that keeps
     intake's answer lists a bucket it does not sort in intake order, as a fresh one does: /b
-    fills the node, /a's turn finds no room for the shape, /b's bucket is passed over whole
-    and /b, above its share, reclaims nothing."""
+    fills the node, /a's turn finds no room for the shape, /b's bucket (sorted by the cycle
+    before) is passed over whole and /b, above its share, reclaims nothing."""
     plans = tree({"/a": (1, None), "/b": (1, None)})
     machines = nodes(1)
     full = [running(f"r{i}", "/b", (machines[0].name,) * 4) for i in range(2)]
@@ -116,9 +117,9 @@ def test_buckets_left_in_another_order_are_read_in_intake_order_again():
     snap = Snapshot(plans, Instance(machines), full + waiting)
     cache = IndexCache()
     schedule(snap, 1.0, cache)
-    index = cache.checkout(plans, snap.instance)  # as a cycle that sorted them otherwise
+    index = cache.checkout(plans, snap.instance)  # as a cycle that sorted every bucket
     for plan in index.plans.values():
         for bucket in plan.buckets.values():
-            bucket.reverse()
+            in_order(bucket, index.sorted)
     cache.give_back(index)
     assert outcome(schedule(snap, 1.0, cache)) == _fresh(snap, 1.0)
