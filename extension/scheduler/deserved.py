@@ -9,11 +9,16 @@ children by weighted water-filling (``shares.water_fill``), per resource, top-do
 
 from __future__ import annotations
 
+from itertools import chain
+from operator import attrgetter
+
 from .history import tree_standings
 from .index import PlanNode
 from .ledger import EPS
 from .shares import dominant_ratio, water_fill
 from .state import CycleState
+
+_demand_of, _deserved_of = attrgetter("demand"), attrgetter("deserved")
 
 
 def compute_demand(state: CycleState) -> None:
@@ -62,9 +67,12 @@ def compute_deserved(state: CycleState) -> None:
         state.standing = tree_standings(state.bottom_up, state.snapshot.usage)
         standing = state.standing
         weigh = {p: s.share * s.factor for p, s in standing.items()}  # Deserved share 2
-    for plan in reversed(state.bottom_up):  # parents before their children
-        if plan.children:
-            _hand_out(plan, weigh)
+    if not _kept_shares(state, weigh):
+        for plan in reversed(state.bottom_up):  # parents before their children
+            if plan.children:
+                _hand_out(plan, weigh)
+        if weigh is None:
+            state.index.shares_kept = SharesKept(state.bottom_up)
     c0, c1, c2 = state.nodes.total
     for plan in state.bottom_up:
         a, d = plan.alloc, plan.deserved
@@ -76,6 +84,35 @@ def compute_deserved(state: CycleState) -> None:
                 + (d[1] / c1 if c1 > 0 else 0)
                 + (d[2] / c2 if c2 > 0 else 0)
             )
+
+
+class SharesKept:
+    """Every plan's demand and deserved share after one cycle's water-filling, kept on the
+    index (docs/scheduling.md "Cost"): the shares depend only on the tree and the demands, so
+    a cycle whose every demand is the same takes them from here. Flat columns, three numbers
+    a plan, nothing for the garbage collector to walk."""
+
+    __slots__ = ("plans", "demand", "deserved")
+
+    def __init__(self, plans: list[PlanNode]) -> None:
+        self.plans = plans
+        self.demand = list(chain.from_iterable(map(_demand_of, plans)))
+        self.deserved = list(chain.from_iterable(map(_deserved_of, plans)))
+
+
+def _kept_shares(state: CycleState, weigh: dict[str, float] | None) -> bool:
+    """Set every plan's deserved share as the last cycle had it, when nothing it depends on
+    changed: the same plans (``bottom_up`` is rebuilt when one is added), every demand the
+    same and no usage history weighing the shares."""
+    kept, plans = state.index.shares_kept, state.bottom_up
+    if weigh is not None or not isinstance(kept, SharesKept) or kept.plans is not plans:
+        return False
+    if list(chain.from_iterable(map(_demand_of, plans))) != kept.demand:
+        return False
+    deserved = kept.deserved
+    for n, plan in enumerate(plans):
+        plan.deserved[:] = deserved[3 * n : 3 * n + 3]
+    return True
 
 
 def _hand_out(plan, weigh: dict[str, float] | None) -> None:

@@ -180,6 +180,7 @@ class PlanIndex:
         self.waiting = WaitingKept()  # the last cycle's waiting reasons (kept.py)
         self.sorted = SortedKept()  # the buckets the last cycle sorted (kept.py)
         self.intake_kept: object | None = None  # what the last intake derived: intake.Kept
+        self.shares_kept: object | None = None  # the last deserved shares: deserved.SharesKept
         for plan in sorted(tree, key=lambda p: (p.path.count("/"), p.path)):
             self.add(plan.path, plan.share, plan.limit, plan.user_leaf)
 
