@@ -6,7 +6,6 @@ worker size, shown to the core as one running job holding all their workers (``W
 from __future__ import annotations
 
 import bisect
-from itertools import chain, repeat
 
 from extension.scheduler import Job, JobState, Resources
 
@@ -17,42 +16,29 @@ class RunningGroup:
     def __init__(self, key: tuple) -> None:
         self.plan, self.user, self.per_worker = key
         self.id = f"(running jobs of {self.plan}/{self.user} with {list(self.per_worker)})"
-        self.counts: dict[str, int] = {}
-        # the nodes in ``counts``, in name order: kept sorted as nodes come and go, so that
-        # the placement is built without sorting or a Python step per node
-        self.nodes: list[str] = []
-        self.size = 0
+        # each worker's node, in name order: the placement shown to the core, kept sorted as
+        # jobs come and go (a bisection and a move in C per worker) rather than rebuilt
+        self.workers: list[str] = []
         self._job: Job | None = None
 
+    @property
+    def size(self) -> int:
+        return len(self.workers)
+
     def add(self, placement: tuple[str, ...]) -> None:
-        counts = self.counts
+        workers = self.workers
         for node in placement:
-            had = counts.get(node)
-            if had is None:
-                counts[node] = 1
-                bisect.insort(self.nodes, node)
-            else:
-                counts[node] = had + 1
-        self.size += len(placement)
+            workers.insert(bisect.bisect_right(workers, node), node)
         self._job = None
 
     def remove(self, placement: tuple[str, ...]) -> None:
-        counts = self.counts
+        workers = self.workers
         for node in placement:
-            left = counts[node] - 1
-            if left:
-                counts[node] = left
-            else:
-                del counts[node]
-                nodes = self.nodes
-                del nodes[bisect.bisect_left(nodes, node)]
-        self.size -= len(placement)
+            del workers[bisect.bisect_left(workers, node)]
         self._job = None
 
     def job(self) -> Job:
         if self._job is None:
-            nodes = self.nodes  # each node's name once per worker there, in name order
-            per_node = map(repeat, nodes, map(self.counts.__getitem__, nodes))
             self._job = Job(
                 id=self.id,
                 user=self.user,
@@ -60,7 +46,7 @@ class RunningGroup:
                 per_worker=Resources(*self.per_worker),
                 min_workers=self.size,
                 state=JobState.RUNNING,
-                placement=tuple(chain.from_iterable(per_node)),
+                placement=tuple(self.workers),
                 started=0.0,
             )
         return self._job

@@ -104,6 +104,11 @@ class Wmla(Policy):
         super().attach(replay)
         self.groups: dict[tuple, RunningGroup] = {}
         self.grouped: dict[str, tuple] = {}  # job id -> its group
+        # the groups' jobs as the aggregated snapshot shows them (the non-empty groups in the
+        # order of ``groups``): only the groups that changed are asked again; None when a group
+        # came or went, so that the order is rebuilt
+        self.shown: dict[tuple, object] | None = None
+        self.regrouped: set[tuple] = set()  # groups changed since ``shown`` was brought up to date
         self.loose: dict[str, ReplayJob] = {}  # live jobs not in a group (pending, ...)
         self.full_cycles = 0
         self.plans = replay.scenario.plans.copy()
@@ -272,14 +277,29 @@ class Wmla(Policy):
                 if free < 0:
                     return None  # someone may wait: reclaim and reservation need every job
             jobs.append(job.core)
-        merged = [g.job() for g in self.groups.values() if g.size]
         snapshot = Snapshot(
-            self.plans, r.instance, merged + jobs, self.config, reserved=self.reserved, usage=usage
+            self.plans,
+            r.instance,
+            self._merged() + jobs,
+            self.config,
+            reserved=self.reserved,
+            usage=usage,
         )
         result = schedule(snapshot, now, self.cache)
         if result.waiting:
             return None
         return result
+
+    def _merged(self) -> list:
+        """Every non-empty group's job, in the order of ``groups``."""
+        shown = self.shown
+        if shown is None:
+            shown = self.shown = {k: g.job() for k, g in self.groups.items() if g.size}
+        else:
+            for key in self.regrouped:
+                shown[key] = self.groups[key].job()
+        self.regrouped.clear()
+        return list(shown.values())
 
     def group(self, job: ReplayJob) -> None:
         core = job.core
@@ -289,14 +309,22 @@ class Wmla(Policy):
         group = self.groups.get(key)
         if group is None:
             group = self.groups[key] = RunningGroup(key)
+        if not group.size:
+            self.shown = None  # a group comes: the order is rebuilt
         group.add(core.placement)
+        self.regrouped.add(key)
         self.grouped[job.id] = key
         self.loose.pop(job.id, None)
 
     def ungroup(self, job: ReplayJob) -> None:
         key = self.grouped.pop(job.id, None)
         if key is not None:
-            self.groups[key].remove(job.core.placement)
+            group = self.groups[key]
+            group.remove(job.core.placement)
+            if group.size:
+                self.regrouped.add(key)
+            else:
+                self.shown = None  # a group goes: the order is rebuilt
             if job.id in self.live:
                 self.loose[job.id] = job
 
