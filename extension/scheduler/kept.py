@@ -96,12 +96,13 @@ class SortedKept:
         kept = self.now.get(key) or self.last.get(key)
         if kept is not None and kept[0] is jobs:
             _, before, after, moves = kept
-            if jobs == before:
+            # the first items first: another order compares no two jobs field by field
+            if jobs[0] is before[0] and jobs == before:
                 before[:] = jobs  # these very jobs, for ``unsort``
                 jobs[:] = itemgetter(*moves)(jobs)  # its own jobs, however alike
                 self.now[key] = kept
                 return
-            if jobs == after:  # sorted already this cycle
+            if jobs[0] is after[0] and jobs == after:  # sorted already this cycle
                 self.now[key] = kept
                 return
         before = jobs[:]
@@ -116,5 +117,5 @@ class SortedKept:
         """Every bucket the last cycle sorted back in its intake order of then (intake.Kept:
         the same jobs again)."""
         for bucket, before, _, _ in self.last.values():
-            if bucket != before:
+            if bucket[0] is not before[0] or bucket != before:
                 bucket[:] = before
