@@ -31,12 +31,21 @@ class Baseline(Policy):
         self._most: dict[tuple, float] = {}  # worker shape -> most such workers on the nodes
         self.free_gpus = sum(row[0] for row in self.free)
         self.indexes: dict[tuple, FitIndex] = {}  # worker shape -> its nodes by fit
+        # per index, the nodes that changed since it was last used: an index is told of them
+        # only when it places a gang (the shapes of rare gangs are not kept up at every change)
+        self.stale: dict[tuple, set[int]] = {}
 
     def _place(self, w: tuple, count: int) -> list[int] | None:
         """``place_gang(self.free, self.names, w, count)``, from the shape's index."""
         index = self.indexes.get(w)
         if index is None:
             index = self.indexes[w] = FitIndex(self.free, self.names, w)
+            self.stale[w] = set()
+        stale = self.stale[w]
+        if stale:
+            for i in stale:
+                index.update(i)
+            stale.clear()
         return index.place(count)
 
     def _start(self, job: ReplayJob, placement: tuple[str, ...], now: float) -> None:
@@ -55,16 +64,15 @@ class Baseline(Policy):
         return None
 
     def _take(self, placement: list[int], w: tuple, sign: int = -1) -> None:
+        w0, w1, w2 = w
         for i in placement:
             row = self.free[i]
-            for r in range(3):
-                row[r] += sign * w[r]
-        self.free_gpus += sign * w[0] * len(placement)
-        if self.indexes:
-            changed = set(placement)
-            for index in self.indexes.values():
-                for i in changed:
-                    index.update(i)
+            row[0] += sign * w0
+            row[1] += sign * w1
+            row[2] += sign * w2
+        self.free_gpus += sign * w0 * len(placement)
+        for stale in self.stale.values():
+            stale.update(placement)
 
     def _give_back(self, job: ReplayJob) -> None:
         idx = [self.node_at[n] for n in job.core.placement]

@@ -6,7 +6,7 @@ and the summary (``summary.py``) read them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from extension.scheduler import Job
 
@@ -30,11 +30,11 @@ class ReplayJob:
     error: str | None = None
     held: float = 0.0  # GPUs it holds now (counted in the recorder)
     busy: float = 0.0  # GPUs it holds and computes on now
+    leaf: str = field(init=False)  # the core's ``Job.leaf``: a job's plan and user never change
+
+    def __post_init__(self) -> None:
+        self.leaf = self.core.leaf
 
     @property
     def id(self) -> str:
         return self.spec.id
-
-    @property
-    def leaf(self) -> str:
-        return self.core.leaf

@@ -39,9 +39,11 @@ class Recorder:
         self.held_by_plan: dict[str, float] = {}
         self.leaf_demand: dict[str, float] = {}
         self.shares = DeservedNow(self.shape, self.leaf_demand, capacity)
-        # |held - deserved| GPUs of every plan where it is not 0, kept up to date at every change
-        # of either, so that the integration passes over these plans only
+        # |held - deserved| GPUs of every plan where it is not 0, brought up to date before each
+        # integration for the plans whose held or deserved GPUs changed (``gaps_stale``), so
+        # that the integration passes over these plans only
         self.gaps: dict[str, float] = {}
+        self.gaps_stale: set[str] = set()
         self.position: dict[str, int] = {}  # plan -> its place in shape.paths
         self.ancestry: dict[str, tuple[tuple[str, ...], int | None]] = {}  # leaf -> see _line
         self.team_held = [0.0] * len(self.teams)
@@ -97,7 +99,7 @@ class Recorder:
                     by_plan[path] = gpus
                 else:
                     del by_plan[path]
-                self._gap(path)
+            self.gaps_stale.update(line)
             self.held += held
             if team is not None:
                 self.team_held[team] += held
@@ -119,15 +121,23 @@ class Recorder:
             self.ancestry[job.leaf] = found
         return found
 
-    def _gap(self, path: str) -> None:
-        """Bring ``gaps`` up to date for ``path`` (a plan of the shape; the root is none)."""
-        if path not in self.shape.share:
-            return
-        gap = abs(self.held_by_plan.get(path, 0.0) - self.shares.deserved.get(path, 0.0))
-        if gap:
-            self.gaps[path] = gap
-        else:
-            self.gaps.pop(path, None)
+    def _update_gaps(self) -> None:
+        """Bring ``gaps`` up to date for the plans whose held or deserved GPUs changed (the
+        plans of the shape; the root is none)."""
+        share, held, deserved, gaps = (
+            self.shape.share,
+            self.held_by_plan,
+            self.shares.deserved,
+            self.gaps,
+        )
+        for path in self.gaps_stale:
+            if path in share:
+                gap = abs(held.get(path, 0.0) - deserved.get(path, 0.0))
+                if gap:
+                    gaps[path] = gap
+                else:
+                    gaps.pop(path, None)
+        self.gaps_stale.clear()
 
     def advance(self, now: float) -> None:
         """Integrate the figures from the last instant to ``now`` with the state as it was."""
@@ -157,8 +167,7 @@ class Recorder:
         """Deserved shares, the gaps and the plans with demand after demand changed."""
         self.deserved_stale = False
         wanted, deserved = self.shares.update()
-        for path in deserved:
-            self._gap(path)
+        self.gaps_stale |= deserved
         demand = self.shares.demand
         if any((demand[p] > EPS) != (p in self.wanting) for p in wanted if p != "/"):
             self.with_demand = [p for p in self.shape.paths if demand.get(p, 0.0) > EPS]
@@ -167,6 +176,8 @@ class Recorder:
             self.position = {p: n for n, p in enumerate(self.shape.paths)}
 
     def _integrate(self, dt: float) -> None:
+        if self.gaps_stale:
+            self._update_gaps()
         self.span += dt
         contended = self.demand > self.capacity + EPS
         self.held_all += self.held * dt
