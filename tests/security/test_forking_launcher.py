@@ -15,10 +15,8 @@ when its backend goes, and one that dies before its answer leaves no worker runn
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import platform
 import re
 import secrets
 import shutil
@@ -36,6 +34,8 @@ import pytest
 from extension.backends.local.node_launcher import LAUNCHER, LAUNCHER_ENV, NodeLauncher
 from extension.confine import USER_OOM_SCORE_ADJ, Grant, detect
 from extension.userfs.accounts import create_account
+
+from .raw_signals import RAW, SIG_DFL, SIG_IGN, ignored, raw_disposition
 
 AS_ROOT = os.geteuid() == 0 and shutil.which("useradd") is not None
 CGROUPS = AS_ROOT and getattr(detect("probe"), "version", 0) in (1, 2)
@@ -233,33 +233,18 @@ def test_the_forked_launchers_worker_is_in_its_cgroup_before_it_runs(account) ->
         assert lines and all(ln.endswith("/<1>") for ln in lines), forked["cgroup"]
 
 
-def raw_disposition(sig: int, handler: int) -> None:
-    """rt_sigaction past glibc, which refuses its own 32 and 33 (x86_64's call number)."""
-    action = ctypes.create_string_buffer(64)
-    action[:8] = handler.to_bytes(8, sys.byteorder)
-    libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.syscall(13, sig, action, None, 8) == 0, os.strerror(ctypes.get_errno())
-
-
-def ignored_here() -> int:
-    status = Path("/proc/self/status").read_text()
-    return int(re.search(r"^SigIgn:\s*(\w+)", status, re.M).group(1), 16)
-
-
-@pytest.mark.skipif(platform.machine() != "x86_64", reason="the raw call's number is x86_64's")
+@pytest.mark.skipif(not RAW, reason="the raw call's number is x86_64's")
 def test_signals_the_service_inherited_ignored_are_not_the_workers(account) -> None:
     """An ignored disposition survives fork and exec: a supervisor that starts the service with
     some signals ignored (one CI runner ignores 32, glibc's own) must not hand them to the
     user's code. Both launchers inherit them here, the worker gets none."""
     acct, base = account
-    before = ignored_here()
-    planted = [
-        sig for sig in (signal.SIGUSR1, signal.SIGTERM, 32, 33) if not before >> (sig - 1) & 1
-    ]
+    before = ignored()
+    planted = [sig for sig in (signal.SIGUSR1, signal.SIGTERM, 32, 33) if sig not in before]
     for sig in planted:
-        raw_disposition(sig, 1)  # SIG_IGN
+        raw_disposition(sig, SIG_IGN)
     try:
-        assert all(ignored_here() >> (sig - 1) & 1 for sig in planted)
+        assert set(planted) <= ignored()
         node = NodeLauncher()
         try:
             execd, forked = both(acct, base, node)
@@ -267,8 +252,8 @@ def test_signals_the_service_inherited_ignored_are_not_the_workers(account) -> N
             node.close()
     finally:
         for sig in planted:
-            raw_disposition(sig, 0)  # SIG_DFL
-    assert ignored_here() == before
+            raw_disposition(sig, SIG_DFL)
+    assert ignored() == before
     assert forked == execd
     check_what_the_account_gets(forked, acct)
 

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -103,6 +104,8 @@ class Hub:
         self.proc: subprocess.Popen | None = None
         self.pids: set[int] = set()
         self.log_path = tmp / "hub.log"
+        # run in the hub's child before its exec, e.g. a supervisor's ignored signals
+        self.preexec: Callable[[], None] | None = None
 
     # -- processes ---------------------------------------------------------------------------
     def start(self, timeout: float = 60) -> None:
@@ -114,6 +117,7 @@ class Hub:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=self.preexec,
         )
         log.close()
         self.pids.add(self.proc.pid)

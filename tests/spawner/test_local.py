@@ -28,6 +28,7 @@ import pytest
 import requests
 
 from extension.userfs.accounts import Account, account_python, unreachable
+from tests.security.raw_signals import PLANTED, RAW, ignore_planted, ignored
 from tests.service.hub import PROXY, REPO, Client, Hub
 from tests.spawner.helpers import hub_request, notebook_jobs, server_model, wait_for
 
@@ -109,6 +110,8 @@ def hub(tmp_path_factory: pytest.TempPathFactory):
             os.chmod(node, 0o666)
     traits["backend_options"]["gpu_device_template"] = str(devices / "nvidia{index}")
     hub = Hub(tmp, traits)
+    if RAW:  # started as under a supervisor that ignores signals: the servers must not inherit
+        hub.preexec = ignore_planted
     hub.env["WMLA_STORAGE_ROOT"] = str(storage)
     hub.env["WMLA_GPU_DEVICE_TEMPLATE"] = str(devices / "nvidia{index}")
     hub.devices = devices
@@ -744,6 +747,9 @@ def test_a_server_is_held_to_its_grant_by_a_cgroup_of_its_own(hub: Hub, profile,
     quota = Path(f"/sys/fs/cgroup/cpu{groups['cpu']}") / "cpu.cfs_quota_us"
     assert int(quota.read_text()) == 200_000  # cpu_limit 2 of jupyterhub_config.py
     assert int(Path(f"/proc/{server.pid}/oom_score_adj").read_text()) > 0
+    if RAW:  # the hub ignores 32 (Python cannot undo it); the server was started without it
+        assert 32 in ignored(hub.proc.pid)
+        assert not set(PLANTED) & ignored(server.pid), ignored(server.pid)
     visible = server.environ().get("CUDA_VISIBLE_DEVICES")
     procs = [f"/sys/fs/cgroup/{h}{groups[h]}/cgroup.procs" for h in ("devices", "pids")]
     seen = probe_in(procs, account("user1"), str(hub.devices / "nvidia{index}"))
