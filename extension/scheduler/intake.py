@@ -10,6 +10,9 @@ Each job is found its user leaf (docs/scheduling.md "Words": user leaf), then
 Most jobs of a busy cycle are pending rigid jobs whose (plan, user, shape) an earlier job of
 the same cycle already had: one look-up (``seen``) sends such a job to its bucket, and the
 leaves' pending counts are added up per bucket afterwards (docs/scheduling.md "Cost").
+
+A cycle whose jobs are the last cycle's, each in the same state, takes the last answer
+instead (``Kept``): on a settled cluster that reads one field of each job instead of six.
 """
 
 from __future__ import annotations
