@@ -169,27 +169,21 @@ def _hold(ref: FullPass, leaf: str, gpus: float) -> None:
         path = path.rsplit("/", 1)[0] or "/"
 
 
-class CheckedGangFifo(GangFifo):
-    """gang-fifo whose every placement from its kept indexes is checked against a pass of
-    ``place_gang`` over the free rows as they are then."""
-
-    checked = 0
+def checked(base: type) -> type:
+    """``base`` (gang-fifo or pod-fifo) whose every placement from its kept indexes is checked
+    against a pass of ``place_gang`` over the free rows as they are then."""
 
     def _place(self, w: tuple, count: int) -> list[int] | None:
-        got = super()._place(w, count)
+        got = base._place(self, w, count)
         assert got == place_gang(self.free, self.names, w, count)
         self.checked += 1
         return got
 
+    return type(f"Checked{base.__name__}", (base,), {"checked": 0, "_place": _place})
 
-class CheckedPodFifo(PodFifo):
-    checked = 0
 
-    def _place(self, w: tuple, count: int) -> list[int] | None:
-        got = super()._place(w, count)
-        assert got == place_gang(self.free, self.names, w, count)
-        self.checked += 1
-        return got
+CheckedGangFifo = checked(GangFifo)
+CheckedPodFifo = checked(PodFifo)
 
 
 @pytest.mark.parametrize("policy", [CheckedGangFifo, CheckedPodFifo])
