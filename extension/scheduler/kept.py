@@ -12,10 +12,12 @@ read) and one copy of a dict.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from operator import attrgetter, itemgetter
+from collections.abc import Callable, Iterable, Sequence
+from itertools import compress, count
+from operator import attrgetter, itemgetter, ne
 
 from .model import Job
+from .placement import FitIndex
 
 _id_of = attrgetter("id")
 
@@ -119,3 +121,47 @@ class SortedKept:
         for bucket, before, _, _ in self.last.values():
             if bucket[0] is not before[0] or bucket != before:
                 bucket[:] = before
+
+
+class FitCarry:
+    """The fit indexes (placement.FitIndex) of the worker shapes admission used, as they stood
+    after ``hold``, kept for the next cycle on the same index: building one is a Python pass
+    over every node per shape and cycle (a third of the Philly month's core), while from one
+    instant to the next few nodes' free rows change. Each cycle ``begin`` brings the kept
+    indexes up to this cycle's rows, node by changed node, and admission works on copies, so
+    what it takes and reserves never reaches the kept ones. A shape first used in a cycle is
+    built from that cycle's rows after ``hold`` at the next ``begin``."""
+
+    __slots__ = ("rows", "kept", "used")
+
+    def __init__(self) -> None:
+        self.rows: list | None = None  # the flat free rows after hold, three numbers a node
+        self.kept: dict[tuple, FitIndex] = {}
+        self.used: set[tuple] = set()  # shapes asked for this cycle without a kept index
+
+    def begin(self, rows: list, free: list, names: Sequence[str]) -> None:
+        """After ``hold``: ``rows`` is ``free`` flattened (``Ledger.mark``)."""
+        last, kept = self.rows, self.kept
+        if last is None or len(last) != len(rows):
+            kept.clear()
+        elif kept:
+            changed = dict.fromkeys(k // 3 for k in compress(count(), map(ne, rows, last)))
+            for index in kept.values():
+                for i in changed:
+                    index.update(i)
+        for w in self.used:
+            kept[w] = FitIndex(free, names, w)
+        self.used = set()
+        self.rows = rows
+
+    def index(self, w: tuple, free: list, names: Sequence[str], touched: Iterable[int]) -> FitIndex:
+        """A fit index of ``w`` over ``free`` as it is now, for admission to change:
+        ``touched`` are the nodes whose rows changed since ``hold``."""
+        kept = self.kept.get(w)
+        if kept is None:
+            self.used.add(w)
+            return FitIndex(free, names, w)
+        index = kept.copy()
+        for i in touched:
+            index.update(i)
+        return index

@@ -19,6 +19,7 @@ from collections import Counter
 from itertools import chain
 
 from .index import NodeFigures, PlanNode
+from .kept import FitCarry
 from .model import Job
 from .placement import FitIndex, fit_count, gang_room
 
@@ -36,10 +37,14 @@ class Ledger:
         "total_incoming",
         "promised",
         "fits",
+        "carry",
+        "touched",
         "_rooms",
     )
 
-    def __init__(self, nodes: NodeFigures, free: list, incoming: list, pool: list) -> None:
+    def __init__(
+        self, nodes: NodeFigures, free: list, incoming: list, pool: list, carry: FitCarry
+    ) -> None:
         self.names = nodes.names
         self.free, self.incoming, self.pool = free, incoming, pool  # rows kept by PlanIndex
         for row, cap in zip(free, nodes.capacity):
@@ -52,6 +57,8 @@ class Ledger:
         # during admission, per worker shape tried: the nodes by how many such workers they
         # hold (placement.FitIndex), kept in step by take and reserve
         self.fits: dict[tuple, FitIndex] = {}
+        self.carry = carry  # the fit indexes as they stood after hold, kept between cycles
+        self.touched: set[int] = set()  # nodes admission took or reserved on since hold
         self._rooms: dict[tuple, float] = {}  # pool_room answers until the pool changes
 
     # the start of the cycle ---------------------------------------------------------------
@@ -130,6 +137,7 @@ class Ledger:
         self.total_free[:], self.total_incoming[:] = total_free, total_incoming
         self.promised = {}
         self.fits = {}
+        self.touched = set()
         self._rooms = {}
 
     # admission and growth -----------------------------------------------------------------
@@ -145,6 +153,7 @@ class Ledger:
         tf[0] -= w[0] * n
         tf[1] -= w[1] * n
         tf[2] -= w[2] * n
+        self.touched.update(placement)
         for fits in self.fits.values():
             for i in dict.fromkeys(placement):
                 fits.update(i)
@@ -162,7 +171,7 @@ class Ledger:
     def fit_index(self, w: tuple) -> FitIndex:
         fits = self.fits.get(w)
         if fits is None:
-            fits = self.fits[w] = FitIndex(self.free, self.names, w)
+            fits = self.fits[w] = self.carry.index(w, self.free, self.names, self.touched)
         return fits
 
     def reserve(self, i: int, w: tuple) -> None:
@@ -172,6 +181,7 @@ class Ledger:
         for r in range(3):
             row[r] -= take[r]
             self.total_free[r] -= take[r]
+        self.touched.add(i)
         for fits in self.fits.values():
             fits.update(i)
 
@@ -220,6 +230,7 @@ class Ledger:
         """Reclaim 2: hold what the reclaimer will use on ``placement``, free capacity first,
         then what is being released: not free for growth or another reclaimer this cycle."""
         self._rooms.clear()
+        self.touched.update(placement)
         free, incoming, pool = self.free, self.incoming, self.pool
         tf, ti = self.total_free, self.total_incoming
         for i in placement:

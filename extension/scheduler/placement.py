@@ -122,6 +122,14 @@ class FitIndex:
         order.sort()
         self.order = order
 
+    def copy(self) -> FitIndex:
+        """An index of the same rows, kept in step apart from this one (C-level copies)."""
+        twin = FitIndex.__new__(FitIndex)
+        twin.free, twin.names = self.free, self.names
+        twin.w0, twin.w1, twin.w2 = self.w0, self.w1, self.w2
+        twin.fit, twin.order = dict(self.fit), self.order[:]
+        return twin
+
     def _fit_of(self, row: Sequence[float]) -> float:
         w0, w1, w2 = self.w0, self.w1, self.w2
         if row[0] < w0 or row[1] < w1 or row[2] < w2:

@@ -79,7 +79,7 @@ def open_cycle(snapshot: Snapshot, now: float, cache: IndexCache) -> CycleState:
     nodes = cache.nodes(inst)
     index = cache.checkout(snapshot.plans, inst)
     index.reset()
-    ledger = Ledger(nodes, index.free, index.incoming, index.pool)
+    ledger = Ledger(nodes, index.free, index.incoming, index.pool, index.fit_carry)
     return CycleState(snapshot, now, snapshot.config, index, nodes, ledger)
 
 
@@ -97,10 +97,14 @@ class PhaseMark:
 
 
 def mark(state: CycleState) -> PhaseMark:
-    """Taken once per cycle, after phase 4 (deserved)."""
+    """Taken once per cycle, after phase 4 (deserved); the kept fit indexes are brought up to
+    the rows ``hold`` left (kept.FitCarry)."""
+    rows = state.ledger.mark()
+    ledger = state.ledger
+    state.index.fit_carry.begin(rows[0], ledger.free, ledger.names)
     return PhaseMark(
         state.index.mark(),
-        state.ledger.mark(),
+        rows,
         list(state.decisions),
         state.holder,
         state.running_jobs,
