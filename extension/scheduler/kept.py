@@ -130,18 +130,23 @@ class FitCarry:
     instant to the next few nodes' free rows change. Each cycle ``begin`` brings the kept
     indexes up to this cycle's rows, node by changed node, and admission works on copies, so
     what it takes and reserves never reaches the kept ones. A shape first used in a cycle is
-    built from that cycle's rows after ``hold`` at the next ``begin``."""
+    built from that cycle's rows after ``hold`` at the next ``begin``. Only the shapes the last
+    cycle asked for are kept: users' shapes are many, each index is a row per node."""
 
-    __slots__ = ("rows", "kept", "used")
+    __slots__ = ("rows", "kept", "used", "asked")
 
     def __init__(self) -> None:
         self.rows: list | None = None  # the flat free rows after hold, three numbers a node
         self.kept: dict[tuple, FitIndex] = {}
         self.used: set[tuple] = set()  # shapes asked for this cycle without a kept index
+        self.asked: set[tuple] = set()  # kept shapes asked for this cycle
 
     def begin(self, rows: list, free: list, names: Sequence[str]) -> None:
         """After ``hold``: ``rows`` is ``free`` flattened (``Ledger.mark``)."""
         last, kept = self.rows, self.kept
+        for w in [w for w in kept if w not in self.asked]:
+            del kept[w]
+        self.asked = set()
         if last is None or len(last) != len(rows):
             kept.clear()
         elif kept:
@@ -161,6 +166,7 @@ class FitCarry:
         if kept is None:
             self.used.add(w)
             return FitIndex(free, names, w)
+        self.asked.add(w)
         index = kept.copy()
         for i in touched:
             index.update(i)

@@ -60,3 +60,19 @@ def test_a_change_in_the_number_of_nodes_starts_afresh() -> None:
     names, free = ["a"], [[4, 4000, 1 << 32]]
     carry.begin(flat(free), free, names)
     assert not carry.kept
+
+
+def test_only_the_shapes_the_last_cycle_asked_for_are_kept() -> None:
+    names = ["a", "b"]
+    free = [[4, 4000, 1 << 32], [2, 2000, 1 << 31]]
+    carry = FitCarry()
+    carry.begin(flat(free), free, names)
+    for w in SHAPES:
+        carry.index(w, free, names, ())
+    carry.begin(flat(free), free, names)
+    assert set(carry.kept) == set(SHAPES)
+    carry.index(SHAPES[0], free, names, ())
+    carry.begin(flat(free), free, names)
+    assert set(carry.kept) == {SHAPES[0]}
+    carry.begin(flat(free), free, names)
+    assert not carry.kept
