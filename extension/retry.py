@@ -199,13 +199,18 @@ def transport_failure(err: requests.RequestException, url: str, timeout: float) 
     return Failure(str(err), f"calling {where} failed ({err})", AGAIN, retryable=False)
 
 
+def one_line(text: Any) -> str:
+    """The service's words as one line of at most 300 characters, for a message."""
+    return " ".join(str(text).split())[:300]
+
+
 def status_failure(r: requests.Response, data: Any, url: str) -> Failure:
     """A 502/503/504 from the API at ``url``: the proxy's page while the service is down, or the
     service's own 503."""
     status = r.status_code
     where = f"the wmla service at {url}"
     if isinstance(data, dict) and data.get("error") and data.get("source") != "proxy":
-        error = " ".join(str(data["error"]).split())[:300]
+        error = one_line(data["error"])
         # the service's own answer: it is up but cannot take the request now (store down)
         return Failure(f"the wmla service is unavailable (HTTP {status}: {error})",
                        f"{where} is unavailable (HTTP {status}: {error})", AGAIN, status,
@@ -222,8 +227,7 @@ def throttled_failure(r: requests.Response, data: Any, url: str) -> Failure:
     """A 429 with ``Retry-After``: the service refused the request for the user's request rate
     (c.RequestRate) before doing anything for it, so any method may be sent again once the wait
     is over. (The pending-jobs cap's 429 has no ``Retry-After``: it is final.)"""
-    error = data.get("error") if isinstance(data, dict) else None
-    error = " ".join(str(error or "too many requests").split())[:300]
+    error = one_line((data.get("error") if isinstance(data, dict) else None) or "too many requests")
     return Failure(f"the wmla service asks to slow down (HTTP 429: {error})",
                    f"the wmla service at {url} refused the request for its rate ({error})",
                    "Poll less often; the limit is the administrator's c.RequestRate.", 429,

@@ -25,9 +25,16 @@ MAX_DEPTH = 32  # levels of nesting; no valid body has more than 4
 class TryLater(RuntimeError):
     """A refusal that did nothing and says when to come back (``Retry-After``)."""
 
+    status = 503
+
     def __init__(self, message: str, retry_after: float) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+    @property
+    def retry_seconds(self) -> int:
+        """``Retry-After``'s whole seconds: at least one."""
+        return max(1, math.ceil(self.retry_after))
 
 
 class Unavailable(TryLater):
@@ -38,6 +45,8 @@ class Unavailable(TryLater):
 class Throttled(TryLater):
     """The caller made more requests than its rate (``extension.service.request_rate``): a 429
     JSON answer with ``Retry-After``; nothing was done for the request."""
+
+    status = 429
 
 
 class RequestLimiter(Protocol):
@@ -131,8 +140,7 @@ class APIHandler(BaseHandler):
         message = None
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, TryLater):  # nothing was changed: the client may retry
-            status = 503 if isinstance(exc, Unavailable) else 429
-            retry = max(1, math.ceil(exc.retry_after))
+            status, retry = exc.status, exc.retry_seconds
             self.set_status(status)
             self.set_header("Retry-After", str(retry))
             self.set_header("Content-Type", "application/json; charset=utf-8")

@@ -1,26 +1,15 @@
-"""Signal dispositions set past glibc, which refuses its own 32 and 33: what a supervisor that
-starts the hub or the service with signals ignored leaves them (tests of ``reset_signals``)."""
+"""What a supervisor that starts the hub or the service with signals ignored leaves them, set
+past glibc (``worker_launcher.raw_sigaction``), for the tests of ``reset_signals``."""
 
 from __future__ import annotations
 
-import ctypes
-import os
-import platform
 import re
-import sys
 from pathlib import Path
 
-RAW = platform.machine() == "x86_64"  # the raw call's number below is x86_64's
-SIG_DFL, SIG_IGN = 0, 1
+from extension.backends.local.worker_launcher import RT_SIGACTION, SIG_IGN, raw_sigaction
+
+RAW = RT_SIGACTION is not None  # the machine's rt_sigaction number is known
 PLANTED = (10, 32)  # SIGUSR1, and glibc's own 32 that Python cannot touch
-
-
-def raw_disposition(sig: int, handler: int) -> None:
-    """rt_sigaction(sig, handler) in this process (SIG_DFL 0, SIG_IGN 1)."""
-    action = ctypes.create_string_buffer(64)
-    action[:8] = handler.to_bytes(8, sys.byteorder)
-    libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.syscall(13, sig, action, None, 8) == 0, os.strerror(ctypes.get_errno())
 
 
 def ignored(pid: int | str = "self") -> set[int]:
@@ -33,4 +22,4 @@ def ignored(pid: int | str = "self") -> set[int]:
 def ignore_planted() -> None:
     """A ``preexec_fn``: the child starts with ``PLANTED`` ignored, as under such a supervisor."""
     for sig in PLANTED:
-        raw_disposition(sig, SIG_IGN)
+        raw_sigaction(sig, SIG_IGN)

@@ -32,10 +32,11 @@ import psutil
 import pytest
 
 from extension.backends.local.node_launcher import LAUNCHER, LAUNCHER_ENV, NodeLauncher
+from extension.backends.local.worker_launcher import SIG_DFL, SIG_IGN, raw_sigaction
 from extension.confine import USER_OOM_SCORE_ADJ, Grant, detect
 from extension.userfs.accounts import create_account
 
-from .raw_signals import RAW, SIG_DFL, SIG_IGN, ignored, raw_disposition
+from .raw_signals import RAW, ignored
 
 AS_ROOT = os.geteuid() == 0 and shutil.which("useradd") is not None
 CGROUPS = AS_ROOT and getattr(detect("probe"), "version", 0) in (1, 2)
@@ -233,7 +234,7 @@ def test_the_forked_launchers_worker_is_in_its_cgroup_before_it_runs(account) ->
         assert lines and all(ln.endswith("/<1>") for ln in lines), forked["cgroup"]
 
 
-@pytest.mark.skipif(not RAW, reason="the raw call's number is x86_64's")
+@pytest.mark.skipif(not RAW, reason="rt_sigaction's number on this machine is not known")
 def test_signals_the_service_inherited_ignored_are_not_the_workers(account) -> None:
     """An ignored disposition survives fork and exec: a supervisor that starts the service with
     some signals ignored (one CI runner ignores 32, glibc's own) must not hand them to the
@@ -242,7 +243,7 @@ def test_signals_the_service_inherited_ignored_are_not_the_workers(account) -> N
     before = ignored()
     planted = [sig for sig in (signal.SIGUSR1, signal.SIGTERM, 32, 33) if sig not in before]
     for sig in planted:
-        raw_disposition(sig, SIG_IGN)
+        raw_sigaction(sig, SIG_IGN)
     try:
         assert set(planted) <= ignored()
         node = NodeLauncher()
@@ -252,7 +253,7 @@ def test_signals_the_service_inherited_ignored_are_not_the_workers(account) -> N
             node.close()
     finally:
         for sig in planted:
-            raw_disposition(sig, SIG_DFL)
+            raw_sigaction(sig, SIG_DFL)
     assert ignored() == before
     assert forked == execd
     check_what_the_account_gets(forked, acct)

@@ -140,7 +140,7 @@ def reset_signals() -> None:
         try:
             signal.signal(sig, signal.SIG_DFL)
         except (OSError, ValueError):
-            _raw_default(sig)
+            raw_sigaction(sig, SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
 
 
@@ -154,18 +154,21 @@ def _ignored_signals() -> list[int]:
 
 
 # rt_sigaction's number per machine; the C library is opened at import, never in a forked child
-_RT_SIGACTION = {"x86_64": 13, "aarch64": 134, "ppc64le": 173, "s390x": 174}.get(os.uname().machine)
+RT_SIGACTION = {"x86_64": 13, "aarch64": 134, "ppc64le": 173, "s390x": 174}.get(os.uname().machine)
+SIG_DFL, SIG_IGN = 0, 1  # the kernel's handler values
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
 
-def _raw_default(sig: int) -> None:
-    """rt_sigaction(sig, SIG_DFL) past glibc: an all-zero kernel sigaction is SIG_DFL, no flags
-    and an empty mask on every architecture's layout."""
-    if _RT_SIGACTION is None:
+def raw_sigaction(sig: int, handler: int) -> None:
+    """rt_sigaction(sig, handler) past glibc, which refuses its own 32 and 33: a kernel
+    sigaction whose first word is the handler and the rest zero (no flags, an empty mask) on
+    every architecture's layout. Nothing where the call's number is not known here."""
+    if RT_SIGACTION is None:
         return
     action = ctypes.create_string_buffer(64)
-    if _LIBC.syscall(_RT_SIGACTION, sig, action, None, 8) != 0:
-        raise OSError(ctypes.get_errno(), f"cannot reset signal {sig}")
+    action[:8] = handler.to_bytes(8, sys.byteorder)
+    if _LIBC.syscall(RT_SIGACTION, sig, action, None, 8) != 0:
+        raise OSError(ctypes.get_errno(), f"cannot set signal {sig}'s disposition")
 
 
 def _child(spec: dict, report: int, channel: socket.socket | None) -> None:

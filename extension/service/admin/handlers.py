@@ -12,7 +12,6 @@ redirects (post/redirect/get) so a reload never posts twice.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -93,9 +92,9 @@ class AdminBase(BaseHandler):
         exc = kwargs.get("exc_info", (None, None, None))[1]
         message = ""
         if isinstance(exc, Throttled):
-            status_code = 429
+            status_code = exc.status
             self.set_status(status_code)
-            self.set_header("Retry-After", str(max(1, math.ceil(exc.retry_after))))
+            self.set_header("Retry-After", str(exc.retry_seconds))
             message = str(exc)
         elif isinstance(exc, web.HTTPError):
             message = exc.log_message or exc.reason or ""
