@@ -40,6 +40,7 @@ from extension.sim.metrics import PlanShape, deserved_gpus, percentiles  # noqa:
 from extension.sim.policies import make_policy  # noqa: E402
 from extension.sim.replay import Replay  # noqa: E402
 from extension.sim.scenario import Scenario, ScenarioJob  # noqa: E402
+from tests.service.pages import every_job  # noqa: E402
 
 CPU_M, MEMORY = 10, 16 * 2**20  # per worker: far below any node's, so GPUs alone bind
 SCRIPT = "# a virtual job: benchmarks/timed_backend.py runs it for --seconds, never this file\n"
@@ -485,16 +486,16 @@ async def _submit_all(
 
 async def _wait_ended(api: str, token: str, deadline: float) -> None:
     while time.time() < deadline:
-        live = await _get(api + "/jobs", token, state="PENDING,RUNNING")
+        live = await _get(api + "/jobs", token, state="PENDING,RUNNING", limit="1")
         if not live["jobs"]:
             return
         await asyncio.sleep(0.5)
-    raise RuntimeError(f"jobs still live at the deadline: {len(live['jobs'])}")
+    raise RuntimeError("jobs still live at the deadline")
 
 
 async def _read_back(api: str, token: str) -> tuple[list[dict], dict[str, list[dict]]]:
     """Every job (as a plan admin) and every job's transitions."""
-    jobs = (await _get(api + "/jobs", token))["jobs"]
+    jobs = await every_job(_get, api + "/jobs", token)
     gate = asyncio.Semaphore(8)
 
     async def history(job_id: str) -> list[dict]:

@@ -198,8 +198,15 @@ class WmlaClient:
         return self.request("GET", "instance", what="instance")
 
     def jobs(self, states: list[str] | None = None, user: str | None = None) -> list[dict]:
+        """Every job listed, oldest first, page after page (the service answers a page)."""
         params = {"state": ",".join(states) if states else None, "user": user}
-        return self.request("GET", "jobs", params=params, what="listing jobs")["jobs"]
+        jobs: list[dict] = []
+        while True:
+            page = self.request("GET", "jobs", params=params, what="listing jobs")
+            jobs += page["jobs"]
+            if not page.get("next"):
+                return jobs
+            params["after"] = page["next"]
 
     def job(self, job_id: str) -> dict:
         return self.request("GET", f"jobs/{_job(job_id)}", what=f"job {job_id}")

@@ -27,6 +27,7 @@ from . import runtime_limits
 from .actions import Forbidden, KeyReused, NotFound
 from .cancels import Conflict
 from .openapi import openapi_document
+from .paging import Cursor, Page, PageError
 from .pending_cap import TooManyPending
 from .rows import JobRow
 from .scheduling import Scheduler
@@ -348,9 +349,18 @@ class JobsHandler(APIHandler):
         if wanted and not set(wanted) <= known:
             bad = sorted(set(wanted) - known)[0]
             raise APIError(400, f"state {bad!r} is not one of {', '.join(sorted(known))}")
-        rows = await self.sched.db.read(self.sched.store.jobs, user=user, states=wanted)
-        line = self.sched.queue
-        self.reply({"jobs": [job_json(r, line.view(r)) for r in rows]})
+        try:
+            page = Page.parse(self.get_argument("limit", None), self.get_argument("after", None))
+        except PageError as err:
+            raise APIError(400, str(err)) from None
+        rows = await self.sched.db.read(
+            self.sched.store.jobs, user=user, states=wanted, limit=page.limit + 1, after=page.after
+        )
+        shown, line = rows[: page.limit], self.sched.queue
+        more = len(rows) > page.limit  # one row past the page says whether there is a next
+        last = shown[-1] if more else None
+        cursor = Cursor(last.submitted, last.id).encode() if last else None
+        self.reply({"jobs": [job_json(r, line.view(r)) for r in shown], "next": cursor})
 
     @_errors
     async def post(self) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 from extension.metering.openapi import metering_paths
 
 from . import runtime_limits as rt
+from .paging import DEFAULT_LIMIT, MAX_LIMIT
 from .shares_openapi import shares_paths, shares_schemas
 
 RESOURCES = {
@@ -450,17 +451,43 @@ def _job_paths(job_ref: dict) -> dict[str, Any]:
     return {
         "/jobs": {
             "get": {
-                "summary": "your jobs (plan admins: everyone's, or ?user=)",
+                "summary": "your jobs in submission order, a page at a time (plan admins: "
+                "everyone's, or ?user=)",
                 "parameters": [
                     {"name": "state", "in": "query", "schema": {"type": "string"}},
                     {"name": "user", "in": "query", "schema": {"type": "string"}},
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "description": "jobs in this page",
+                        "schema": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": MAX_LIMIT,
+                            "default": DEFAULT_LIMIT,
+                        },
+                    },
+                    {
+                        "name": "after",
+                        "in": "query",
+                        "description": "the previous page's next (absent: the first page)",
+                        "schema": {"type": "string"},
+                    },
                 ],
                 "responses": {
                     **_ok(
-                        "the jobs",
+                        "a page of the jobs",
                         {
                             "type": "object",
-                            "properties": {"jobs": {"type": "array", "items": job_ref}},
+                            "properties": {
+                                "jobs": {"type": "array", "items": job_ref},
+                                "next": {
+                                    "type": "string",
+                                    "nullable": True,
+                                    "description": "pass as after for the jobs after this "
+                                    "page; null: this was the last",
+                                },
+                            },
                         },
                     ),
                     **ERRORS,

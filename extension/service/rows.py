@@ -36,6 +36,9 @@ class JobRow(Base):
     __tablename__ = "jobs"
     __table_args__ = (
         Index("ix_jobs_user_idempotency_key", "user", "idempotency_key", unique=True),
+        # a listing's pages seek to where the last one ended (paging.py), everyone's or a user's
+        Index("ix_jobs_submitted_id", "submitted", "id"),
+        Index("ix_jobs_user_submitted_id", "user", "submitted", "id"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)

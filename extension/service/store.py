@@ -38,6 +38,7 @@ from extension.metering.transitions import Transition
 from extension.scheduler import UNLIMITED, JobState, Resources
 
 from .cycle_writes import ROW_COLUMNS, job_values, transition_values, update_jobs
+from .paging import Cursor
 from .privacy import PRIVATE_DIR, make_dir, private_sqlite_file
 from .records import JobKind, StoreChange
 from .rows import DecisionRow, JobRow, MetaRow, PlanRow, TransitionRow
@@ -229,14 +230,26 @@ class Store:
             s.add(_transition(row, at, Transition.SUBMITTED, ""))
 
     def jobs(
-        self, user: str | None = None, states: Iterable[str] | None = None, limit: int = 0
+        self,
+        user: str | None = None,
+        states: Iterable[str] | None = None,
+        limit: int = 0,
+        after: Cursor | None = None,
     ) -> list[JobRow]:
+        """Jobs in submission order (ties by id), from just past ``after`` when given."""
         with self.session() as s:
             query = select(JobRow).order_by(JobRow.submitted, JobRow.id)
             if user is not None:
                 query = query.where(JobRow.user == user)
             if states is not None:
                 query = query.where(JobRow.state.in_(list(states)))
+            if after is not None:
+                query = query.where(
+                    or_(
+                        JobRow.submitted > after.submitted,
+                        and_(JobRow.submitted == after.submitted, JobRow.id > after.job_id),
+                    )
+                )
             if limit:
                 query = query.limit(limit)
             return list(s.scalars(query).all())

@@ -299,6 +299,53 @@ def test_users_see_only_their_own_jobs(hub: Hub) -> None:
     assert r.status_code == 409 and "already CANCELLED" in error_of(r)
 
 
+def _pages(client: Client, limit: int, after: str | None = None, **params) -> list[list[str]]:
+    pages = []
+    while True:
+        r = client.get("/jobs", params={"limit": limit, "after": after, **params})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert len(body["jobs"]) <= limit
+        pages.append([j["id"] for j in body["jobs"]])
+        if body["next"] is None:
+            return pages
+        after = body["next"]
+
+
+def test_listings_come_a_page_at_a_time_and_pages_neither_skip_nor_repeat(hub: Hub) -> None:
+    user1, user2, admin = hub.clients["user1"], hub.clients["user2"], hub.clients["admin"]
+    for client in (user1, user2, user1, user1, user2, user1):
+        r = client.post("/jobs", json=job_body("/sample-project/training", name="paged"))
+        assert r.status_code == 201, r.text
+    whole = [j["id"] for j in user1.get("/jobs", params={"limit": 500}).json()["jobs"]]
+    assert len(whole) >= 4 and user1.get("/jobs").json()["next"] is None  # under the default
+    pages = _pages(user1, 3)
+    assert [i for page in pages for i in page] == whole and all(pages)
+    # a job submitted while a client pages through comes after the cursor: listed once
+    first = user1.get("/jobs", params={"limit": 2}).json()
+    r = user1.post("/jobs", json=job_body("/sample-project/training", name="paged"))
+    rest = _pages(user1, 2, after=first["next"])
+    listed = [j["id"] for j in first["jobs"]] + [i for page in rest for i in page]
+    assert listed == [*whole, r.json()["id"]]
+    # a cursor made on everyone's listing moves where user1's own starts, nothing more
+    everyone = admin.get("/jobs", params={"limit": 1}).json()
+    mine = user1.get("/jobs", params={"after": everyone["next"], "limit": 500}).json()["jobs"]
+    assert {j["user"] for j in mine} == {"user1"}
+    paged = user1.get("/jobs", params={"state": "PENDING,RUNNING,FINISHED", "limit": 1})
+    assert paged.status_code == 200 and len(paged.json()["jobs"]) <= 1
+    for params, words in [
+        ({"limit": 0}, "limit must be a whole number from 1 to 500"),
+        ({"limit": 501}, "limit must be a whole number from 1 to 500"),
+        ({"limit": "all"}, "limit must be a whole number"),
+        ({"after": "job-1"}, "is not a cursor this API gave"),
+    ]:
+        r = user1.get("/jobs", params=params)
+        assert r.status_code == 400 and words in error_of(r), r.text
+    for job in [*user1.get("/jobs").json()["jobs"], *user2.get("/jobs").json()["jobs"]]:
+        if job["name"] == "paged":  # ended before the next test compares listings
+            hub.clients[job["user"]].wait_state(job["id"], {"FINISHED"})
+
+
 @pytest.mark.parametrize(
     ("change", "status", "words"),
     [

@@ -14,6 +14,7 @@ from alembic.script import ScriptDirectory
 
 from extension.metering.transitions import Transition
 from extension.scheduler import UNLIMITED, Resources
+from extension.service.paging import Cursor
 from extension.service.records import StoreChange
 from extension.service.rows import Base, JobRow
 from extension.service.store import MIGRATIONS, PlanRecord, Store
@@ -244,5 +245,27 @@ def test_a_plan_prefix_is_matched_exactly(store_url: str) -> None:
             store.add_job(JobRow(**values), at=1.0)
         assert [t.job_id for t in store.transitions(leaf_prefix="/a_b")] == ["job-u"]
         assert [t.job_id for t in store.transitions(leaf_prefix="/p")] == []
+    finally:
+        store.close()
+
+
+def test_a_page_goes_on_just_past_the_last_one_listed(store_url: str) -> None:
+    """GET /jobs's cursor (submitted, id): ties in time go by id, filters still apply."""
+    store = Store.open(store_url)
+    try:
+        for job_id, user, at in [
+            ("job-b", "u1", 99.0),
+            ("job-a", "u2", 99.0),
+            ("job-c", "u1", 98.0),
+        ]:
+            values = _job_values(job_id, user=user, leaf=f"/p/{user}", state="PENDING")
+            store.add_job(JobRow(**{**values, "submitted": at, "placement": []}), at=at)
+        assert [j.id for j in store.jobs()] == ["job-c", "job-a", "job-b"]
+        assert [j.id for j in store.jobs(after=Cursor(98.0, "job-c"))] == ["job-a", "job-b"]
+        assert [j.id for j in store.jobs(after=Cursor(99.0, "job-a"))] == ["job-b"]
+        assert [j.id for j in store.jobs(after=Cursor(98.5, "zzz"))] == ["job-a", "job-b"]
+        assert [j.id for j in store.jobs(user="u1", after=Cursor(98.0, "job-c"))] == ["job-b"]
+        assert [j.id for j in store.jobs(after=Cursor(98.0, "job-c"), limit=1)] == ["job-a"]
+        assert store.jobs(after=Cursor(99.0, "job-b")) == []
     finally:
         store.close()
