@@ -37,20 +37,26 @@ def result(state: CycleState, explain: bool = True) -> CycleResult:
 def _waiting(state: CycleState, waiting: dict[str, str]) -> None:
     """Every job left in a bucket waits for capacity (one reason per shape, in the order the
     shapes first come bottom-up; the index keeps them for the next cycle: kept.py), then the
-    reasons the cycle gave single jobs."""
+    reasons the cycle gave single jobs. A leaf's started jobs stay in its buckets; a leaf
+    whose pending count fell to 0 has started them all, and is not listed."""
     groups: dict[tuple, list[list[Job]]] = {}
     for plan in state.bottom_up:
         if not plan.buckets:
             continue
+        every_job_started = not plan.pending
         for (w, n, _), jobs in plan.buckets.items():
             if jobs:
                 parts = groups.get((w, n))
                 if parts is None:
                     parts = groups[(w, n)] = []
-                parts.append(jobs)
+                if not every_job_started:
+                    parts.append(jobs)
+    # a shape whose every job started lists nothing: no room to count (a pass over the nodes
+    # each), while a shape's place in the order is where it first came, listed or not
+    groups = {shape: parts for shape, parts in groups.items() if parts}
     waiting.update(state.index.waiting.reasons(groups, partial(capacity_reason, state)))
     for job_id in state.started:
-        del waiting[job_id]
+        waiting.pop(job_id, None)
     waiting.update(state.waits)
     held = state.reserved_for
     if held is not None:
