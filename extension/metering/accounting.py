@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .blocks import MEMORY, Blocks
 from .series import ZERO, StepSeries, Vec, sub
 from .transitions import Transition
 
@@ -77,10 +78,10 @@ class Fact:
 class Node:
     __slots__ = ("path", "requested", "used", "preemptions", "children")
 
-    def __init__(self, path: str, bucket: int) -> None:
+    def __init__(self, path: str, bucket: int, blocks: Blocks = MEMORY) -> None:
         self.path = path
-        self.requested = StepSeries(bucket)
-        self.used = StepSeries(bucket)
+        self.requested = StepSeries(bucket, blocks)
+        self.used = StepSeries(bucket, blocks)
         self.preemptions = 0
         self.children: set[str] = set()
 
@@ -103,7 +104,9 @@ class Ledger:
         bucket_seconds: float = 3600,
         full_resolution_seconds: float = 7 * 86400,
         retention_seconds: float = 400 * 86400,
+        blocks: Blocks = MEMORY,
     ) -> None:
+        """``blocks``: where the series' sealed chunks are kept (``blocks.py``)."""
         if bucket_seconds <= 0 or full_resolution_seconds < 0:
             raise ValueError("bucket must be > 0 and the full-resolution window >= 0 seconds")
         if retention_seconds < full_resolution_seconds:
@@ -115,7 +118,8 @@ class Ledger:
         self.window = ms(full_resolution_seconds)
         self.retention = ms(retention_seconds)
         self.kept_from = 0  # ms; nothing before it is kept (retention)
-        self.nodes: dict[str, Node] = {ROOT: Node(ROOT, self.bucket)}
+        self.blocks = blocks
+        self.nodes: dict[str, Node] = {ROOT: Node(ROOT, self.bucket, blocks)}
         self.owners: dict[str, str] = {}  # user leaf -> user
         self._jobs: dict[str, _Track] = {}
         self.horizon = 0  # ms; history before it is kept as buckets only
@@ -125,7 +129,7 @@ class Ledger:
     def node(self, path: str) -> Node:
         found = self.nodes.get(path)
         if found is None:
-            found = self.nodes[path] = Node(path, self.bucket)
+            found = self.nodes[path] = Node(path, self.bucket, self.blocks)
             up = parent(path)
             self.node(up).children.add(path)
         return found

@@ -2,7 +2,8 @@
 
 ``Metering(parent=service, store=store)`` reads the ``transitions`` table (joined with ``jobs``
 for each job's user and max workers) into a ``Ledger``, and after that only the rows written
-since (``id`` greater than the last one read). ``attach(scheduler)`` registers ``on_cycle`` on
+since (``id`` greater than the last one read). The ledger's sealed history goes to a spill file
+in the service's ``state_dir`` (``blocks.py``). ``attach(scheduler)`` registers ``on_cycle`` on
 the scheduling loop: after every cycle it folds in the new transitions, keeps the cycle's plan
 figures (deserved, limit, pending, running) for Prometheus, times the cycle and, every
 ``sample_interval`` seconds, samples the measured utilization of running local jobs, and keeps
@@ -30,6 +31,7 @@ from traitlets.config import LoggingConfigurable
 from extension.backends.base import WorkerPids
 
 from .accounting import RESOURCES, ROOT, Fact, Ledger
+from .blocks import MEMORY, Blocks, SpillFile
 from .churn import Churn, churn_families
 from .pending import pending_families, queue_views
 from .shares import ShareSamples, share_families
@@ -109,7 +111,7 @@ class Metering(LoggingConfigurable):
         super().__init__(**kwargs)
         self.store = store
         self.clock = clock
-        self.ledger = Ledger(self.bucket, self.full_resolution, self.retention)
+        self.ledger = Ledger(self.bucket, self.full_resolution, self.retention, self._blocks())
         self.last_id = 0
         self._result: Any = None  # the last cycle's; its plan figures are built on first read
         self.cycles = 0
@@ -130,6 +132,18 @@ class Metering(LoggingConfigurable):
         self.shares = ShareSamples()
         self.churn.load(store.preemption_details())  # the history: counters survive restarts
         self.refresh()
+
+    def _blocks(self) -> Blocks:
+        """Where the ledger keeps its sealed history: a spill file in the service's state
+        directory (the parent's ``state_dir``, private to the service), else memory."""
+        directory = getattr(self.parent, "state_dir", None)
+        if not directory:
+            return MEMORY
+        try:
+            return SpillFile.open(directory)
+        except OSError as err:
+            self.log.warning("metering keeps its full-resolution history in memory: %s", err)
+            return MEMORY
 
     @property
     def figures(self) -> dict:

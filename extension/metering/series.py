@@ -25,12 +25,12 @@ points are kept as Python objects; older ones are sealed, ``CHUNK`` at a time, i
 columns, compressed, and the integral up to that first point as exact ints (a chunk whose
 integrals would not fit in 64 bits keeps values only and sums them when read; one whose values
 would not fit is not sealed). A change that arrives later than the newest points unseals the
-chunks after it first; a read opens the chunk it needs (the last ``OPENED`` are kept open).
+chunks after it first; a read opens the chunk it needs (the last ``OPENED`` are kept open). The
+chunks' bytes are kept in blocks (``blocks.py``): in memory, or in the service's spill file.
 """
 
 from __future__ import annotations
 
-import threading
 import zlib
 from array import array
 from bisect import bisect_left, bisect_right
@@ -38,6 +38,8 @@ from collections import OrderedDict
 from fractions import Fraction
 from itertools import accumulate
 from operator import mul
+
+from .blocks import MEMORY, Block, Blocks
 
 Vec = tuple[int, int, int]
 ZERO: Vec = (0, 0, 0)
@@ -61,32 +63,6 @@ OPENED = 64  # chunks kept open for reading (about 7 KB each)
 Points = tuple[list[int], list[Vec], list[Vec]]  # times, values, integrals up to each time
 
 
-class _Blocks:
-    """Where sealed chunks' bytes are written: one after the other into blocks of ``BLOCK``
-    bytes, each freed when no chunk refers to it any more. One long-lived allocation per block
-    instead of one per chunk: chunks of a kilobyte or two, each made among the loop's passing
-    allocations, would leave the C heap's pages around them partly used, so never given back."""
-
-    def __init__(self) -> None:
-        self.block = bytearray(BLOCK)
-        self.fill = 0
-        self.lock = threading.Lock()  # ledgers of other threads (tests, tools) share it
-
-    def put(self, data: bytes) -> tuple[bytearray, int]:
-        """Write ``data``; the block that holds it and where."""
-        with self.lock:
-            if self.fill + len(data) > len(self.block):
-                self.block, self.fill = bytearray(max(BLOCK, len(data))), 0
-            at = self.fill
-            self.block[at : at + len(data)] = data
-            self.fill += len(data)
-            return self.block, at
-
-
-BLOCK = 256 * 1024
-_BLOCKS = _Blocks()
-
-
 class _Chunk:
     """``n`` full-resolution points, sealed (the first one's time is also the series'
     ``firsts`` entry): the integral up to the first, then the times, values and integrals from
@@ -94,16 +70,23 @@ class _Chunk:
 
     __slots__ = ("n", "block", "at", "size")
 
-    def __init__(self, n: int, data: bytes) -> None:
+    def __init__(self, n: int, data: bytes, blocks: Blocks) -> None:
+        placed = blocks.put(data)
         self.n, self.size = n, len(data)
-        self.block, self.at = _BLOCKS.put(data)
+        self.block: Block = placed.block
+        self.at = placed.at
+
+    def __del__(self) -> None:
+        block = getattr(self, "block", None)  # None: its bytes were never written
+        if block is not None:
+            block.release()
 
     @property
-    def data(self) -> memoryview:
-        return memoryview(self.block)[self.at : self.at + self.size]
+    def data(self) -> bytes | memoryview:
+        return self.block.read(self.at, self.size)
 
     @classmethod
-    def of(cls, times: list[int], values: list[Vec], cum0: Vec) -> _Chunk | None:
+    def of(cls, times: list[int], values: list[Vec], cum0: Vec, blocks: Blocks) -> _Chunk | None:
         """The chunk of these points (None: a figure beyond 64 bits, kept as it is)."""
         columns = list(times)
         for r in range(3):
@@ -119,7 +102,7 @@ class _Chunk:
                 packed = array("q", columns[: width * len(times)]).tobytes()
             except OverflowError:
                 continue
-            return cls(len(times), zlib.compress(head + packed, 6))
+            return cls(len(times), zlib.compress(head + packed, 6), blocks)
         return None
 
     def points(self) -> Points:
@@ -211,13 +194,14 @@ class StepSeries:
 
     __slots__ = (
         "bucket", "old_end", "otimes", "orates", "ocum", "times", "values", "cum", "sealed",
-        "firsts",
+        "firsts", "blocks",
     )  # fmt: skip
 
-    def __init__(self, bucket: int) -> None:
+    def __init__(self, bucket: int, blocks: Blocks = MEMORY) -> None:
         if bucket <= 0:
             raise ValueError("bucket must be a positive number of milliseconds")
         self.bucket = bucket
+        self.blocks = blocks  # where sealed chunks' bytes go
         # downsampled history, before old_end: from otimes[i] (a bucket boundary) on, every
         # bucket's integral is orates[i], until the next entry; ocum[i] is the integral up to
         # otimes[i]. An entry is added only when the per-bucket integral changes, so an idle
@@ -396,7 +380,7 @@ class StepSeries:
         CHUNK`` are left."""
         times, values, cum = self.times, self.values, self.cum
         while len(times) > HOT + CHUNK:
-            chunk = _Chunk.of(times[:CHUNK], values[:CHUNK], cum[0])
+            chunk = _Chunk.of(times[:CHUNK], values[:CHUNK], cum[0], self.blocks)
             if chunk is None:
                 return
             self.sealed.append(chunk)
@@ -472,7 +456,7 @@ class StepSeries:
             return
         times, values, _ = self.sealed[i].points()
         k = bisect_right(times, horizon) - 1
-        chunk = _Chunk.of([horizon, *times[k + 1 :]], values[k:], at_horizon)
+        chunk = _Chunk.of([horizon, *times[k + 1 :]], values[k:], at_horizon, self.blocks)
         assert chunk is not None  # its figures were sealed once already
         self.sealed[: i + 1], self.firsts[: i + 1] = [chunk], [horizon]
 

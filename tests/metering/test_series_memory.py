@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from extension.metering import series as series_module
 from extension.metering.accounting import Fact, Ledger
-from extension.metering.series import BLOCK, StepSeries
+from extension.metering.blocks import BLOCK
+from extension.metering.series import StepSeries
 
 T0 = 1_800_000_000.0  # a whole hour in epoch seconds
 BUCKET = 1000  # ms, small so that compaction has work to do
@@ -49,13 +50,13 @@ OPS = st.lists(
 )
 
 
+PROBES = st.lists(st.integers(-1000, 45_000), min_size=1, max_size=30)
+# memory in bytes: small, integrals past 64 bits, values past 64 bits (never sealed)
+SIZES = st.sampled_from([1, 2**50, 2**62])
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    OPS,
-    st.lists(st.integers(-1000, 45_000), min_size=1, max_size=30),
-    # memory in bytes: small, integrals past 64 bits, values past 64 bits (never sealed)
-    st.sampled_from([1, 2**50, 2**62]),
-)
+@given(OPS, PROBES, SIZES)
 def test_a_sealed_series_reads_as_one_kept_whole(ops, probes, size) -> None:
     sealed, whole = StepSeries(BUCKET), StepSeries(BUCKET)
     for op in ops:
