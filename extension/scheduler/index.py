@@ -17,6 +17,7 @@ from itertools import chain
 from operator import attrgetter
 
 from . import messages
+from .held import HoldKept
 from .kept import FitCarry, SortedKept, WaitingKept
 from .model import Instance, Job
 from .placement import fit_count
@@ -181,6 +182,7 @@ class PlanIndex:
         self.sorted = SortedKept()  # the buckets the last cycle sorted (kept.py)
         self.intake_kept: object | None = None  # what the last intake derived: intake.Kept
         self.fit_carry = FitCarry()  # the fit indexes admission used, after hold (kept.py)
+        self.hold_kept = HoldKept()  # the rows after the last hold (held.py)
         self.shares_kept: object | None = None  # the last deserved shares: deserved.SharesKept
         for plan in sorted(tree, key=lambda p: (p.path.count("/"), p.path)):
             self.add(plan.path, plan.share, plan.limit, plan.user_leaf)

@@ -141,8 +141,12 @@ class FitCarry:
         self.used: set[tuple] = set()  # shapes asked for this cycle without a kept index
         self.asked: set[tuple] = set()  # kept shapes asked for this cycle
 
-    def begin(self, rows: list, free: list, names: Sequence[str]) -> None:
-        """After ``hold``: ``rows`` is ``free`` flattened (``Ledger.mark``)."""
+    def begin(
+        self, rows: list, free: list, names: Sequence[str], changed: Iterable[int] | None = None
+    ) -> None:
+        """After ``hold``: ``rows`` is ``free`` flattened (``Ledger.mark``); ``changed``, when
+        hold knows them, the nodes whose rows may differ from the last ``begin``'s (else the
+        rows are compared)."""
         last, kept = self.rows, self.kept
         for w in [w for w in kept if w not in self.asked]:
             del kept[w]
@@ -150,7 +154,8 @@ class FitCarry:
         if last is None or len(last) != len(rows):
             kept.clear()
         elif kept:
-            changed = dict.fromkeys(k // 3 for k in compress(count(), map(ne, rows, last)))
+            if changed is None:
+                changed = dict.fromkeys(k // 3 for k in compress(count(), map(ne, rows, last)))
             for index in kept.values():
                 for i in changed:
                     index.update(i)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from itertools import chain
 
+from .held import HoldKept
 from .index import NodeFigures, PlanNode
 from .kept import FitCarry
 from .model import Job
@@ -39,18 +40,25 @@ class Ledger:
         "fits",
         "carry",
         "touched",
+        "kept",
+        "changed",
         "_rooms",
     )
 
     def __init__(
-        self, nodes: NodeFigures, free: list, incoming: list, pool: list, carry: FitCarry
+        self,
+        nodes: NodeFigures,
+        free: list,
+        incoming: list,
+        pool: list,
+        carry: FitCarry,
+        kept: HoldKept | None = None,
     ) -> None:
         self.names = nodes.names
-        self.free, self.incoming, self.pool = free, incoming, pool  # rows kept by PlanIndex
-        for row, cap in zip(free, nodes.capacity):
-            row[:] = cap
-        for row in incoming:
-            row[:] = (0, 0, 0)
+        # rows kept by PlanIndex, as the last cycle left them until ``hold`` writes them
+        self.free, self.incoming, self.pool = free, incoming, pool
+        self.kept = HoldKept() if kept is None else kept  # the rows after the last hold
+        self.changed: set[int] | None = None  # nodes whose rows hold changed, None: any
         self.total_free = [0, 0, 0]
         self.total_incoming = [0, 0, 0]
         self.promised: dict[str, list[float]] = {}  # plan path -> alloc change promised
@@ -58,17 +66,46 @@ class Ledger:
         # hold (placement.FitIndex), kept in step by take and reserve
         self.fits: dict[tuple, FitIndex] = {}
         self.carry = carry  # the fit indexes as they stood after hold, kept between cycles
-        self.touched: set[int] = set()  # nodes admission took or reserved on since hold
+        # nodes whose rows changed since hold (admission, reclaim, growth; a rewind undoes
+        # them all): kept.FitCarry's copies and the next cycle's hold bring these up
+        self.touched: set[int] = set()
         self._rooms: dict[tuple, float] = {}  # pool_room answers until the pool changes
 
     # the start of the cycle ---------------------------------------------------------------
     def hold(self, running: list[Job], leaves: list[PlanNode], nodes: NodeFigures) -> None:
         """Running jobs hold their workers' nodes (a terminating job's are incoming too) and
         are charged to their leaf (to the ancestors in the demand phase); then the totals,
-        cut down by the quota, which can be below the machines."""
+        cut down by the quota, which can be below the machines. The rows come from the last
+        cycle's by the jobs that changed where every amount is an int (held.HoldKept)."""
+        changed = self.changed = self.kept.hold(
+            running, nodes, self.free, self.incoming, self.touched
+        )
+        if changed is None:
+            self._hold_afresh(running, nodes)
+            total = [sum(column) for column in zip(*self.free)] or [0, 0, 0]
+        else:
+            total = self.kept.total[:]
+        for job, leaf in zip(running, leaves):
+            w0, w1, w2 = job.per_worker
+            k = job.workers
+            a = leaf.alloc
+            a[0] += w0 * k
+            a[1] += w1 * k
+            a[2] += w2 * k
+        self.total_free = total
+        for r in range(3):
+            used = nodes.machines[r] - total[r]
+            total[r] = min(total[r], nodes.total[r] - used)
+
+    def _hold_afresh(self, running: list[Job], nodes: NodeFigures) -> None:
+        """Every node's rows from its capacity, less every running job's workers."""
         free, incoming, node_at = self.free, self.incoming, nodes.node_at
+        for row, cap in zip(free, nodes.capacity):
+            row[:] = cap
+        for row in incoming:
+            row[:] = (0, 0, 0)
         whole = nodes.integral  # every row whole numbers so far: a node's workers at once
-        for job, leaf in zip(running, leaves):  # the hot loop: locals, one lookup per question
+        for job in running:  # the hot loop: locals, one lookup per question
             w0, w1, w2 = job.per_worker
             placement = job.placement
             if whole and not (type(w0) is int and type(w1) is int and type(w2) is int):
@@ -89,15 +126,6 @@ class Ledger:
                     inc[0] += w0
                     inc[1] += w1
                     inc[2] += w2
-            k = job.workers
-            a = leaf.alloc
-            a[0] += w0 * k
-            a[1] += w1 * k
-            a[2] += w2 * k
-        total = self.total_free = [sum(column) for column in zip(*free)] or [0, 0, 0]
-        for r in range(3):
-            used = nodes.machines[r] - total[r]
-            total[r] = min(total[r], nodes.total[r] - used)
 
     def _hold_grouped(self, job: Job, node_at: dict[str, int]) -> None:
         """``hold`` for a job of many workers (an aggregated group in the simulator): per node
@@ -120,9 +148,12 @@ class Ledger:
 
     def mark(self) -> tuple[list, list, list, list]:
         """The rows and totals as ``hold`` left them, for ``rewind`` (Reclaim 6's reruns):
-        flat lists of numbers, three per node."""
-        free = list(chain.from_iterable(self.free))
-        incoming = list(chain.from_iterable(self.incoming))
+        flat lists of numbers, three per node (the kept ones' copies where hold kept them)."""
+        if self.changed is not None:
+            free, incoming = self.kept.free[:], self.kept.incoming[:]
+        else:
+            free = list(chain.from_iterable(self.free))
+            incoming = list(chain.from_iterable(self.incoming))
         return free, incoming, self.total_free[:], self.total_incoming[:]
 
     def rewind(self, mark: tuple[list, list, list, list]) -> None:
@@ -137,7 +168,7 @@ class Ledger:
         self.total_free[:], self.total_incoming[:] = total_free, total_incoming
         self.promised = {}
         self.fits = {}
-        self.touched = set()
+        self.touched.clear()  # every row is as hold left it again
         self._rooms = {}
 
     # admission and growth -----------------------------------------------------------------
@@ -334,6 +365,7 @@ class Release:
         ledger.pool_changed()
         incoming, pool, ti = ledger.incoming, ledger.pool, ledger.total_incoming
         for victim, vleaf, nodes in self.steps:
+            ledger.touched.update(nodes)
             count = len(nodes)
             vw = victim.per_worker
             for i in nodes:

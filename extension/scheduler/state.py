@@ -79,7 +79,7 @@ def open_cycle(snapshot: Snapshot, now: float, cache: IndexCache) -> CycleState:
     nodes = cache.nodes(inst)
     index = cache.checkout(snapshot.plans, inst)
     index.reset()
-    ledger = Ledger(nodes, index.free, index.incoming, index.pool, index.fit_carry)
+    ledger = Ledger(nodes, index.free, index.incoming, index.pool, index.fit_carry, index.hold_kept)
     return CycleState(snapshot, now, snapshot.config, index, nodes, ledger)
 
 
@@ -101,7 +101,7 @@ def mark(state: CycleState) -> PhaseMark:
     the rows ``hold`` left (kept.FitCarry)."""
     rows = state.ledger.mark()
     ledger = state.ledger
-    state.index.fit_carry.begin(rows[0], ledger.free, ledger.names)
+    state.index.fit_carry.begin(rows[0], ledger.free, ledger.names, ledger.changed)
     return PhaseMark(
         state.index.mark(),
         rows,
