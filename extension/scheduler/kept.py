@@ -20,6 +20,7 @@ from .model import Job
 from .placement import FitIndex
 
 _id_of = attrgetter("id")
+KEPT_SHAPES = 8  # fit indexes kept between cycles at most (FitCarry)
 
 
 class ShapeReasons:
@@ -130,16 +131,18 @@ class FitCarry:
     instant to the next few nodes' free rows change. Each cycle ``begin`` brings the kept
     indexes up to this cycle's rows, node by changed node, and admission works on copies, so
     what it takes and reserves never reaches the kept ones. A shape first used in a cycle is
-    built from that cycle's rows after ``hold`` at the next ``begin``. Only the shapes the last
-    cycle asked for are kept: users' shapes are many, each index is a row per node."""
+    built from that cycle's rows after ``hold`` at the next ``begin``. The ``KEPT_SHAPES``
+    shapes asked for last are kept: users' shapes are many, each index is a row per node and
+    is brought up every cycle, while a shape asked for every few cycles would otherwise be
+    built twice each time (in the cycle that asks, and at the next ``begin``)."""
 
-    __slots__ = ("rows", "kept", "used", "asked")
+    __slots__ = ("rows", "kept", "used", "recent")
 
     def __init__(self) -> None:
         self.rows: list | None = None  # the flat free rows after hold, three numbers a node
         self.kept: dict[tuple, FitIndex] = {}
         self.used: set[tuple] = set()  # shapes asked for this cycle without a kept index
-        self.asked: set[tuple] = set()  # kept shapes asked for this cycle
+        self.recent: dict[tuple, None] = {}  # the kept and used shapes, the last asked last
 
     def begin(
         self, rows: list, free: list, names: Sequence[str], changed: Iterable[int] | None = None
@@ -148,9 +151,10 @@ class FitCarry:
         hold knows them, the nodes whose rows may differ from the last ``begin``'s (else the
         rows are compared)."""
         last, kept = self.rows, self.kept
-        for w in [w for w in kept if w not in self.asked]:
-            del kept[w]
-        self.asked = set()
+        if len(self.recent) > KEPT_SHAPES:
+            self.recent = dict.fromkeys(list(self.recent)[-KEPT_SHAPES:])
+            for w in [w for w in kept if w not in self.recent]:
+                del kept[w]
         if last is None or len(last) != len(rows):
             kept.clear()
         elif kept:
@@ -159,19 +163,23 @@ class FitCarry:
             for index in kept.values():
                 for i in changed:
                     index.update(i)
-        for w in self.used:
-            kept[w] = FitIndex(free, names, w)
+        for w in self.recent:
+            if w in self.used:
+                kept[w] = FitIndex(free, names, w)
+        self.recent = dict.fromkeys(w for w in self.recent if w in kept)
         self.used = set()
         self.rows = rows
 
     def index(self, w: tuple, free: list, names: Sequence[str], touched: Iterable[int]) -> FitIndex:
         """A fit index of ``w`` over ``free`` as it is now, for admission to change:
         ``touched`` are the nodes whose rows changed since ``hold``."""
+        recent = self.recent
+        recent.pop(w, None)
+        recent[w] = None
         kept = self.kept.get(w)
         if kept is None:
             self.used.add(w)
             return FitIndex(free, names, w)
-        self.asked.add(w)
         index = kept.copy()
         for i in touched:
             index.update(i)

@@ -8,7 +8,7 @@ from itertools import chain
 
 import pytest
 
-from extension.scheduler.kept import FitCarry
+from extension.scheduler.kept import KEPT_SHAPES, FitCarry
 from extension.scheduler.placement import FitIndex
 
 SHAPES = [(1, 1000, 1 << 30), (2, 500, 1 << 29), (0, 2000, 1 << 28), (8, 100, 1 << 20)]
@@ -62,7 +62,7 @@ def test_a_change_in_the_number_of_nodes_starts_afresh() -> None:
     assert not carry.kept
 
 
-def test_only_the_shapes_the_last_cycle_asked_for_are_kept() -> None:
+def test_the_shapes_asked_for_last_are_kept() -> None:
     names = ["a", "b"]
     free = [[4, 4000, 1 << 32], [2, 2000, 1 << 31]]
     carry = FitCarry()
@@ -73,6 +73,13 @@ def test_only_the_shapes_the_last_cycle_asked_for_are_kept() -> None:
     assert set(carry.kept) == set(SHAPES)
     carry.index(SHAPES[0], free, names, ())
     carry.begin(flat(free), free, names)
-    assert set(carry.kept) == {SHAPES[0]}
     carry.begin(flat(free), free, names)
-    assert not carry.kept
+    assert set(carry.kept) == set(SHAPES)  # kept while not asked for
+    many = [(1, c, 0) for c in range(KEPT_SHAPES)]
+    for w in many:
+        carry.index(w, free, names, ())
+    carry.index(SHAPES[2], free, names, ())
+    carry.begin(flat(free), free, names)
+    assert set(carry.kept) == {SHAPES[2], *many[1:]}  # at most KEPT_SHAPES, the last asked
+    for w in carry.kept:
+        assert same(carry.kept[w], FitIndex(free, names, w))
