@@ -166,7 +166,7 @@ def _limited(sched: CycleState) -> list[tuple[LiveJob, float]]:
     A job being shrunk waits for its ``resized`` (that event brings the cycle that judges it):
     counted here, a deadline passed during the shrink's grace would spin the loop."""
     out = []
-    for record in sched.live.values():
+    for record in sched.live.limited():
         if record.max_runtime is None or record.stopping or record.resize_to is not None:
             continue
         job = record.job

@@ -59,6 +59,14 @@ class CoreJobs(Mapping[str, Job]):
     def __len__(self) -> int:
         return len(self._records)
 
+    def get(self, job_id: str, default: Job | None = None) -> Job | None:  # type: ignore[override]
+        record = self._records.get(job_id)  # each event of a cycle looks its job up
+        return default if record is None else record.job
+
+    def values(self) -> list[Job]:  # type: ignore[override]
+        # every cycle lists them all: Mapping's view would look each one up again by its key
+        return [record.job for record in self._records.values()]
+
 
 class LiveJobs(Mapping[str, LiveJob]):
     """Every live job's record, by id. ``end`` takes a job out (and gives a notebook's devices
@@ -66,6 +74,8 @@ class LiveJobs(Mapping[str, LiveJob]):
 
     def __init__(self, notebook_devices: NotebookDevices) -> None:
         self._records: dict[str, LiveJob] = {}
+        # the ones with a runtime limit, which each cycle checks: not every pending job
+        self._limited: dict[str, LiveJob] = {}
         self.notebook_devices = notebook_devices
         self.jobs = CoreJobs(self._records)
 
@@ -79,15 +89,21 @@ class LiveJobs(Mapping[str, LiveJob]):
         return len(self._records)
 
     def take_in(self, row: JobRow) -> LiveJob:
-        record = self._records[row.id] = LiveJob.of(row)
+        record = LiveJob.of(row)
+        self.add(record)
         return record
 
     def add(self, record: LiveJob) -> None:
         self._records[record.job.id] = record
+        if record.max_runtime is not None:
+            self._limited[record.job.id] = record
+        else:
+            self._limited.pop(record.job.id, None)
 
     def end(self, job: Job, state: JobState) -> None:
         """``job`` is over (``state``): out of the live jobs, its notebook devices given back."""
         record = self._records.pop(job.id, None)
+        self._limited.pop(job.id, None)
         if record is not None and record.kind is JobKind.NOTEBOOK:
             self.notebook_devices.release(job.id)
         job.state = state
@@ -95,6 +111,11 @@ class LiveJobs(Mapping[str, LiveJob]):
 
     def clear(self) -> None:
         self._records.clear()
+        self._limited.clear()
+
+    def limited(self) -> list[LiveJob]:
+        """The records of the live jobs that have a runtime limit."""
+        return list(self._limited.values())
 
     def kind_of(self, job_id: str) -> JobKind | None:
         record = self._records.get(job_id)
@@ -108,7 +129,7 @@ class LiveJobs(Mapping[str, LiveJob]):
         """Live job id -> its runtime limit in seconds, for the jobs that have one."""
         return {
             job_id: r.max_runtime
-            for job_id, r in self._records.items()
+            for job_id, r in self._limited.items()
             if r.max_runtime is not None
         }
 

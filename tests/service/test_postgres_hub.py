@@ -99,7 +99,9 @@ def test_a_restart_on_postgresql_keeps_plans_jobs_and_usage(hub: Hub) -> None:
     plans_before = admin.get("/plans").json()["plans"]
     jobs_before = {j["id"]: j["state"] for j in admin.get("/jobs").json()["jobs"]}
     usage = {"plan": PLAN, "start": "now-1h", "end": "now", "step": "1h"}
-    used_before = user1.get("/usage", params=usage).json()["totals"]["used"]["gpu_hours"]
+    r = user1.get("/usage", params=usage)
+    assert r.status_code == 200, r.text
+    used_before = r.json()["totals"]["used"]["gpu_hours"]
     assert jobs_before and used_before > 0
     hub.restart()
     assert admin.get("/plans").json()["plans"] == plans_before
