@@ -40,9 +40,12 @@ def compute_demand(state: CycleState) -> None:
                     d[0] += w[0] * k
                     d[1] += w[1] * k
                     d[2] += w[2] * k
-        for r in range(3):
-            if d[r] > lim[r]:
-                d[r] = lim[r]
+        if d[0] > lim[0]:
+            d[0] = lim[0]
+        if d[1] > lim[1]:
+            d[1] = lim[1]
+        if d[2] > lim[2]:
+            d[2] = lim[2]
         parent = plan.parent
         if parent is not None:
             pd, pa, a = parent.demand, parent.alloc, plan.alloc

@@ -41,19 +41,6 @@ class Held:
         """What each held worker takes, and where (free only, or incoming too)."""
         return self.per_worker, self.terminating
 
-    def same(self, job: Job) -> bool:
-        """``job`` holds what this one held: the very object, with the same placement tuple
-        (another placement, or one that can change in place, is counted again), worker and
-        state."""
-        placement = job.placement
-        return (
-            job is self.job
-            and placement is self.placement
-            and type(placement) is tuple
-            and job.per_worker is self.worker
-            and job.terminating == self.terminating
-        )
-
 
 def _whole(w: Sequence) -> bool:
     return type(w[0]) is int and type(w[1]) is int and type(w[2]) is int
@@ -102,7 +89,14 @@ class HoldKept:
                 return None
             now[key] = job
             was = held.get(key)
-            if was is not None and was.same(job):
+            if (  # the very job, same placement tuple (a list can change in place), worker
+                was is not None
+                and was.job is job
+                and job.placement is was.placement
+                and type(was.placement) is tuple
+                and job.per_worker is was.worker
+                and job.terminating == was.terminating
+            ):  # and state: it holds what it held
                 continue
             if not _whole(job.per_worker):
                 self.drop()

@@ -11,12 +11,22 @@ reads only the decisions) the reasons and figures are left out.
 from __future__ import annotations
 
 from functools import partial
+from itertools import chain
+from operator import attrgetter
 
 from . import messages
 from .admit import capacity_reason
 from .decisions import CycleResult, Grow, PlanRows, Start
 from .model import Job
 from .state import CycleState
+
+_path_of, _share_of, _limit_of = attrgetter("path"), attrgetter("share"), attrgetter("limit")
+_deserved_of, _alloc_of, _demand_of = (
+    attrgetter("deserved"),
+    attrgetter("alloc"),
+    attrgetter("demand"),
+)
+_pending_of, _running_of = attrgetter("pending"), attrgetter("running")
 
 
 def result(state: CycleState, explain: bool = True) -> CycleResult:
@@ -100,25 +110,26 @@ def _history_reasons(state: CycleState, waiting: dict[str, str]) -> None:
 
 def _figures(state: CycleState) -> PlanRows:
     """Leaves count their jobs and parents add their children's; a made-up leaf whose jobs
-    are gone is not a plan any more. Recorded as columns: a tuple per plan would be thousands
-    of objects for the garbage collector to walk every cycle."""
-    rows = PlanRows()
-    path, share, limit = rows.path.append, rows.share.append, rows.limit.append
-    deserved, allocated, demand = rows.deserved.extend, rows.allocated.extend, rows.demand.extend
-    pending, running = rows.pending.append, rows.running.append
-    for plan in state.bottom_up:
+    are gone is not a plan any more. Recorded as columns, each filled in C: a tuple per plan
+    would be thousands of objects for the garbage collector to walk every cycle."""
+    shown = state.bottom_up
+    gone = False
+    for plan in shown:
         parent = plan.parent
         if parent is not None:
             parent.pending += plan.pending
             parent.running += plan.running
         if plan.implicit and not (plan.pending or plan.running):
-            continue
-        path(plan.path)
-        share(plan.share)
-        limit(plan.limit)
-        deserved(plan.deserved)
-        allocated(plan.alloc)
-        demand(plan.demand)
-        pending(plan.pending)
-        running(plan.running)
+            gone = True
+    if gone:
+        shown = [p for p in shown if not (p.implicit and not (p.pending or p.running))]
+    rows = PlanRows()
+    rows.path = list(map(_path_of, shown))
+    rows.share = list(map(_share_of, shown))
+    rows.limit = list(map(_limit_of, shown))
+    rows.deserved = list(chain.from_iterable(map(_deserved_of, shown)))
+    rows.allocated = list(chain.from_iterable(map(_alloc_of, shown)))
+    rows.demand = list(chain.from_iterable(map(_demand_of, shown)))
+    rows.pending = list(map(_pending_of, shown))
+    rows.running = list(map(_running_of, shown))
     return rows

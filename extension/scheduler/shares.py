@@ -32,11 +32,19 @@ def water_fill(amount: float, caps: Sequence[float], weights: Sequence[float]) -
 
 
 def dominant_ratio(allocated: Sequence[float], deserved: Sequence[float]) -> float:
-    """max over resources of allocated/deserved; holding what one does not deserve is infinite."""
+    """max over resources of allocated/deserved; holding what one does not deserve is infinite.
+    The three resources written out: every plan's ratio is asked for every cycle."""
+    a0, a1, a2 = allocated
+    d0, d1, d2 = deserved
     worst = 0.0
-    for a, d in zip(allocated, deserved):
-        if a > 0:
-            q = a / d if d > 0 else INF
-            if q > worst:
-                worst = q
+    if a0 > 0:
+        worst = a0 / d0 if d0 > 0 else INF
+    if a1 > 0:
+        q = a1 / d1 if d1 > 0 else INF
+        if q > worst:
+            worst = q
+    if a2 > 0:
+        q = a2 / d2 if d2 > 0 else INF
+        if q > worst:
+            worst = q
     return worst
