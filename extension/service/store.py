@@ -45,6 +45,20 @@ from .rows import DecisionRow, JobRow, MetaRow, PlanRow, TransitionRow
 
 log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).with_name("migrations")
+IN_BATCH = 512  # ids in one IN list at most
+
+
+def in_batches(ids: list[str]) -> Iterator[list[str]]:
+    """``ids`` as IN lists of at most ``IN_BATCH``, each padded to a power of two with its last
+    id (the rows found are the same). Each length of list is a statement of its own, which a
+    SQLite connection prepares and keeps (128 a connection): about 80 bytes of the store's
+    threads' memory for each id it has room for, 40 KiB for 500. With a list of every length
+    the readers and the writer kept 2-4 MiB each, filled as new lengths came (docs/service.md
+    "Memory over 100,000 jobs"); padded, there are ten."""
+    for start in range(0, len(ids), IN_BATCH):
+        batch = ids[start : start + IN_BATCH]
+        size = 1 << (len(batch) - 1).bit_length()
+        yield batch + batch[-1:] * (size - len(batch))
 
 
 # -- plain values handed out of the store ---------------------------------------------------------
@@ -262,9 +276,8 @@ class Store:
         ids = list(ids)
         out: dict[str, JobRow] = {}
         with self.session() as s:
-            for start in range(0, len(ids), 500):  # bound the IN list
-                chunk = ids[start : start + 500]
-                out.update((r.id, r) for r in s.scalars(select(JobRow).where(JobRow.id.in_(chunk))))
+            for batch in in_batches(ids):
+                out.update((r.id, r) for r in s.scalars(select(JobRow).where(JobRow.id.in_(batch))))
         return out
 
     def job_by_key(self, user: str, key: str) -> JobRow | None:
@@ -283,7 +296,7 @@ class Store:
         jobs, ids = JobRow.__table__, list(ids)
         out: dict[str, FoldFacts] = {}
         with self.engine.connect() as conn:
-            for start in range(0, len(ids), 500):  # bound the IN list
+            for batch in in_batches(ids):
                 query = select(
                     jobs.c.id,
                     jobs.c.cancel_requested,
@@ -292,7 +305,7 @@ class Store:
                     jobs.c.timeout_requested,
                     jobs.c.max_runtime,
                     jobs.c.started,
-                ).where(jobs.c.id.in_(ids[start : start + 500]))
+                ).where(jobs.c.id.in_(batch))
                 out.update((r.id, FoldFacts(*r[1:])) for r in conn.execute(query))
         return out
 
@@ -340,10 +353,8 @@ class Store:
             if new_rows:
                 conn.execute(insert(jobs), [job_values(r) for r in new_rows])
             wanted = list({change.job_id for _, change in todo} - set(state))
-            for start in range(0, len(wanted), 500):  # bound the IN list
-                query = select(*(jobs.c[c] for c in ROW_COLUMNS)).where(
-                    jobs.c.id.in_(wanted[start : start + 500])
-                )
+            for batch in in_batches(wanted):
+                query = select(*(jobs.c[c] for c in ROW_COLUMNS)).where(jobs.c.id.in_(batch))
                 state.update((row.id, dict(row._mapping)) for row in conn.execute(query))
             updates: dict[str, dict] = {}
             for when, change in todo:
