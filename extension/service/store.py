@@ -51,10 +51,11 @@ IN_BATCH = 512  # ids in one IN list at most
 def in_batches(ids: list[str]) -> Iterator[list[str]]:
     """``ids`` as IN lists of at most ``IN_BATCH``, each padded to a power of two with its last
     id (the rows found are the same). Each length of list is a statement of its own, which a
-    SQLite connection prepares and keeps (128 a connection): about 80 bytes of the store's
-    threads' memory for each id it has room for, 40 KiB for 500. With a list of every length
-    the readers and the writer kept 2-4 MiB each, filled as new lengths came (docs/service.md
-    "Memory over 100,000 jobs"); padded, there are ten."""
+    SQLite connection prepares and keeps (128 a connection): about 80 bytes for each id it has
+    room for, 40 KiB for 500. The cycle asks with every length (``fold_facts``,
+    ``commit_cycle``), so the writer's connection filled its 128 as new lengths came, in the
+    store's threads' memory (docs/service.md "Memory over 100,000 jobs"); padded, there are
+    ten."""
     for start in range(0, len(ids), IN_BATCH):
         batch = ids[start : start + IN_BATCH]
         size = 1 << (len(batch) - 1).bit_length()
