@@ -19,8 +19,19 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import Protocol
 
 from .model import Job
+
+
+class NodeFigures(Protocol):
+    """What hold reads of ``index.NodeFigures`` (index.py keeps a HoldKept on every plan
+    index, so this module does not import it)."""
+
+    node_at: dict[str, int]
+    capacity: list[list]
+    integral: bool
+    machines: tuple
 
 
 class Held:
@@ -54,7 +65,7 @@ class HoldKept:
     __slots__ = ("nodes", "free", "incoming", "total", "held", "written")
 
     def __init__(self) -> None:
-        self.nodes: object | None = None  # the NodeFigures the rows are of; None: nothing kept
+        self.nodes: NodeFigures | None = None  # what the rows are of; None: nothing kept
         self.free: list[int] = []  # after hold, flat: three numbers a node
         self.incoming: list[int] = []
         self.total = [0, 0, 0]  # the column sums of free (before the quota)
@@ -62,11 +73,17 @@ class HoldKept:
         self.written: set[int] = set()
 
     def drop(self) -> None:
+        """Keep nothing: the next hold that can keep the rows starts from the capacity."""
         self.nodes = None
         self.held = {}
 
     def hold(
-        self, running: list[Job], nodes, free: list[list], incoming: list[list], touched: set[int]
+        self,
+        running: list[Job],
+        nodes: NodeFigures,
+        free: list[list],
+        incoming: list[list],
+        touched: set[int],
     ) -> set[int] | None:
         """The ledger's rows ``free`` and ``incoming`` as holding every job of ``running``
         from the nodes' capacity would leave them; the nodes whose rows may differ from the
@@ -109,7 +126,7 @@ class HoldKept:
         self.written = touched
         return changed
 
-    def _start(self, nodes, free: list[list], incoming: list[list]) -> None:
+    def _start(self, nodes: NodeFigures, free: list[list], incoming: list[list]) -> None:
         """Nothing held yet: the rows are the capacity, every node written back."""
         self.nodes = nodes
         self.free = [v for row in nodes.capacity for v in row]
