@@ -129,7 +129,9 @@ class SpillFile:
     def open(cls, directory: str | os.PathLike[str], block_size: int = BLOCK) -> SpillFile:
         """A spill file in ``directory``, which must be private to this process's user; raises
         ``OSError`` (``PermissionError`` when it is not private) otherwise."""
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # a link is followed (the service's state_dir may be one, as the admin set it up): the
+        # directory it opens is the one checked and the one the file is made in
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             st = os.fstat(fd)
             if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):

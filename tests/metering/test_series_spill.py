@@ -18,7 +18,7 @@ from traitlets.config import Configurable
 from extension.metering import blocks as blocks_module
 from extension.metering import series as series_module
 from extension.metering.accounting import Ledger
-from extension.metering.blocks import MEMORY, Placed, SpillFile
+from extension.metering.blocks import BLOCK, MEMORY, Placed, SpillFile
 from extension.metering.meter import Metering
 from extension.metering.series import StepSeries
 
@@ -126,10 +126,15 @@ def test_the_spill_file_is_made_only_in_a_private_directory(tmp_path: Path) -> N
         tmp_path.chmod(mode)
         with pytest.raises(PermissionError):
             SpillFile.open(tmp_path)
-    (tmp_path / "real").mkdir(mode=0o700)
-    (tmp_path / "link").symlink_to(tmp_path / "real")
-    with pytest.raises(OSError):
-        SpillFile.open(tmp_path / "link")  # a link someone put in its place is not followed
+    (tmp_path / "open").mkdir(mode=0o777)
+    (tmp_path / "open").chmod(0o777)
+    (tmp_path / "private").mkdir(mode=0o700)
+    (tmp_path / "to-open").symlink_to(tmp_path / "open")
+    (tmp_path / "to-private").symlink_to(tmp_path / "private")
+    with pytest.raises(PermissionError):
+        SpillFile.open(tmp_path / "to-open")  # the directory a link leads to is the one checked
+    assert SpillFile.open(tmp_path / "to-private").size == BLOCK
+    assert list((tmp_path / "private").iterdir()) == []
 
 
 def test_a_chunk_that_cannot_be_written_stays_in_memory(
