@@ -93,7 +93,7 @@ MEMORY = MemoryBlocks()  # shared by every ledger that has no spill file
 
 
 class _FileBlock:
-    """Block ``index`` of a spill file, at ``index * BLOCK``; ``live``: the chunks in it."""
+    """Block ``index`` of a spill file, at ``index * block_size``; ``live``: the chunks in it."""
 
     __slots__ = ("spill", "index", "live")
 
