@@ -125,31 +125,37 @@ class SortedKept:
 
 
 class FitCarry:
-    """The fit indexes (placement.FitIndex) of the worker shapes admission used, as they stood
-    after ``hold``, kept for the next cycle on the same index: building one is a Python pass
-    over every node per shape and cycle (a third of the Philly month's core), while from one
-    instant to the next few nodes' free rows change. Each cycle ``begin`` brings the kept
-    indexes up to this cycle's rows, node by changed node, and admission works on copies, so
-    what it takes and reserves never reaches the kept ones. A shape first used in a cycle is
-    built from that cycle's rows after ``hold`` at the next ``begin``. The ``KEPT_SHAPES``
-    shapes asked for last are kept: users' shapes are many, each index is a row per node and
-    is brought up every cycle, while a shape asked for every few cycles would otherwise be
-    built twice each time (in the cycle that asks, and at the next ``begin``)."""
+    """The fit indexes (placement.FitIndex) of the worker shapes admission used, kept for the
+    next cycles on the same index: building one is a Python pass over every node per shape and
+    cycle (a third of the Philly month's core), while from one instant to the next few nodes'
+    free rows change. Admission changes the index it is handed in step with its takes and
+    reserves; what changes the rows after that (reclaim's claims, growth, a victim's release, a
+    rewind) is in the ledger's ``touched``, which each ``begin`` keeps for the next. So each
+    ``begin`` brings every kept index up to this cycle's rows by the nodes hold changed and the
+    nodes the last cycle wrote on, and ``index`` by the nodes written since hold. The
+    ``KEPT_SHAPES`` shapes asked for last are kept: users' shapes are many, each index is a row
+    per node and is brought up every cycle."""
 
-    __slots__ = ("rows", "kept", "used", "recent")
+    __slots__ = ("rows", "kept", "recent", "written")
 
     def __init__(self) -> None:
         self.rows: list | None = None  # the flat free rows after hold, three numbers a node
         self.kept: dict[tuple, FitIndex] = {}
-        self.used: set[tuple] = set()  # shapes asked for this cycle without a kept index
-        self.recent: dict[tuple, None] = {}  # the kept and used shapes, the last asked last
+        self.recent: dict[tuple, None] = {}  # the kept shapes, the last asked last
+        self.written: Iterable[int] = ()  # the last ledger's touched: rows written after hold
 
     def begin(
-        self, rows: list, free: list, names: Sequence[str], changed: Iterable[int] | None = None
+        self,
+        rows: list,
+        free: list,
+        names: Sequence[str],
+        changed: Iterable[int] | None = None,
+        touched: Iterable[int] = (),
     ) -> None:
         """After ``hold``: ``rows`` is ``free`` flattened (``Ledger.mark``); ``changed``, when
         hold knows them, the nodes whose rows may differ from the last ``begin``'s (else the
-        rows are compared)."""
+        rows are compared); ``touched``, the set the ledger adds the nodes it writes on to
+        from here (kept for the next ``begin``)."""
         last, kept = self.rows, self.kept
         if len(self.recent) > KEPT_SHAPES:
             self.recent = dict.fromkeys(list(self.recent)[-KEPT_SHAPES:])
@@ -157,30 +163,29 @@ class FitCarry:
                 del kept[w]
         if last is None or len(last) != len(rows):
             kept.clear()
+            self.recent.clear()
         elif kept:
             if changed is None:
-                changed = dict.fromkeys(k // 3 for k in compress(count(), map(ne, rows, last)))
+                changed = compress(count(), map(ne, rows, last))
+                changed = dict.fromkeys(k // 3 for k in changed)
+            nodes = set(changed)
+            nodes.update(self.written)
             for index in kept.values():
-                for i in changed:
+                for i in nodes:
                     index.update(i)
-        for w in self.recent:
-            if w in self.used:
-                kept[w] = FitIndex(free, names, w)
-        self.recent = dict.fromkeys(w for w in self.recent if w in kept)
-        self.used = set()
+        self.written = touched
         self.rows = rows
 
     def index(self, w: tuple, free: list, names: Sequence[str], touched: Iterable[int]) -> FitIndex:
-        """A fit index of ``w`` over ``free`` as it is now, for admission to change:
-        ``touched`` are the nodes whose rows changed since ``hold``."""
+        """The fit index of ``w`` over ``free`` as it is now, for admission to change in step
+        with the rows: ``touched`` are the nodes whose rows were written since ``hold``."""
         recent = self.recent
         recent.pop(w, None)
         recent[w] = None
-        kept = self.kept.get(w)
-        if kept is None:
-            self.used.add(w)
-            return FitIndex(free, names, w)
-        index = kept.copy()
+        index = self.kept.get(w)
+        if index is None:
+            index = self.kept[w] = FitIndex(free, names, w)
+            return index
         for i in touched:
             index.update(i)
         return index

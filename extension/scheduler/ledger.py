@@ -66,8 +66,9 @@ class Ledger:
         # hold (placement.FitIndex), kept in step by take and reserve
         self.fits: dict[tuple, FitIndex] = {}
         self.carry = carry  # the fit indexes as they stood after hold, kept between cycles
-        # nodes whose rows changed since hold (admission, reclaim, growth; a rewind undoes
-        # them all): kept.FitCarry's copies and the next cycle's hold bring these up
+        # nodes whose rows were written since hold (admission, reclaim, growth, a victim's
+        # release; kept after a rewind): kept.FitCarry's indexes and the next cycle's hold
+        # bring these up
         self.touched: set[int] = set()
         self._rooms: dict[tuple, float] = {}  # pool_room answers until the pool changes
 
@@ -168,8 +169,9 @@ class Ledger:
         self.total_free[:], self.total_incoming[:] = total_free, total_incoming
         self.promised = {}
         self.fits = {}
-        self.touched.clear()  # every row is as hold left it again
         self._rooms = {}
+        # ``touched`` stays: every row is as hold left it again, but the fit indexes kept
+        # between cycles (kept.FitCarry) saw what admission wrote, and are brought up by it
 
     # admission and growth -----------------------------------------------------------------
     def take(self, placement: list[int], w: tuple) -> None:
