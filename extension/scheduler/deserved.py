@@ -63,19 +63,21 @@ def compute_demand(state: CycleState) -> None:
 def compute_deserved(state: CycleState) -> None:
     """Top-down water-filling per resource, parents before children; then every plan's
     dominant ratio and its tie-break weight for the fair order (Admission 1)."""
-    root = state.index.root
+    root, bottom_up = state.index.root, state.bottom_up
     root.deserved[:] = root.demand
     weigh = None
     if state.config.fair_share_half_life > 0 and state.snapshot.usage:
         state.standing = tree_standings(state.bottom_up, state.snapshot.usage)
         standing = state.standing
         weigh = {p: s.share * s.factor for p, s in standing.items()}  # Deserved share 2
-    if not _kept_shares(state, weigh):
-        for plan in reversed(state.bottom_up):  # parents before their children
+    # every plan's demand, flat: what the kept shares are of, and the next cycle's key
+    demand = None if weigh is not None else list(chain.from_iterable(map(_demand_of, bottom_up)))
+    if demand is None or not _kept_shares(state, demand):
+        for plan in reversed(bottom_up):  # parents before their children
             if plan.children:
                 _hand_out(plan, weigh)
-        if weigh is None:
-            state.index.shares_kept = SharesKept(state.bottom_up)
+        if demand is not None:
+            state.index.shares_kept = SharesKept(bottom_up, demand)
     c0, c1, c2 = state.nodes.total
     for plan in state.bottom_up:
         a, d = plan.alloc, plan.deserved
@@ -97,20 +99,19 @@ class SharesKept:
 
     __slots__ = ("plans", "demand", "deserved")
 
-    def __init__(self, plans: list[PlanNode]) -> None:
+    def __init__(self, plans: list[PlanNode], demand: list) -> None:
+        """``demand``: every plan's demand, flat, as the shares were handed out for it."""
         self.plans = plans
-        self.demand = list(chain.from_iterable(map(_demand_of, plans)))
+        self.demand = demand
         self.deserved = list(chain.from_iterable(map(_deserved_of, plans)))
 
 
-def _kept_shares(state: CycleState, weigh: dict[str, float] | None) -> bool:
+def _kept_shares(state: CycleState, demand: list) -> bool:
     """Set every plan's deserved share as the last cycle had it, when nothing it depends on
-    changed: the same plans (``bottom_up`` is rebuilt when one is added), every demand the
-    same and no usage history weighing the shares."""
+    changed: the same plans (``bottom_up`` is rebuilt when one is added) and every demand the
+    same (``demand``, flat); the caller asks only when no usage history weighs the shares."""
     kept, plans = state.index.shares_kept, state.bottom_up
-    if weigh is not None or not isinstance(kept, SharesKept) or kept.plans is not plans:
-        return False
-    if list(chain.from_iterable(map(_demand_of, plans))) != kept.demand:
+    if not isinstance(kept, SharesKept) or kept.plans is not plans or demand != kept.demand:
         return False
     deserved = kept.deserved
     for n, plan in enumerate(plans):
