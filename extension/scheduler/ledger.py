@@ -65,7 +65,7 @@ class Ledger:
         # during admission, per worker shape tried: the nodes by how many such workers they
         # hold (placement.FitIndex), kept in step by take and reserve
         self.fits: dict[tuple, FitIndex] = {}
-        self.carry = carry  # the fit indexes as they stood after hold, kept between cycles
+        self.carry = carry  # the fit indexes kept between cycles (kept.FitCarry)
         # nodes whose rows were written since hold (admission, reclaim, growth, a victim's
         # release; kept after a rewind): kept.FitCarry's indexes and the next cycle's hold
         # bring these up
