@@ -145,14 +145,9 @@ class FitCarry:
         self.written: Iterable[int] = ()  # the last ledger's touched: rows written after hold
 
     def begin(
-        self,
-        rows: list,
-        free: list,
-        names: Sequence[str],
-        changed: Iterable[int] | None = None,
-        touched: Iterable[int] = (),
+        self, rows: list, changed: Iterable[int] | None = None, touched: Iterable[int] = ()
     ) -> None:
-        """After ``hold``: ``rows`` is ``free`` flattened (``Ledger.mark``); ``changed``, when
+        """After ``hold``: ``rows`` is the free rows flattened (``Ledger.mark``); ``changed``, when
         hold knows them, the nodes whose rows may differ from the last ``begin``'s (else the
         rows are compared); ``touched``, the set the ledger adds the nodes it writes on to
         from here (kept for the next ``begin``)."""

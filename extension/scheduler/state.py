@@ -101,7 +101,7 @@ def mark(state: CycleState) -> PhaseMark:
     the rows ``hold`` left (kept.FitCarry)."""
     rows = state.ledger.mark()
     ledger = state.ledger
-    state.index.fit_carry.begin(rows[0], ledger.free, ledger.names, ledger.changed, ledger.touched)
+    state.index.fit_carry.begin(rows[0], ledger.changed, ledger.touched)
     return PhaseMark(
         state.index.mark(),
         rows,

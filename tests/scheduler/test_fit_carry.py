@@ -35,7 +35,7 @@ def test_kept_indexes_follow_the_rows_cycle_after_cycle(seed: int) -> None:
         if held and rng.random() < 0.5:
             changed = {i for i, (a, b) in enumerate(zip(free, held)) if a != b}
         touched: set[int] = set()  # what the ledger writes on after hold, from here
-        carry.begin(flat(free), free, names, changed, touched)
+        carry.begin(flat(free), changed, touched)
         held = [row[:] for row in free]
         for w in carry.kept:  # brought up to the rows hold left
             assert same(carry.kept[w], FitIndex(free, names, w))
@@ -68,12 +68,12 @@ def test_a_change_in_the_number_of_nodes_starts_afresh() -> None:
     names = ["a", "b"]
     free = [[4, 4000, 1 << 32], [2, 2000, 1 << 31]]
     carry = FitCarry()
-    carry.begin(flat(free), free, names)
+    carry.begin(flat(free))
     carry.index(SHAPES[0], free, names, ())
-    carry.begin(flat(free), free, names)
+    carry.begin(flat(free))
     assert SHAPES[0] in carry.kept
     names, free = ["a"], [[4, 4000, 1 << 32]]
-    carry.begin(flat(free), free, names)
+    carry.begin(flat(free))
     assert not carry.kept
 
 
@@ -81,20 +81,20 @@ def test_the_shapes_asked_for_last_are_kept() -> None:
     names = ["a", "b"]
     free = [[4, 4000, 1 << 32], [2, 2000, 1 << 31]]
     carry = FitCarry()
-    carry.begin(flat(free), free, names)
+    carry.begin(flat(free))
     for w in SHAPES:
         carry.index(w, free, names, ())
-    carry.begin(flat(free), free, names)
+    carry.begin(flat(free))
     assert set(carry.kept) == set(SHAPES)
     carry.index(SHAPES[0], free, names, ())
-    carry.begin(flat(free), free, names)
-    carry.begin(flat(free), free, names)
+    carry.begin(flat(free))
+    carry.begin(flat(free))
     assert set(carry.kept) == set(SHAPES)  # kept while not asked for
     many = [(1, c, 0) for c in range(KEPT_SHAPES)]
     for w in many:
         carry.index(w, free, names, ())
     carry.index(SHAPES[2], free, names, ())
-    carry.begin(flat(free), free, names)
+    carry.begin(flat(free))
     assert set(carry.kept) == {SHAPES[2], *many[1:]}  # at most KEPT_SHAPES, the last asked
     for w in carry.kept:
         assert same(carry.kept[w], FitIndex(free, names, w))
