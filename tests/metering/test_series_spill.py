@@ -137,6 +137,31 @@ def test_the_spill_file_is_made_only_in_a_private_directory(tmp_path: Path) -> N
     assert list((tmp_path / "private").iterdir()) == []
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a directory of another account needs root")
+def test_a_state_dir_swapped_for_a_users_folder_gets_no_spill_file(tmp_path: Path) -> None:
+    """The attack on a service run as root: a hub user who could rename a folder above the
+    state directory puts a link there to a folder of their own (private, 0700, so the mode
+    alone would pass). The folder opened is checked for its owner before anything is made in
+    it, so nothing of the service's lands where the user can read, link or fill it."""
+    tmp_path.chmod(0o700)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)  # nobody: a hub user's account
+    (tmp_path / "state").symlink_to(theirs)
+    for directory in (theirs, tmp_path / "state"):
+        with pytest.raises(PermissionError, match="not private to this service's user"):
+            SpillFile.open(directory)
+    assert list(theirs.iterdir()) == []
+    assert not [fd for fd in os.listdir("/proc/self/fd") if _leads_to(fd, theirs)]
+
+
+def _leads_to(fd: str, folder: Path) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith(str(folder))
+    except OSError:
+        return False
+
+
 def test_a_chunk_that_cannot_be_written_stays_in_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
