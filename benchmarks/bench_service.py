@@ -129,6 +129,18 @@ def tree_cpu_seconds(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / CLK_TCK  # utime, stime, cutime, cstime
 
 
+def helpers_cpu_seconds(service: int, node: int | None) -> float:
+    """CPU seconds of the service's children other than the node's launcher: the accounts'
+    user-files helpers."""
+    import psutil
+
+    try:
+        children = psutil.Process(service).children()
+    except psutil.Error:
+        return 0.0
+    return sum(cpu_seconds(c.pid) for c in children if c.pid != node and cpu_seconds(c.pid) >= 0)
+
+
 def node_launcher_pid(service: int) -> int | None:
     """The local backend's node's launcher (``worker_launcher.py --serve``), a child of the
     service."""
@@ -586,9 +598,21 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
         print(f"load: {args.jobs:,} submissions from {args.clients} clients ...", file=sys.stderr)
         cpu0 = {k: cpu_seconds(p) if p else float("nan") for k, p in pids.items()}
         own0, all0 = time.process_time(), machine_cpu_seconds()
+        node0 = node_launcher_pid(pids["service"]) if accounts else None
+        split0 = (
+            tree_cpu_seconds(node0) if node0 else 0.0,
+            helpers_cpu_seconds(pids["service"], node0),
+        )
         sampler = RssSampler(pids["service"])
         sampler.start()
         load = asyncio.run(submissions(api, tokens, args.jobs, admin))
+        cpu_mid = {k: cpu_seconds(p) if p else float("nan") for k, p in pids.items()}
+        own_mid, all_mid = time.process_time(), machine_cpu_seconds()
+        node_mid = node_launcher_pid(pids["service"]) if accounts else None
+        split_mid = (
+            tree_cpu_seconds(node_mid) if node_mid else 0.0,
+            helpers_cpu_seconds(pids["service"], node_mid),
+        )
         timeout = max(120, args.jobs / (10 if accounts else 20))
         ended = asyncio.run(wait_ended(api, admin, timeout=timeout))
         sampler.done.set()
@@ -671,6 +695,17 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
         }
         ours = sum(cpu1[k] - cpu0[k] for k in pids if cpu1[k] == cpu1[k]) + own1 - own0
         report["cpu_seconds"]["other processes"] = round(max(0.0, all1 - all0 - ours), 2)
+        # while the submissions came: who had the two cores (the jobs' launches run meanwhile)
+        during = {k: cpu_mid[k] - cpu0[k] for k in pids if cpu_mid[k] == cpu_mid[k]}
+        during["bench clients"] = own_mid - own0
+        if accounts:
+            during["launchers and workers"] = split_mid[0] - split0[0]
+            during["helpers"] = split_mid[1] - split0[1]
+        during["other processes"] = max(0.0, all_mid - all0 - sum(during.values()))
+        report["cpu_seconds_while_submitting"] = {
+            **{k: round(v, 2) for k, v in during.items()},
+            "window_s": round(load["t1"] - load["t0"], 2),
+        }
         report["service_cpu_ms_per_submission"] = round(
             1000 * (cpu1["service"] - cpu0["service"]) / max(1, len(ok)), 3
         )
@@ -799,6 +834,12 @@ def print_report(r: dict) -> None:
         f" clients {cpu['bench clients']}, other processes {cpu['other processes']}"
         f" over {cpu['window_s']} s on {cpu['cores']} cores;"
         f" service {r['service_cpu_ms_per_submission']} ms CPU per submission"
+    )
+    sub = r["cpu_seconds_while_submitting"]
+    print(
+        "  CPU while submitting : "
+        + ", ".join(f"{k} {v}" for k, v in sub.items() if k != "window_s")
+        + f" over {sub['window_s']} s"
     )
     m = r["service_rss_mib"]
     print(f"  service RSS          : {m['peak_during_load']} MiB peak, {m['end']} MiB at the end;"
