@@ -19,7 +19,12 @@ import pytest
 
 from extension.service.actions import KeyReused
 from extension.service.storecalls import StoreUnavailable
-from extension.service.submission import LimitRange, parse_submission
+from extension.service.submission import (
+    LimitRange,
+    Submission,
+    SubmissionError,
+    parse_submission,
+)
 from extension.webapi import Caller
 
 from .test_scheduling import Rig
@@ -206,6 +211,25 @@ async def test_concurrent_retries_with_one_key_make_one_job(rig: Rig) -> None:
     assert len({row.id for row, _ in results}) == 1
     assert sum(new for _, new in results) == 1
     assert len(rig.store.jobs(user="alice")) == 1
+
+
+async def test_a_retry_gets_its_job_even_when_its_body_no_longer_parses(rig: Rig) -> None:
+    """The body is parsed and resolved while the key is looked up: a key found makes that
+    work moot, its error included (a limit lowered since, a script since removed)."""
+    first, _ = await rig.sched.submit_once(Caller("alice"), submission(rig, "alice"), "k2", "d")
+    parsed = []
+
+    async def no_longer_valid() -> Submission:
+        parsed.append(True)
+        raise SubmissionError("model_main: no such file")
+
+    again, new = await rig.sched.submit_once(Caller("alice"), no_longer_valid, "k2", "d")
+    assert (again.id, new) == (first.id, False)
+    with pytest.raises(SubmissionError, match="no such file"):  # a new key: the error is news
+        await rig.sched.submit_once(Caller("alice"), no_longer_valid, "k3", "d")
+    assert len(rig.store.jobs(user="alice")) == 1
+    await asyncio.sleep(0)
+    assert len(parsed) == 2
 
 
 async def test_concurrent_submissions_are_stored_in_a_few_cycle_commits(tmp_path: Path) -> None:
