@@ -41,6 +41,14 @@ HIERARCHIES = {"cpu": Control.CPU, "cpuacct": Control.CPU, "memory": Control.MEM
                "pids": Control.PIDS, "devices": Control.DEVICES}  # fmt: skip
 
 
+# All users' work together (the parent folder): the smallest weight, so that under contention
+# the hub, the proxy, the service and its helpers run first, as a kubelet keeps CPU for the
+# system daemons. The grants stay ceilings (quotas) and split what the platform leaves by their
+# own weights. At the default weight, one tenant's busy jobs take CPU from every tenant's
+# answers (bench_service --as-root: the service had 60% of a core, the jobs the rest).
+USERS_CPU_SHARES = 2
+
+
 def cpu_shares(millicores: int) -> int:
     """cpu.shares for a grant: 1024 a core, as Kubernetes maps requests (2 at least)."""
     return max(2, millicores * 1024 // 1000)
@@ -111,10 +119,13 @@ class CgroupV1:
 
     def _ensure_parents(self) -> None:
         """The parent and the scope, every time (``prune`` may have removed the scope); the
-        users' memory cap once."""
+        users' CPU weight and memory cap once."""
         for hierarchy, mount in self.mounts.items():
             fs.make(os.path.join(mount, self.parent))
             fs.make(self._base(hierarchy))
+        if not self._parents_ready and "cpu" in self.mounts:
+            top = os.path.join(self.mounts["cpu"], self.parent)
+            fs.write(os.path.join(top, "cpu.shares"), str(USERS_CPU_SHARES))
         if not self._parents_ready and "memory" in self.mounts and self.users_memory > 0:
             top = os.path.join(self.mounts["memory"], self.parent)
             _memory_limit(top, self.users_memory)

@@ -21,6 +21,7 @@ from .records import (
 )
 
 NEEDED = ("cpu", "memory", "pids")
+USERS_CPU_WEIGHT = 1  # all users' work together yields to the platform (v1.USERS_CPU_SHARES)
 
 
 def cpu_weight(millicores: int) -> int:
@@ -91,13 +92,15 @@ class CgroupV2:
 
     def _ensure_parents(self) -> None:
         """The parent and the scope with the controllers on (``prune`` may have removed the
-        scope); the users' memory cap once."""
+        scope); the users' CPU weight and memory cap once."""
         top = os.path.join(self.mount, self.parent)
         scope = os.path.join(top, self.scope)
         enable = " ".join(f"+{c}" for c in self.controllers)
         for folder in (self.mount, top, scope):
             if (fs.make(folder) or not self._parents_ready or folder == scope) and enable:
                 fs.write(os.path.join(folder, "cgroup.subtree_control"), enable)
+        if not self._parents_ready and "cpu" in self.controllers:
+            fs.write(os.path.join(top, "cpu.weight"), str(USERS_CPU_WEIGHT))
         if not self._parents_ready and self.users_memory > 0 and "memory" in self.controllers:
             fs.write(os.path.join(top, "memory.max"), str(self.users_memory))
         self._parents_ready = True

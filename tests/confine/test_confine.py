@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,29 @@ def test_cpu_quota_and_cpu_seconds(confinement) -> None:
     assert 0.1 < group.usage().cpu_seconds < 0.4  # a quarter core for a second
     folder = Path(group.folders["cpu"])
     assert (folder / "cpu.cfs_quota_us").read_text().strip() == "25000"
+
+
+@v1_only
+def test_users_work_yields_the_cpu_to_the_platform(confinement) -> None:
+    """A job's busy loop and the platform's (a process outside every user's cgroup, as the
+    hub and the service are), on one CPU: the platform gets nearly all of it, though the job's
+    grant is a whole core. At equal weights each would get half."""
+    group = confinement.create("busy", Grant(1000, 0))
+    parent = Path(group.folders["cpu"]).parent.parent
+    assert (parent / "cpu.shares").read_text().strip() == "2"
+    # both on CPU 0 from a common start until a common end: only the overlap is measured
+    code = (
+        "import os, sys, time\nos.sched_setaffinity(0, {0})\nstart = float(sys.argv[1])\n"
+        "time.sleep(max(0.0, start - time.time()))\nbusy = time.process_time()\n"
+        "while time.time() < start + 1.0: pass\nprint(time.process_time() - busy)\n"
+    )
+    argv = [sys.executable, "-I", "-c", code, str(time.time() + 1.0)]
+    files = group.enter_files()
+    job = subprocess.Popen(argv, preexec_fn=lambda: enter(files), stdout=subprocess.PIPE)
+    platform = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    job_cpu = float(job.communicate(timeout=60)[0])
+    platform_cpu = float(platform.communicate(timeout=60)[0])
+    assert job_cpu / (job_cpu + platform_cpu) < 0.1, (job_cpu, platform_cpu)
 
 
 @v1_only
