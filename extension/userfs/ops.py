@@ -29,10 +29,14 @@ import errno
 import json
 import os
 import select
-import shutil
 import stat
 import sys
-from typing import Any
+
+# typing and shutil (a third of a helper's start-up, which each account's first request
+# waits for) are imported only where they are used: typing never at run time
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 MAX_READ = 16 * 1024 * 1024  # the most of one file a read returns (its end: logs grow there)
 MAX_ANSWER = 4 * MAX_READ  # bytes of JSON one answer may have (the service refuses more)
@@ -174,7 +178,12 @@ def _closed_folder(path: str) -> str:
 
 def check_runnable(program: str, script: str = "", path: str = "/usr/bin:/bin") -> str:
     """Why this user cannot run ``program`` (or read ``script``), or ''."""
-    found = program if os.sep in program else shutil.which(program, path=path)
+    if os.sep in program:
+        found: str | None = program
+    else:
+        import shutil
+
+        found = shutil.which(program, path=path)
     if found is None:
         return ""  # the launcher reports a missing program (exit code 127)
     for target, mode, verb in ((found, os.X_OK, "run"), (script, os.R_OK, "read")):
