@@ -131,6 +131,7 @@ class Actions:
     def __init__(self, state: ActionState) -> None:
         self.state = state
         self._keys: dict[tuple[str, str], asyncio.Future] = {}  # submissions under way
+        self._leaves_wanted: dict[tuple[str, str], None] = {}  # (plan, user), for one commit
 
     # -- jobs -----------------------------------------------------------------------
     def may_submit(self, caller: Caller, plan: str) -> bool:
@@ -354,16 +355,32 @@ class Actions:
         )
 
     async def _add_user_leaf(self, plan: str, user: str, now: float) -> None:
+        """Make ``plan/<user>``, with every other leaf asked for meanwhile: new users' first
+        submissions (a class logging in at nine) queue on the lock, and the first of them to
+        get it writes all of their leaves in one commit instead of one commit each."""
+        self._leaves_wanted[(plan, user)] = None
         async with self.state.lock:  # the tree changes: not in the middle of a cycle
+            # its own leaf always (the batch that took it may have failed to store it), the
+            # others' while their plan is still there (else their own submission says so)
+            wants = [(plan, user), *(w for w in self._leaves_wanted if w[0] in self.state.plans)]
+            self._leaves_wanted.clear()
             tree = self.state.plans.copy()
-            leaf = tree.ensure_user_leaf(plan, user)
-            if leaf.path in self.state.plans:  # another submission made it meanwhile
+            added = []
+            for want in dict.fromkeys(wants):
+                try:
+                    leaf = tree.ensure_user_leaf(*want)
+                except PlanError:
+                    if want == (plan, user):
+                        raise
+                    continue
+                if leaf.path not in self.state.plans:
+                    added.append(PlanRecord(leaf.path, 1.0, leaf.limit, True))
+            if not added:  # another submission made it meanwhile
                 return
-            await self.state.db.write(
-                self.state.store.save_plans, [PlanRecord(leaf.path, 1.0, leaf.limit, True)], now
-            )
+            await self.state.db.write(self.state.store.save_plans, added, now)
             self.state.plans = tree
-            self.state.members[leaf.path] = ([], [])
+            for record in added:
+                self.state.members[record.path] = ([], [])
             self.state.sync_queues()
 
     def files_for(self, user: str, create: bool = False) -> UserFiles:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -230,6 +231,55 @@ async def test_a_retry_gets_its_job_even_when_its_body_no_longer_parses(rig: Rig
     assert len(rig.store.jobs(user="alice")) == 1
     await asyncio.sleep(0)
     assert len(parsed) == 2
+
+
+async def test_new_users_leaves_are_made_together(rig: Rig) -> None:
+    """Twenty new users' first submissions at once: every user leaf is made and stored, in far
+    fewer commits than users (the first to get the lock writes what the others queued)."""
+    batches = []
+    real = rig.store.save_plans
+
+    def counted(records, *args, **kwargs):
+        records = list(records)
+        batches.append(len(records))
+        return real(records, *args, **kwargs)
+
+    rig.store.save_plans = counted
+    users = [f"new{i}" for i in range(20)]
+    subs = [submission(rig, u) for u in users]
+    rows = await asyncio.gather(*(rig.sched.submit(Caller(u), s) for u, s in zip(users, subs)))
+    assert len(rows) == 20
+    leaves = {f"/sample-project/training/{u}" for u in users}
+    assert leaves <= {p.path for p in rig.store.plans()}
+    assert all(leaf in rig.sched.plans for leaf in leaves)
+    assert sum(batches) == 20 and len(batches) < 10, batches
+
+
+async def test_a_batch_of_leaves_that_fails_to_store_fails_only_its_writer(rig: Rig) -> None:
+    """The second commit (the queued users' leaves together) fails: its writer's submission
+    fails, and every user it carried still gets their leaf and their job."""
+    calls = []
+    real = rig.store.save_plans
+
+    def failing(records, *args, **kwargs):
+        calls.append(len(list(records)))
+        if len(calls) == 2:
+            raise sqlite3.OperationalError("database is locked")
+        return real(records, *args, **kwargs)
+
+    rig.store.save_plans = failing
+    users = [f"late{i}" for i in range(10)]
+    subs = [submission(rig, u) for u in users]
+    results = await asyncio.gather(
+        *(rig.sched.submit(Caller(u), s) for u, s in zip(users, subs)), return_exceptions=True
+    )
+    failed = [u for u, r in zip(users, results) if isinstance(r, BaseException)]
+    assert len(failed) == 1 and calls[1] > 1, (failed, calls)
+    stored = {p.path for p in rig.store.plans()}
+    for user in users:
+        leaf = f"/sample-project/training/{user}"
+        assert (leaf in stored) == (user not in failed) == (leaf in rig.sched.plans)
+    assert len(rig.store.jobs()) == 9
 
 
 async def test_concurrent_submissions_are_stored_in_a_few_cycle_commits(tmp_path: Path) -> None:
