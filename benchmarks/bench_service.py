@@ -92,7 +92,7 @@ PARTS = [
     ("validation (parse_submission)", ("parse_submission",)),
     ("  user_root (Path.resolve)", ("user_root",)),
     ("  files_for (account, ensure_folder)", ("*.files_for",)),
-    ("idempotency lookup (Store.job_by_key)", ("*.job_by_key",)),
+    ("idempotency lookup (Store.jobs_by_keys)", ("*.jobs_by_keys",)),
     ("Scheduler.submit", ("*.submit",)),
     ("  check_submission (core)", ("check_submission",)),
     ("store: add_job", ("*.add_job",)),

@@ -33,6 +33,7 @@ from extension.webapi import Caller
 
 from . import runtime_limits
 from .cancels import Cancel
+from .key_lookups import KeyLookups
 from .live import LiveJobs
 from .pending_cap import PendingCap
 from .records import JobKind
@@ -132,6 +133,7 @@ class Actions:
         self.state = state
         self._keys: dict[tuple[str, str], asyncio.Future] = {}  # submissions under way
         self._leaves_wanted: dict[tuple[str, str], None] = {}  # (plan, user), for one commit
+        self._key_lookups = KeyLookups(lambda pairs: state.db.read(state.store.jobs_by_keys, pairs))
 
     # -- jobs -----------------------------------------------------------------------
     def may_submit(self, caller: Caller, plan: str) -> bool:
@@ -174,7 +176,7 @@ class Actions:
         self._keys[(caller.name, key)] = done
         prepared = asyncio.ensure_future(self._prepared(caller, sub))
         try:
-            row = await self.state.db.read(self.state.store.job_by_key, caller.name, key)
+            row = await self._key_lookups.find(caller.name, key)
             if row is not None:
                 if (row.request or {}).get("digest") != digest:
                     raise KeyReused(

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     and_,
@@ -45,10 +45,12 @@ from .rows import DecisionRow, JobRow, MetaRow, PlanRow, TransitionRow
 
 log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).with_name("migrations")
+T = TypeVar("T")
 IN_BATCH = 512  # ids in one IN list at most
+KEY_BATCH = 64  # (user, key) pairs in one query: an OR of each, SQLite's parse depth is 1000
 
 
-def in_batches(ids: list[str]) -> Iterator[list[str]]:
+def in_batches(ids: list[T], limit: int = IN_BATCH) -> Iterator[list[T]]:
     """``ids`` as IN lists of at most ``IN_BATCH``, each padded to a power of two with its last
     id (the rows found are the same). Each length of list is a statement of its own, which a
     SQLite connection prepares and keeps (128 a connection): about 80 bytes for each id it has
@@ -56,8 +58,8 @@ def in_batches(ids: list[str]) -> Iterator[list[str]]:
     ``commit_cycle``), so the writer's connection filled its 128 as new lengths came, in the
     store's threads' memory (docs/service.md "Memory over 100,000 jobs"); padded, there are
     ten."""
-    for start in range(0, len(ids), IN_BATCH):
-        batch = ids[start : start + IN_BATCH]
+    for start in range(0, len(ids), limit):
+        batch = ids[start : start + limit]
         size = 1 << (len(batch) - 1).bit_length()
         yield batch + batch[-1:] * (size - len(batch))
 
@@ -281,14 +283,19 @@ class Store:
                 out.update((r.id, r) for r in s.scalars(select(JobRow).where(JobRow.id.in_(batch))))
         return out
 
-    def job_by_key(self, user: str, key: str) -> JobRow | None:
-        """The job ``user`` submitted with Idempotency-Key ``key``, if any (a new key, the
-        usual case, costs one index lookup of the id and nothing more)."""
-        jobs = JobRow.__table__
+    def jobs_by_keys(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], JobRow]:
+        """The jobs made with these (user, Idempotency-Key) pairs, by pair: one indexed query
+        for up to ``IN_BATCH`` pairs (a new key, the usual case, is found in none)."""
+        jobs, found = JobRow.__table__, {}
         with self.engine.connect() as conn:
-            query = select(jobs.c.id).where(jobs.c.user == user, jobs.c.idempotency_key == key)
-            job_id = conn.execute(query).scalar()
-        return None if job_id is None else self.job(job_id)
+            for batch in in_batches(pairs, KEY_BATCH):
+                match = or_(
+                    *(and_(jobs.c.user == u, jobs.c.idempotency_key == k) for u, k in batch)
+                )
+                query = select(jobs.c.id, jobs.c.user, jobs.c.idempotency_key).where(match)
+                found.update({(user, key): job_id for job_id, user, key in conn.execute(query)})
+        rows = {pair: self.job(job_id) for pair, job_id in found.items()}
+        return {pair: row for pair, row in rows.items() if row is not None}
 
     def fold_facts(self, ids: Iterable[str]) -> dict[str, FoldFacts]:
         """What folding a backend event needs of each job beyond the live one: whether a

@@ -269,3 +269,27 @@ def test_a_page_goes_on_just_past_the_last_one_listed(store_url: str) -> None:
         assert store.jobs(after=Cursor(99.0, "job-b")) == []
     finally:
         store.close()
+
+
+def test_keys_are_found_only_as_their_own_users(store_url: str) -> None:
+    """Idempotency-Key look-ups in one query per 64 pairs: a key is its user's own, a key no
+    job has is found in none, and more pairs than one query holds are all answered."""
+    store = Store.open(store_url)
+    try:
+        for job_id, user, key in [
+            ("job-1", "u1", "k1"),
+            ("job-2", "u2", "k1"),
+            ("job-3", "u1", "k9"),
+        ]:
+            values = _job_values(job_id, user=user, leaf=f"/p/{user}", state="PENDING")
+            store.add_job(JobRow(**{**values, "idempotency_key": key, "placement": []}), at=1.0)
+        asked = [("u1", "k1"), ("u3", "k1"), *((f"u{i}", f"new{i}") for i in range(150))]
+        found = store.jobs_by_keys([*asked, ("u2", "k1"), ("u1", "k9")])
+        assert {pair: row.id for pair, row in found.items()} == {
+            ("u1", "k1"): "job-1",
+            ("u2", "k1"): "job-2",
+            ("u1", "k9"): "job-3",
+        }
+        assert store.jobs_by_keys([]) == {}
+    finally:
+        store.close()
