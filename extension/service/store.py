@@ -12,6 +12,7 @@ over time between consecutive rows of a job gives exact requested resource-secon
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -22,7 +23,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import (
+    Select,
     and_,
+    bindparam,
     create_engine,
     event,
     func,
@@ -62,6 +65,21 @@ def in_batches(ids: list[T], limit: int = IN_BATCH) -> Iterator[list[T]]:
         batch = ids[start : start + limit]
         size = 1 << (len(batch) - 1).bit_length()
         yield batch + batch[-1:] * (size - len(batch))
+
+
+@functools.lru_cache(maxsize=8)
+def _key_query(size: int) -> Select:
+    """``size`` (user, key) pairs as an OR of each (SQLite searches the unique index once per
+    pair; a row-value IN scans the table), built once per padded size: building it per call
+    cost more than the query."""
+    jobs = JobRow.__table__
+    match = or_(
+        *(
+            and_(jobs.c.user == bindparam(f"u{i}"), jobs.c.idempotency_key == bindparam(f"k{i}"))
+            for i in range(size)
+        )
+    )
+    return select(jobs.c.id, jobs.c.user, jobs.c.idempotency_key).where(match)
 
 
 # -- plain values handed out of the store ---------------------------------------------------------
@@ -285,15 +303,15 @@ class Store:
 
     def jobs_by_keys(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], JobRow]:
         """The jobs made with these (user, Idempotency-Key) pairs, by pair: one indexed query
-        for up to ``IN_BATCH`` pairs (a new key, the usual case, is found in none)."""
-        jobs, found = JobRow.__table__, {}
+        for up to ``KEY_BATCH`` pairs (a new key, the usual case, is found in none)."""
+        found = {}
         with self.engine.connect() as conn:
             for batch in in_batches(pairs, KEY_BATCH):
-                match = or_(
-                    *(and_(jobs.c.user == u, jobs.c.idempotency_key == k) for u, k in batch)
-                )
-                query = select(jobs.c.id, jobs.c.user, jobs.c.idempotency_key).where(match)
-                found.update({(user, key): job_id for job_id, user, key in conn.execute(query)})
+                values = {}
+                for i, (user, key) in enumerate(batch):
+                    values[f"u{i}"], values[f"k{i}"] = user, key
+                rows = conn.execute(_key_query(len(batch)), values)
+                found.update({(user, key): job_id for job_id, user, key in rows})
         rows = {pair: self.job(job_id) for pair, job_id in found.items()}
         return {pair: row for pair, row in rows.items() if row is not None}
 
