@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import re
 import signal
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 
 MOUNTINFO = "/proc/self/mountinfo"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,20 @@ def safe_name(name: str) -> str:
     """A cgroup folder name from a job id or server name: nothing but [A-Za-z0-9_.-]."""
     cleaned = _SAFE.sub("_", name)[:200].strip(".") or "_"
     return cleaned
+
+
+def write_weight(path: str, value: int) -> None:
+    """The users' parent's CPU weight (v1.USERS_CPU_SHARES says why). A hierarchy that refuses
+    it still holds every grant to its quota: the refusal is logged, and jobs still start."""
+    try:
+        write(path, str(value))
+    except OSError as err:
+        log.warning(
+            "cannot give users' work the lowest CPU weight (%s: %s): the hub and the service "
+            "then compete with the jobs at equal weight",
+            path,
+            err,
+        )
 
 
 def write(path: str, value: str) -> None:

@@ -125,7 +125,7 @@ class CgroupV1:
             fs.make(self._base(hierarchy))
         if not self._parents_ready and "cpu" in self.mounts:
             top = os.path.join(self.mounts["cpu"], self.parent)
-            fs.write(os.path.join(top, "cpu.shares"), str(USERS_CPU_SHARES))
+            fs.write_weight(os.path.join(top, "cpu.shares"), USERS_CPU_SHARES)
         if not self._parents_ready and "memory" in self.mounts and self.users_memory > 0:
             top = os.path.join(self.mounts["memory"], self.parent)
             _memory_limit(top, self.users_memory)

@@ -100,7 +100,7 @@ class CgroupV2:
             if (fs.make(folder) or not self._parents_ready or folder == scope) and enable:
                 fs.write(os.path.join(folder, "cgroup.subtree_control"), enable)
         if not self._parents_ready and "cpu" in self.controllers:
-            fs.write(os.path.join(top, "cpu.weight"), str(USERS_CPU_WEIGHT))
+            fs.write_weight(os.path.join(top, "cpu.weight"), USERS_CPU_WEIGHT)
         if not self._parents_ready and self.users_memory > 0 and "memory" in self.controllers:
             fs.write(os.path.join(top, "memory.max"), str(self.users_memory))
         self._parents_ready = True

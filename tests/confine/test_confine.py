@@ -208,6 +208,7 @@ def test_v2_is_detected_and_writes_each_limit(unified) -> None:
     assert (folder / "memory.swap.max").read_text() == "0"
     assert (folder / "pids.max").read_text() == "64"
     assert (mount / "wmla" / "memory.max").read_text() == str(8 << 30)
+    assert (mount / "wmla" / "cpu.weight").read_text() == "1"  # users' work yields the CPU
     for parent in (mount, mount / "wmla", mount / "wmla" / "jobs"):
         assert (parent / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
     assert group.enter_files() == (str(folder / "cgroup.procs"),)
@@ -217,6 +218,18 @@ def test_v2_is_detected_and_writes_each_limit(unified) -> None:
     assert report.missing() == [Control.DEVICES]
     assert "DevicePolicy=closed" in report.controls[Control.DEVICES].how
     assert confine.names() == ["job-1-abc-w0"]
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="detect() makes cgroups only as root")
+def test_a_refused_users_weight_is_logged_and_jobs_still_start(unified, caplog) -> None:
+    mount, mountinfo = unified
+    fs.make(str(mount / "wmla"))  # as the kernel makes it, then its weight refuses a write
+    (mount / "wmla" / "cpu.weight").unlink()
+    (mount / "wmla" / "cpu.weight").mkdir()
+    confine = detect("jobs", mountinfo=mountinfo)
+    confine.create("job-2-abc-w0", Grant(500, 0))
+    assert (mount / "wmla" / "jobs" / "job-2-abc-w0" / "cpu.weight").read_text() == "50"
+    assert "lowest CPU weight" in caplog.text
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="detect() makes cgroups only as root")
