@@ -23,14 +23,13 @@ class KeyLookups:
     def __init__(self, read: Read) -> None:
         self._read = read
         self._queued: dict[Pair, list[asyncio.Future]] = {}
-        self._draining = False
+        self._drainer: asyncio.Future | None = None  # held: the loop keeps tasks only weakly
 
     async def find(self, user: str, key: str) -> JobRow | None:
         answer: asyncio.Future = asyncio.get_running_loop().create_future()
         self._queued.setdefault((user, key), []).append(answer)
-        if not self._draining:
-            self._draining = True
-            asyncio.ensure_future(self._drain())
+        if self._drainer is None:
+            self._drainer = asyncio.ensure_future(self._drain())
         return await answer
 
     async def _drain(self) -> None:
@@ -47,7 +46,7 @@ class KeyLookups:
                     for answer in _waiting({pair: answers}):
                         answer.set_result(found.get(pair))
         finally:
-            self._draining = False
+            self._drainer = None
 
 
 def _waiting(batch: dict[Pair, list[asyncio.Future]]) -> list[asyncio.Future]:
