@@ -41,12 +41,14 @@ HIERARCHIES = {"cpu": Control.CPU, "cpuacct": Control.CPU, "memory": Control.MEM
                "pids": Control.PIDS, "devices": Control.DEVICES}  # fmt: skip
 
 
-# All users' work together (the parent folder): the smallest weight, so that under contention
-# the hub, the proxy, the service and its helpers run first, as a kubelet keeps CPU for the
-# system daemons. The grants stay ceilings (quotas) and split what the platform leaves by their
-# own weights. At the default weight, one tenant's busy jobs take CPU from every tenant's
-# answers (bench_service --as-root: the service had 60% of a core, the jobs the rest).
-USERS_CPU_SHARES = 2
+# All users' work together (the parent folder): an eighth of a default weight, so that under
+# contention the hub, the proxy, the service and its helpers run first, as a kubelet keeps CPU
+# for the system daemons (a busy thread of theirs gets about 90% of a CPU the jobs also want).
+# Not the smallest (2): that starved notebooks and jobs for as long as anything outside them
+# kept a CPU busy. The grants stay ceilings (quotas) and split the rest by their own weights.
+# At the default weight one tenant's busy jobs take CPU from every tenant's answers
+# (bench_service --as-root: the service had 60% of a core, the jobs the rest).
+USERS_CPU_SHARES = 128
 
 
 def cpu_shares(millicores: int) -> int:

@@ -21,7 +21,7 @@ from .records import (
 )
 
 NEEDED = ("cpu", "memory", "pids")
-USERS_CPU_WEIGHT = 1  # all users' work together yields to the platform (v1.USERS_CPU_SHARES)
+USERS_CPU_WEIGHT = 12  # all users' work together yields to the platform (v1.USERS_CPU_SHARES)
 
 
 def cpu_weight(millicores: int) -> int:

@@ -114,11 +114,11 @@ def test_cpu_quota_and_cpu_seconds(confinement) -> None:
 @v1_only
 def test_users_work_yields_the_cpu_to_the_platform(confinement) -> None:
     """A job's busy loop and the platform's (a process outside every user's cgroup, as the
-    hub and the service are), on one CPU: the platform gets nearly all of it, though the job's
+    hub and the service are), on one CPU: the platform gets about 90% of it, though the job's
     grant is a whole core. At equal weights each would get half."""
     group = confinement.create("busy", Grant(1000, 0))
     parent = Path(group.folders["cpu"]).parent.parent
-    assert (parent / "cpu.shares").read_text().strip() == "2"
+    assert (parent / "cpu.shares").read_text().strip() == "128"
     # both on CPU 0 from a common start until a common end: only the overlap is measured
     code = (
         "import os, sys, time\nos.sched_setaffinity(0, {0})\nstart = float(sys.argv[1])\n"
@@ -131,7 +131,7 @@ def test_users_work_yields_the_cpu_to_the_platform(confinement) -> None:
     platform = subprocess.Popen(argv, stdout=subprocess.PIPE)
     job_cpu = float(job.communicate(timeout=60)[0])
     platform_cpu = float(platform.communicate(timeout=60)[0])
-    assert job_cpu / (job_cpu + platform_cpu) < 0.1, (job_cpu, platform_cpu)
+    assert job_cpu / (job_cpu + platform_cpu) < 0.2, (job_cpu, platform_cpu)
 
 
 @v1_only
@@ -208,7 +208,7 @@ def test_v2_is_detected_and_writes_each_limit(unified) -> None:
     assert (folder / "memory.swap.max").read_text() == "0"
     assert (folder / "pids.max").read_text() == "64"
     assert (mount / "wmla" / "memory.max").read_text() == str(8 << 30)
-    assert (mount / "wmla" / "cpu.weight").read_text() == "1"  # users' work yields the CPU
+    assert (mount / "wmla" / "cpu.weight").read_text() == "12"  # users' work yields the CPU
     for parent in (mount, mount / "wmla", mount / "wmla" / "jobs"):
         assert (parent / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
     assert group.enter_files() == (str(folder / "cgroup.procs"),)
