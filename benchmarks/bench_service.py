@@ -63,6 +63,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -139,6 +140,29 @@ def helpers_cpu_seconds(service: int, node: int | None) -> float:
     except psutil.Error:
         return 0.0
     return sum(cpu_seconds(c.pid) for c in children if c.pid != node and cpu_seconds(c.pid) >= 0)
+
+
+@dataclass(frozen=True)
+class CpuNow:
+    """CPU seconds so far: each benchmarked process, this one, the whole machine, and (as
+    root) the node's launcher's tree and the accounts' helpers (0 where there is none yet)."""
+
+    each: dict[str, float]
+    own: float
+    machine: float
+    launches: float
+    helpers: float
+
+
+def cpu_now(pids: dict[str, int], as_root: bool) -> CpuNow:
+    node = node_launcher_pid(pids["service"]) if as_root else None
+    return CpuNow(
+        {k: cpu_seconds(p) if p else float("nan") for k, p in pids.items()},
+        time.process_time(),
+        machine_cpu_seconds(),
+        tree_cpu_seconds(node) if node else 0.0,
+        helpers_cpu_seconds(pids["service"], node),
+    )
 
 
 def node_launcher_pid(service: int) -> int | None:
@@ -596,23 +620,12 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
             time.sleep(1.0)
 
         print(f"load: {args.jobs:,} submissions from {args.clients} clients ...", file=sys.stderr)
-        cpu0 = {k: cpu_seconds(p) if p else float("nan") for k, p in pids.items()}
-        own0, all0 = time.process_time(), machine_cpu_seconds()
-        node0 = node_launcher_pid(pids["service"]) if accounts else None
-        split0 = (
-            tree_cpu_seconds(node0) if node0 else 0.0,
-            helpers_cpu_seconds(pids["service"], node0),
-        )
+        start = cpu_now(pids, bool(accounts))
+        cpu0, own0, all0 = start.each, start.own, start.machine
         sampler = RssSampler(pids["service"])
         sampler.start()
         load = asyncio.run(submissions(api, tokens, args.jobs, admin))
-        cpu_mid = {k: cpu_seconds(p) if p else float("nan") for k, p in pids.items()}
-        own_mid, all_mid = time.process_time(), machine_cpu_seconds()
-        node_mid = node_launcher_pid(pids["service"]) if accounts else None
-        split_mid = (
-            tree_cpu_seconds(node_mid) if node_mid else 0.0,
-            helpers_cpu_seconds(pids["service"], node_mid),
-        )
+        mid = cpu_now(pids, bool(accounts))
         timeout = max(120, args.jobs / (10 if accounts else 20))
         ended = asyncio.run(wait_ended(api, admin, timeout=timeout))
         sampler.done.set()
@@ -696,12 +709,12 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
         ours = sum(cpu1[k] - cpu0[k] for k in pids if cpu1[k] == cpu1[k]) + own1 - own0
         report["cpu_seconds"]["other processes"] = round(max(0.0, all1 - all0 - ours), 2)
         # while the submissions came: who had the two cores (the jobs' launches run meanwhile)
-        during = {k: cpu_mid[k] - cpu0[k] for k in pids if cpu_mid[k] == cpu_mid[k]}
-        during["bench clients"] = own_mid - own0
+        during = {k: mid.each[k] - cpu0[k] for k in pids if mid.each[k] == mid.each[k]}
+        during["bench clients"] = mid.own - own0
         if accounts:
-            during["launchers and workers"] = split_mid[0] - split0[0]
-            during["helpers"] = split_mid[1] - split0[1]
-        during["other processes"] = max(0.0, all_mid - all0 - sum(during.values()))
+            during["launchers and workers"] = mid.launches - start.launches
+            during["helpers"] = mid.helpers - start.helpers
+        during["other processes"] = max(0.0, mid.machine - all0 - sum(during.values()))
         report["cpu_seconds_while_submitting"] = {
             **{k: round(v, 2) for k, v in during.items()},
             "window_s": round(load["t1"] - load["t0"], 2),
