@@ -24,6 +24,8 @@ import pytest
 from extension.backends.base import BackendEvent, JobSpec
 from extension.backends.capacity import detect_nodes
 from extension.backends.local import LocalBackend
+from extension.backends.local.backend import jobs_scope
+from extension.confine import detect
 from extension.scheduler import Resources
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,6 +186,21 @@ def kill_everything_under(*dirs: str) -> list[int]:
     return killed
 
 
+def remove_cgroups_of(*state_dirs: str | Path) -> None:
+    """The cgroups left by the workers of the backends with these state directories (their
+    ``jobs_scope``): a real service's next start removes what its records no longer name, but
+    a test has no next service. Call it once their processes are killed."""
+    if os.geteuid() != 0:
+        return
+    for state_dir in state_dirs:
+        confinement = detect(jobs_scope(str(state_dir)))
+        for name in confinement.names():
+            group = confinement.open(name)
+            if group is not None:
+                group.remove(5.0)
+        confinement.prune()
+
+
 @pytest.fixture
 async def local_rig(tmp_path: Path):
     rig = Rig(tmp_path)
@@ -199,4 +216,5 @@ async def local_rig(tmp_path: Path):
             except Exception as err:  # teardown goes on: the processes must die
                 print(f"close failed: {err}", file=sys.stderr)
         kill_everything_under(str(tmp_path), str(rig.shared))
+        remove_cgroups_of(rig.state_dir)
         shutil.rmtree(rig.shared, ignore_errors=True)

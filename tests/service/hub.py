@@ -21,6 +21,8 @@ from pathlib import Path
 import psutil
 import requests
 
+from tests.backends.conftest import remove_cgroups_of
+
 REPO = Path(__file__).resolve().parents[2]
 PROXY = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
 
@@ -180,6 +182,12 @@ class Hub:
                 pass
         self.pids = kept
         self.proc = None
+        if not keep_workers:
+            self._remove_cgroups()
+
+    def _remove_cgroups(self) -> None:
+        """The cgroups of the workers killed above (a test's hub has no next service)."""
+        remove_cgroups_of(*self.var.glob("*/backend"))
 
     def restart(self) -> None:
         self.stop(keep_workers=True)

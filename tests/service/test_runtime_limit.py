@@ -40,7 +40,7 @@ from extension.service.scheduling import Scheduler
 from extension.service.store import Store, sqlite_url
 from extension.service.submission import LimitRange, SubmissionError, parse_submission
 from extension.webapi import Caller
-from tests.backends.conftest import kill_everything_under
+from tests.backends.conftest import kill_everything_under, remove_cgroups_of
 
 from .hub import PROXY, Client, Hub
 from .openapi_schema import schema_checker
@@ -302,6 +302,7 @@ async def local(tmp_path: Path):
             except Exception:  # teardown goes on: the processes must die
                 pass
         kill_everything_under(str(tmp_path))
+        remove_cgroups_of(tmp_path / "backend")
 
 
 @pytest.mark.parametrize(
