@@ -139,7 +139,8 @@ def helpers_cpu_seconds(service: int, node: int | None) -> float:
         children = psutil.Process(service).children()
     except psutil.Error:
         return 0.0
-    return sum(cpu_seconds(c.pid) for c in children if c.pid != node and cpu_seconds(c.pid) >= 0)
+    seconds = [cpu_seconds(c.pid) for c in children if c.pid != node]
+    return sum(s for s in seconds if s >= 0)  # nan: it ended meanwhile
 
 
 @dataclass(frozen=True)

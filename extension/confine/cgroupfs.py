@@ -63,7 +63,7 @@ def write_weight(path: str, value: int) -> None:
         write(path, str(value))
     except OSError as err:
         log.warning(
-            "cannot give users' work the lowest CPU weight (%s: %s): the hub and the service "
+            "cannot give users' work its lower CPU weight (%s: %s): the hub and the service "
             "then compete with the jobs at equal weight",
             path,
             err,

@@ -43,8 +43,9 @@ class KeyLookups:
                         answer.set_exception(err)
                     continue
                 for pair, answers in batch.items():
-                    for answer in _waiting({pair: answers}):
-                        answer.set_result(found.get(pair))
+                    for answer in answers:
+                        if not answer.done():  # its asker went away (cancelled)
+                            answer.set_result(found.get(pair))
         finally:
             self._drainer = None
 

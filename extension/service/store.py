@@ -54,7 +54,7 @@ KEY_BATCH = 64  # (user, key) pairs in one query: an OR of each, SQLite's parse 
 
 
 def in_batches(ids: list[T], limit: int = IN_BATCH) -> Iterator[list[T]]:
-    """``ids`` as IN lists of at most ``IN_BATCH``, each padded to a power of two with its last
+    """``ids`` as IN lists of at most ``limit``, each padded to a power of two with its last
     id (the rows found are the same). Each length of list is a statement of its own, which a
     SQLite connection prepares and keeps (128 a connection): about 80 bytes for each id it has
     room for, 40 KiB for 500. The cycle asks with every length (``fold_facts``,
@@ -312,8 +312,8 @@ class Store:
                     values[f"u{i}"], values[f"k{i}"] = user, key
                 rows = conn.execute(_key_query(len(batch)), values)
                 found.update({(user, key): job_id for job_id, user, key in rows})
-        rows = {pair: self.job(job_id) for pair, job_id in found.items()}
-        return {pair: row for pair, row in rows.items() if row is not None}
+        rows = self.jobs_by_id(found.values())
+        return {pair: rows[job_id] for pair, job_id in found.items() if job_id in rows}
 
     def fold_facts(self, ids: Iterable[str]) -> dict[str, FoldFacts]:
         """What folding a backend event needs of each job beyond the live one: whether a

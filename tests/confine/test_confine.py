@@ -229,7 +229,7 @@ def test_a_refused_users_weight_is_logged_and_jobs_still_start(unified, caplog) 
     confine = detect("jobs", mountinfo=mountinfo)
     confine.create("job-2-abc-w0", Grant(500, 0))
     assert (mount / "wmla" / "jobs" / "job-2-abc-w0" / "cpu.weight").read_text() == "50"
-    assert "lowest CPU weight" in caplog.text
+    assert "its lower CPU weight" in caplog.text
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="detect() makes cgroups only as root")
