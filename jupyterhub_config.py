@@ -1,12 +1,13 @@
 """The embedded default: JupyterHub on http://127.0.0.1:8000 with the wmla service.
 
-`make run` starts it. One machine: a local spawner, a shared password generated on the first run
-(printed at every start, kept in var/hub-passwords.json), admin users from $WMLA_ADMIN_USERS
-(comma-separated, default "admin"), and the wmla managed service at /services/wmla/ with the
-machine's GPUs (or 1x4 virtual devices; $WMLA_DEVICE_LAYOUT, e.g. 4x8). Runtime state lives in
-var/ (hub database, cookie secret, proxy pid, service store, user folders in var/storage); the
-hub runs with umask 0077 and the state files are made private (0600, var/wmla 0700) at every
-start, see docs/service.md "State files".
+`make run` starts it. One machine: a local spawner, each user's own password (set at the name's
+first login; the admins' from $WMLA_ADMIN_PASSWORD or generated and shown once at the first
+start; bcrypt hashes in var/hub-passwords.dbm*, see docs/auth.md), admin users from
+$WMLA_ADMIN_USERS (comma-separated, default "admin"), and the wmla managed service at
+/services/wmla/ with the machine's GPUs (or 1x4 virtual devices; $WMLA_DEVICE_LAYOUT, e.g.
+4x8). Runtime state lives in var/ (hub database, cookie secret, proxy pid, service store, user
+folders in var/storage); the hub runs with umask 0077 and the state files are made private (0600,
+var/wmla 0700) at every start, see docs/service.md "State files".
 """
 
 import os
@@ -17,13 +18,13 @@ from pathlib import Path
 from extension.service.privacy import restrict_umask
 from hub_config import (
     custom_scopes,
-    embedded_passwords,
     private_hub_state,
     roles,
     server_token_scopes,
     services,
     stop_servers_before_services,
 )
+from hub_config.auth import configure_login
 from hub_config.culler import culler_services, culler_settings
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
@@ -52,21 +53,11 @@ PROXY_API_PORT = os.environ.get("WMLA_PROXY_API_PORT", "8001")
 c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{PROXY_API_PORT}"
 c.ConfigurableHTTPProxy.pid_file = str(VAR / "jupyterhub-proxy.pid")
 
-# -- who may log in ------------------------------------------------------------------------
-user_password, admin_password, created = embedded_passwords(VAR)
-c.JupyterHub.authenticator_class = "shared-password"
-c.SharedPasswordAuthenticator.user_password = user_password
-c.SharedPasswordAuthenticator.admin_password = admin_password
-c.Authenticator.admin_users = set(ADMINS)
-c.Authenticator.allow_all = True
-print(
-    f"\n  wmla: {'new passwords generated' if created else 'passwords'} "
-    f"(kept in {VAR / 'hub-passwords.json'}):\n"
-    f"    any user name  -> password {user_password}\n"
-    f"    admin users {', '.join(ADMINS)} -> password {admin_password}\n"
-    f"  open http://{c.JupyterHub.ip}:{c.JupyterHub.port}/ and /services/wmla/\n",
-    flush=True,
-)
+# -- who may log in: each user name's own password, set at its first login; the admins' set at
+# the first start from $WMLA_ADMIN_PASSWORD, or generated and shown that once; hashes only, in
+# var/hub-passwords.dbm* (0600). $WMLA_AUTHENTICATOR=pam (or ldapauthenticator, github, ...)
+# hands logins to another authenticator instead (hub_config/auth.py, docs/auth.md)
+configure_login(c, VAR, ADMINS)
 
 # -- notebook servers: local processes admitted by the user's plan (spawner/, docs/spawner.md);
 # each user's home is their storage folder (as root: owned by their own system account)
@@ -75,7 +66,7 @@ singleuser = Path(sys.executable).with_name("jupyterhub-singleuser")
 if singleuser.exists():  # the project's environment, wherever the hub was started from
     c.Spawner.cmd = [str(singleuser)]
 c.WmlaLocalSpawner.storage_root = str(STORAGE)
-# Anyone may log in under any name with the shared password, so a hub user must never be able to
+# Anyone may sign up under any name not yet taken, so a hub user must never be able to
 # claim an account the machine already has (a hub user "nobody" or named like an admin's
 # account): as root, notebooks and jobs run as "wmla-<name>" accounts that wmla creates. With an
 # authenticator whose users are the machine's own accounts (PAM, LDAP), "{username}" is right.
@@ -128,7 +119,9 @@ c.JupyterHub.services = services(
 c.JupyterHub.custom_scopes = custom_scopes()
 c.JupyterHub.load_roles = roles(admin_users=ADMINS)
 # hub pages: a "Plans" link to the wmla admin page for plan admins (hub_config/templates)
-c.JupyterHub.template_paths = [str(ROOT / "hub_config" / "templates")]
+# (before the authenticator's own templates, which configure_login put there)
+ours = str(ROOT / "hub_config" / "templates")
+c.JupyterHub.template_paths = [ours, *c.JupyterHub.get("template_paths", [])]
 # the spawner's token: it submits notebook jobs for users (custom:wmla:admin)
 from spawner.hubconfig import spawner_service  # noqa: E402
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -129,31 +128,17 @@ def services(
     return [entry]
 
 
-def embedded_passwords(state_dir: str | os.PathLike) -> tuple[str, str, bool]:
-    """(user password, admin password, created now) for SharedPasswordAuthenticator.
-
-    Generated on the first run and kept in ``<state_dir>/hub-passwords.json`` (mode 0600).
-    """
-    path = Path(state_dir) / "hub-passwords.json"
-    if os.path.lexists(path):
-        # an older version, or a copy, may have left it readable by every account
-        _report(path, tighten(path, PRIVATE_FILE))
-        data = json.loads(path.read_text())
-        return data["user_password"], data["admin_password"], False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"user_password": secrets.token_urlsafe(12), "admin_password": secrets.token_urlsafe(32)}
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-    return data["user_password"], data["admin_password"], True
-
+# the users' password hashes (hub_config/auth.py): a dbm database, which dbm.dumb (the only dbm
+# module some Pythons have) keeps in three files beside the name and dbm.gnu in the bare name
+PASSWORD_DB = "hub-passwords.dbm"
+PASSWORD_DB_FILES = (PASSWORD_DB, *(PASSWORD_DB + ext for ext in (".dat", ".dir", ".bak")))
 
 # what the embedded hub keeps directly in its runtime folder (var/): tokens, the cookie secret,
-# the shared passwords; JupyterHub and SQLite create them, so they are fixed at every start
+# the password hashes; JupyterHub, SQLite and dbm create them, so they are fixed at every start
 HUB_STATE_FILES = (
     *(f"jupyterhub.sqlite{suffix}" for suffix in ("", *SQLITE_SIDECARS)),
     "jupyterhub_cookie_secret",
-    "hub-passwords.json",
+    *PASSWORD_DB_FILES,
     "jupyterhub-proxy.pid",
 )
 

@@ -2,7 +2,7 @@
 
 Every hub user has a terminal on the machine, so every hub user is a local attacker. The state
 holds what they must not read: the wmla store (job environments carry secrets), the hub's
-database (tokens), its cookie secret and the shared passwords. State directories are therefore
+database (tokens), its cookie secret and the password hashes. State directories are therefore
 0700 and state files 0600, new files get them from a 0077 umask, and what an older version left
 looser is tightened at every start.
 

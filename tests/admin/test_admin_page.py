@@ -8,7 +8,6 @@ visit under ``test-artifacts/admin/`` (printed at the end of the module).
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import time
@@ -43,7 +42,6 @@ def hub(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     try:
         hub.start()
-        hub.passwords = json.loads((hub.var / "hub-passwords.json").read_text())
         hub.clients = {n: Client(hub, hub.user_token(n)) for n in ("padmin", "user1")}
         folder = hub.storage / "padmin" / "models" / "sleep"
         folder.mkdir(parents=True, exist_ok=True)
@@ -60,7 +58,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config):
 
 
 def password(hub: Hub, user: str) -> str:
-    return hub.passwords["admin_password" if user == "admin" else "user_password"]
+    return hub.password_of(user)
 
 
 def login(hub: Hub, user: str) -> requests.Session:

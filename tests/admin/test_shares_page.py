@@ -28,12 +28,10 @@ browser = page_helpers.browser  # the module's Chromium (skips without /usr/bin/
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory):
-    import json
 
     shutil.rmtree(ARTIFACTS, ignore_errors=True)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with shares_hub(tmp_path_factory.mktemp("admin-shares-hub"), ("padmin",), "sleep") as hub:
-        hub.passwords = json.loads((hub.var / "hub-passwords.json").read_text())
         hub.clients = {n: Client(hub, hub.user_token(n)) for n in ("padmin", "user1")}
         yield hub
 

@@ -291,7 +291,7 @@ def test_a_bad_model_dir_is_the_services_message(as_user) -> None:
 
 
 def test_logon_then_the_installed_command_uses_the_saved_token(hub: Hub, as_user) -> None:
-    password = json.loads((hub.var / "hub-passwords.json").read_text())["user_password"]
+    password = hub.password_of("user2")
     config = hub.tmp / "logon" / "config.json"
     os.environ["WMLA_CONFIG"] = str(config)  # as_user restores it afterwards
     code, out, err = as_user(

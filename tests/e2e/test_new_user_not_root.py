@@ -24,7 +24,6 @@ test-artifacts/new-user-not-root/.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
@@ -79,7 +78,7 @@ SPAWNER_CONFIG = """
 c.JupyterHub.spawner_class = "wmla-local"  # as in jupyterhub_config.py (tests.service: simple)
 c.WmlaLocalSpawner.notebook_cpu = "100m"
 c.WmlaLocalSpawner.notebook_memory = "256Mi"
-c.Authenticator.allowed_users = set()  # anyone with the shared password, as in make run
+c.Authenticator.allowed_users = set()  # any new name signs up, as in make run
 c.Spawner.default_url = "/lab"
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 90
@@ -167,7 +166,6 @@ def hub() -> Iterator[UnprivilegedHub]:
         shutil.rmtree(ARTIFACTS, ignore_errors=True)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         hub.start()
-        hub.password = json.loads((hub.var / "hub-passwords.json").read_text())["user_password"]
         yield hub
     finally:
         if hub is not None:
@@ -194,7 +192,7 @@ def _stop_leftovers(uid: int) -> None:
 def visit(hub: UnprivilegedHub) -> Iterator[Visit]:
     with browser_page() as page:
         yield Visit(
-            page, hub.url, hub.password, USER, hub.storage / USER, hub.account.name, ARTIFACTS
+            page, hub.url, hub.user_password, USER, hub.storage / USER, hub.account.name, ARTIFACTS
         )
 
 

@@ -13,7 +13,6 @@ Screenshots land in test-artifacts/spawn-waits/.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import time
@@ -63,7 +62,6 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     try:
         hub.start()
-        hub.password = json.loads((hub.var / "hub-passwords.json").read_text())["user_password"]
         hub.clients = {name: Client(hub, hub.user_token(name)) for name in ("admin", "user1")}
         r = hub.clients["admin"].post("/plans", json={"path": PLAN, "limit": {"gpu": 1}})
         assert r.status_code == 201, r.text
@@ -98,7 +96,7 @@ def test_the_spawn_page_of_a_notebook_that_must_wait_shows_its_position_and_an_e
         with browser_page() as page:
             page.goto(f"{hub.url}/hub/login?next=%2Fhub%2Fspawn")
             page.fill("input[name=username]", "user1")
-            page.fill("input[name=password]", hub.password)
+            page.fill("input[name=password]", hub.user_password)
             page.click("input[type=submit], button[type=submit]")
             page.wait_for_url(re.compile(r".*/hub/spawn.*"))  # the form, or the pending page
             page.wait_for_load_state()  # under load the form is not there yet otherwise

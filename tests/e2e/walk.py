@@ -31,7 +31,7 @@ class Visit:
 
     page: Any  # playwright.sync_api.Page
     url: str  # the hub's public URL
-    password: str  # the shared password
+    password: str  # the user's password (its first login sets it)
     user: str  # the hub user, new to the hub
     folder: Path  # <storage_root>/<user>
     account: str  # the system account the user's server runs as
@@ -63,7 +63,7 @@ def browser_page() -> Iterator[Any]:
 
 
 def log_in_and_spawn(visit: Visit) -> None:
-    """Log in with the shared password, start the default profile from the spawn page, and
+    """Log in with the user's password, start the default profile from the spawn page, and
     find JupyterLab with the getting-started notebook the first spawn put in the folder."""
     page, user = visit.page, visit.user
     page.goto(f"{visit.url}/hub/login")

@@ -363,7 +363,7 @@ def test_a_users_job_reads_no_state_file_and_nothing_of_another_user(hub: Hub) -
         hub.var / "wmla" / "wmla.sqlite",  # every job's env and args
         hub.var / "jupyterhub.sqlite",
         hub.var / "jupyterhub_cookie_secret",
-        hub.var / "hub-passwords.json",
+        hub.var / "hub-passwords.dbm.dat",  # password hashes
         hub.secret_file,
         Path(holder["workdir"]) / "whoami.json",  # user1's own files
         Path(holder["workdir"]) / "logs" / "worker-0.log",

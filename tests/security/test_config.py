@@ -25,7 +25,7 @@ def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_no_hub_user_can_claim_an_account_the_machine_already_has(config) -> None:
-    """Anyone logs in under any name with the shared password: a hub user called like an
+    """Anyone signs up under any name not yet taken: a hub user called like an
     existing account (nobody, root, the machine's own users) must get an account of wmla's."""
     notebooks = config.WmlaLocalSpawner.system_user_template
     service = json.loads(config.JupyterHub.services[0]["environment"]["WMLA_SERVICE_CONFIG"])

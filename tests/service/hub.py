@@ -77,6 +77,10 @@ class Hub:
         self.url = f"http://127.0.0.1:{self.port}"
         self.api = f"{self.url}/services/wmla/api/v1"
         self.token = secrets.token_hex(16)
+        # the admins' password, set at the hub's first start; every other name's first login
+        # sets its own, and the tests' users all choose user_password
+        self.admin_password = secrets.token_urlsafe(16)
+        self.user_password = secrets.token_urlsafe(12)
         self.env = {
             **os.environ,
             "WMLA_VAR": str(self.var),
@@ -85,6 +89,7 @@ class Hub:
             "WMLA_PROXY_API_PORT": str(free_port()),
             "WMLA_SERVICE_PORT": str(free_port()),
             "WMLA_ADMIN_USERS": "admin",
+            "WMLA_ADMIN_PASSWORD": self.admin_password,
             "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
         }
         self.env.pop("WMLA_SERVICE_CONFIG", None)
@@ -198,6 +203,10 @@ class Hub:
             return self.log_path.read_text(errors="replace")[-6000:]
         except OSError:
             return ""
+
+    def password_of(self, user: str) -> str:
+        """``user``'s password at the hub's login form (a new name's first login sets it)."""
+        return self.admin_password if user == "admin" else self.user_password
 
     # -- hub API -------------------------------------------------------------------------------
     def hub_api(self, method: str, path: str, **kwargs) -> requests.Response:

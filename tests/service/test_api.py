@@ -461,7 +461,7 @@ def test_plan_admin_submits_a_notebook_for_a_user(hub: Hub) -> None:
 def test_browser_login_reaches_the_service_through_oauth(hub: Hub, user, plan_admin) -> None:
     import requests
 
-    password = json.loads((hub.var / "hub-passwords.json").read_text())["user_password"]
+    password = hub.password_of(user)
     session = requests.Session()
     session.get(f"{hub.url}/hub/login", timeout=30)
     r = session.post(

@@ -68,7 +68,6 @@ def hub(tmp_path_factory: pytest.TempPathFactory):
     hub = Hub(tmp, traits)
     try:
         hub.start()
-        hub.passwords = json.loads((hub.var / "hub-passwords.json").read_text())
         hub.clients = {n: Client(hub, hub.user_token(n)) for n in ("admin", "user1", "user2")}
         for user, text in (("user1", SAVER), ("user2", LIAR)):
             folder = hub.storage / user / "models" / "ckpt"

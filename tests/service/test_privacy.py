@@ -23,7 +23,8 @@ from extension.service.privacy import (
     proc_hides_other_processes,
 )
 from extension.service.store import Store, sqlite_url
-from hub_config import embedded_passwords, private_hub_state
+from hub_config import PASSWORD_DB, PASSWORD_DB_FILES, private_hub_state
+from hub_config.auth import seed_admin_passwords
 
 from .hub import PROXY, Hub
 
@@ -262,12 +263,10 @@ def test_no_proc_mount_counts_as_not_hidden() -> None:
 
 
 @pytest.mark.usefixtures("umask022")
-def test_embedded_passwords_make_a_loose_password_file_private(tmp_path: Path) -> None:
-    first = embedded_passwords(tmp_path)
-    os.chmod(tmp_path / "hub-passwords.json", 0o644)
-    again = embedded_passwords(tmp_path)
-    assert again[:2] == first[:2] and again[2] is False
-    assert mode(tmp_path / "hub-passwords.json") == 0o600
+def test_the_password_database_is_made_private_whatever_the_umask(tmp_path: Path) -> None:
+    seed_admin_passwords(tmp_path / PASSWORD_DB, ["admin"], None)
+    made = [tmp_path / name for name in PASSWORD_DB_FILES if (tmp_path / name).exists()]
+    assert made and all(mode(path) == 0o600 for path in made)
 
 
 @pytest.mark.usefixtures("umask022")
@@ -276,8 +275,8 @@ def test_the_hub_state_is_fixed_at_start_and_symlinks_are_refused(tmp_path: Path
     (var / "wmla").mkdir(parents=True)
     os.chmod(var, 0o755)
     os.chmod(var / "wmla", 0o755)
-    (var / "hub-passwords.json").write_text("{}")
-    os.chmod(var / "hub-passwords.json", 0o644)
+    (var / "hub-passwords.dbm.dat").write_text("")
+    os.chmod(var / "hub-passwords.dbm.dat", 0o644)
     target = tmp_path / "secret-elsewhere"
     target.write_text("x")
     os.chmod(target, 0o644)
@@ -286,7 +285,7 @@ def test_the_hub_state_is_fixed_at_start_and_symlinks_are_refused(tmp_path: Path
     warnings = private_hub_state(var)
 
     assert mode(var) == 0o711 and mode(var / "wmla") == 0o700
-    assert mode(var / "hub-passwords.json") == 0o600
+    assert mode(var / "hub-passwords.dbm.dat") == 0o600
     assert mode(var / "jupyterhub.sqlite") == 0o600  # created empty, before the hub opens it
     assert (var / "jupyterhub.sqlite").stat().st_size == 0
     assert mode(target) == 0o644 and (var / "jupyterhub_cookie_secret").is_symlink()
@@ -319,7 +318,7 @@ def test_after_the_hub_and_service_start_no_state_file_is_open_to_others(tmp_pat
     try:
         hub.start()
         files = {p.relative_to(hub.var).as_posix() for p in hub.var.rglob("*") if p.is_file()}
-        assert {"jupyterhub.sqlite", "jupyterhub_cookie_secret", "hub-passwords.json"} <= files
+        assert {"jupyterhub.sqlite", "jupyterhub_cookie_secret", "hub-passwords.dbm.dat"} <= files
         assert {"jupyterhub-proxy.pid", "wmla/wmla.sqlite", "wmla/wmla.sqlite-wal"} <= files
         assert open_to_others(hub.var, skip=hub.storage) == [f"{hub.var} 0o711"]
         assert mode(hub.var) == 0o711 and mode(hub.var / "wmla") == 0o700

@@ -460,7 +460,6 @@ def hub(tmp_path_factory: pytest.TempPathFactory):
     )
     try:
         hub.start()
-        hub.passwords = json.loads((hub.var / "hub-passwords.json").read_text())
         hub.tokens = {n: hub.user_token(n) for n in ("admin", "user1")}
         hub.clients = {n: Client(hub, t) for n, t in hub.tokens.items()}
         for user in ("admin", "user1"):

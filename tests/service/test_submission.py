@@ -20,7 +20,6 @@ from extension.userfs.files import UserFiles
 from hub_config import (
     ADMIN_SCOPE,
     custom_scopes,
-    embedded_passwords,
     roles,
     server_token_scopes,
     services,
@@ -172,11 +171,6 @@ def test_hub_config_helpers(tmp_path: Path) -> None:
         "/sample-project/inference",
         "/sample-project/notebooks",
     }
-    first = embedded_passwords(tmp_path)
-    again = embedded_passwords(tmp_path)
-    assert first[2] is True and again[2] is False and first[:2] == again[:2]
-    assert len(first[0]) >= 8 and len(first[1]) >= 32
-    assert (tmp_path / "hub-passwords.json").stat().st_mode & 0o077 == 0
 
 
 def test_quota_caps_the_instance() -> None:
