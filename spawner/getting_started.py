@@ -18,6 +18,15 @@ MODEL_DIR = "models/pytorch_mnist"
 MARKER = ".wmla/getting-started"  # written once the files were offered
 
 
+def terminal_command(plan: str) -> str:
+    """The notebook's training run as a terminal command, exactly as a user copies it (the
+    framework first: dlicmd's order, which ``wmla exec-start`` requires)."""
+    return (
+        f"wmla exec-start PyTorch --plan {plan} --model-dir {MODEL_DIR} --model-main main.py "
+        "--wait -- --epochs 3"
+    )
+
+
 def getting_started_notebook(plan: str = "/sample-project/training") -> str:
     """The notebook's JSON: the user's plans, a 2-worker training run of the example with its
     job monitor, the user's jobs and their usage."""
@@ -53,8 +62,8 @@ def getting_started_notebook(plan: str = "/sample-project/training") -> str:
         md(
             "## From a terminal\n\n"
             "File > New > Terminal, then `wmla exec-get` lists your jobs and "
-            f"`wmla exec-start --plan {plan} --model-dir {MODEL_DIR} --model-main main.py "
-            "--wait` runs one; the hub's address and your token are already known there."
+            f"`{terminal_command(plan)}` runs one; the hub's address and your token are "
+            "already known there."
         ),
     ]
     notebook = nbformat.v4.new_notebook(cells=cells)

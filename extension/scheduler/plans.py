@@ -113,6 +113,17 @@ class PlanTree:
     def children(self, path: str = ROOT) -> list[Plan]:
         return [self._plans[p] for p in sorted(self._children.get(path, ()))]
 
+    def takes_jobs(self, path: str) -> bool:
+        """Whether users may be charged to ``path``: a plan with no child plans but its users'
+        leaves. A parent plan's share is split among its child plans, so a user leaf beside
+        them would silently take a part of each one's share (docs/scheduling.md "Words")."""
+        plan = self._plans.get(path)
+        return (
+            plan is not None
+            and not plan.user_leaf
+            and all(self._plans[c].user_leaf for c in self._children.get(path, ()))
+        )
+
     def ancestors(self, path: str) -> list[Plan]:
         """The plans from the top level down to ``path`` itself (all must exist)."""
         parts = split_path(path)

@@ -150,9 +150,15 @@ class Actions:
             path = parent_of(path)
         return not listed  # a plan nobody on its path restricts is open to every hub user
 
-    def usable_plans(self, caller: Caller) -> list[str]:
+    def usable_plans(self, caller: Caller, under: str = ROOT) -> list[str]:
+        """The plans ``caller`` may be charged to (those that take jobs), all or under one."""
+        plans = self.state.plans
         return [
-            p.path for p in self.state.plans if not p.user_leaf and self.may_submit(caller, p.path)
+            p.path
+            for p in plans
+            if (under == ROOT or p.path.startswith(under + "/"))
+            and plans.takes_jobs(p.path)
+            and self.may_submit(caller, p.path)
         ]
 
     async def submit_once(
@@ -244,7 +250,8 @@ class Actions:
         return resolve_command(sub, files, self.state.storage_root, user)
 
     def _check_plan(self, caller: Caller, plan: str) -> None:
-        """The plan exists, is not a user leaf, and the caller may submit to it."""
+        """The plan exists, takes jobs (neither a user leaf nor a parent of other plans), and
+        the caller may submit to it."""
         if plan not in self.state.plans:
             raise NotFound(
                 f"there is no plan {plan!r}; plans you may use: "
@@ -252,6 +259,12 @@ class Actions:
             )
         if self.state.plans.get(plan).user_leaf:
             raise SubmissionError(f"{plan} is a user leaf; submit to its parent {parent_of(plan)}")
+        if not self.state.plans.takes_jobs(plan):
+            below = self.usable_plans(caller, under=plan)
+            raise SubmissionError(
+                f"{plan} has plans under it, and only a plan without child plans takes jobs "
+                f"and notebooks; pick one of {', '.join(below) or 'them'}"
+            )
         if not self.may_submit(caller, plan):
             raise Forbidden(
                 f"you may not submit to {plan}; plans you may use: "

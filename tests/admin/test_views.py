@@ -13,6 +13,7 @@ import pytest
 from extension.backends.base import JobSpec
 from extension.scheduler import (
     UNLIMITED,
+    IndexCache,
     Instance,
     Job,
     JobState,
@@ -192,3 +193,15 @@ def test_instance_view_counts_free_devices_per_node(sched: Scheduler) -> None:
     assert view["limit_range"]["max"]["cpu"] == "-" and view["limit_range"]["default"]["gpu"] == "-"
     assert view["limit_range"]["min"]["gpu"] == "0"
     assert views.amount("memory", 24683652 * 1024) == "23.5Gi"
+
+
+def test_every_plan_busy_counts_plans_whose_users_have_leaves(sched: Scheduler) -> None:
+    """Issue 38: the preview skipped every plan with children, user leaves included, so a plan
+    that anyone had used showed 0 deserved GPUs with every plan busy."""
+    cache = IndexCache()
+    fresh = views.saturated(sched.plans, sched, 1000, cache)
+    for plan, user in (("/project1/qa", "bob"), ("/project1/dev", "alice"), ("/other", "carol")):
+        sched.plans.ensure_user_leaf(plan, user)
+    used = views.saturated(sched.plans, sched, 1000, cache)
+    for path in ("/other", "/project1/dev", "/project1/qa", "/project1/support"):
+        assert used[path] == fresh[path] > 0, (path, used, fresh)

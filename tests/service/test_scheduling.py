@@ -20,7 +20,7 @@ from extension.service.cancels import Conflict
 from extension.service.records import InstanceBounds
 from extension.service.scheduling import Scheduler
 from extension.service.store import PlanRecord, Store, sqlite_url
-from extension.service.submission import LimitRange, Rejected, parse_submission
+from extension.service.submission import LimitRange, Rejected, SubmissionError, parse_submission
 from extension.webapi import Caller
 
 from .backend_double import InProcessBackend
@@ -386,3 +386,24 @@ async def test_a_start_the_platform_refuses_for_now_goes_back_to_the_queue(rig: 
     await rig.sched.drain()
     await rig.cycle()
     assert rig.state(job) == "RUNNING"  # started again once the platform took it
+
+
+async def test_only_plans_without_child_plans_take_jobs(rig: Rig) -> None:
+    """Issue 38: /sample-project was offered and accepted; its user leaf then sat beside its
+    child plans and took a part of each one's share."""
+    with pytest.raises(SubmissionError) as err:
+        await rig.submit("user1", "/sample-project", "1")
+    message = str(err.value)
+    assert message.startswith("/sample-project has plans under it") and message.endswith(
+        "pick one of /sample-project/training"
+    )
+    assert "/sample-project/user1" not in rig.sched.plans and rig.store.jobs() == []
+    for caller in (Caller("user1"), Caller("someone", admin=True)):
+        usable = rig.sched.usable_plans(caller)
+        assert "/sample-project" not in usable and "/project1" not in usable
+        assert "/sample-project/training" in usable
+    # a plan whose users have submitted keeps taking jobs: their leaves are not child plans
+    await rig.submit("user1", "/sample-project/training", "1")
+    assert "/sample-project/training/user1" in rig.sched.plans
+    assert "/sample-project/training" in rig.sched.usable_plans(Caller("user1"))
+    await rig.submit("user2", "/sample-project/training", "1")

@@ -484,6 +484,11 @@ def test_a_server_starts_only_in_a_plan_its_user_may_use(hub: Hub) -> None:
         for u in ("user1", "user2")
     }
     assert "/members-only" in offers["user1"] and "/members-only" not in offers["user2"]
+    # a parent plan is never offered: a user leaf beside its child plans would take a part of
+    # their shares (issue 38)
+    assert (
+        "/sample-project/notebooks" in offers["user2"] and "/sample-project" not in offers["user2"]
+    )
     assert hub.clients["user2"].get("/", params={"user": "user1"}).status_code == 403
     for user in ("user1", "user2"):
         if server_model(hub, user) is not None:

@@ -292,14 +292,16 @@ def preview(
 
 def saturated(tree: PlanTree, sched: Any, now: float, cache: IndexCache) -> dict[str, float]:
     """Deserved GPUs if every plan wanted all it may take: the same core, on the instance, with
-    one elastic job per childless plan asking for one device per worker up to the plan's
-    limit (synthetic jobs, never stored). Empty when the instance has no GPUs."""
+    one elastic job per plan that takes jobs (no child plans but its users' leaves) asking for
+    one device per worker up to the plan's limit (synthetic jobs, never stored). Empty when the
+    instance has no GPUs."""
     capacity = int(sched.instance.capacity.gpu)
     if capacity < 1:
         return {}
     jobs = []
     for plan in tree:
-        if plan.user_leaf or tree.children(plan.path):
+        # a plan whose users have submitted has their leaves as children: it still takes jobs
+        if plan.user_leaf or any(not child.user_leaf for child in tree.children(plan.path)):
             continue
         cap = min([capacity, *(p.limit.gpu for p in tree.ancestors(plan.path))])
         if cap < 1:
