@@ -32,9 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from extension.cli_client import COMMANDS, dlicmd_argv, run
+    from extension.cli_client import COMMANDS, dlicmd_argv, run, slurm_hint
 
-    args = build_parser().parse_args(dlicmd_argv(argv))
+    argv = dlicmd_argv(argv)
+    hint = slurm_hint(argv)
+    if hint:
+        print(hint, file=sys.stderr)
+        return 2
+    args = build_parser().parse_args(argv)
     if args.command in COMMANDS:
         return run(args)
     if args.command == "simulate":

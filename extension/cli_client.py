@@ -5,7 +5,7 @@ wmla                                    dlicmd
 ======================================  ==============================================
 ``wmla logon --url URL --username U``   ``--logon --username U --password P``
 ``wmla exec-start PyTorch [options]``   ``--exec-start PyTorch --consumer /p ...``
-``wmla exec-get [JOB]``                 ``--exec-get [JOB]``
+``wmla exec-get [JOB]``                 ``--exec-get [JOB]`` (Slurm's ``squeue``, ``sacct``)
 ``wmla exec-stop JOB``                  ``--exec-stop JOB`` (also ``--exec-delete``)
 ``wmla exec-outLogs JOB``               ``--exec-outLogs JOB``
 ``wmla plans``, ``wmla usage``          (none)
@@ -19,9 +19,13 @@ with a message; a refusal by the service exits 1 with the service's explanation.
 ``exec-start --wait`` prints one line per change as the job goes (:func:`watch`): its state (the
 service's reason while PENDING, the placement once RUNNING, the exit code at the end) and the
 latest line of metrics the script reported; with ``--json`` these go to stderr and the job's JSON
-to stdout. It exits 1 when the job did not finish. ``exec-get`` shows notebook servers (kind
-``notebook``) as ``notebook (running)`` / ``notebook (ended)`` with their end time, not as
-cancelled jobs.
+to stdout. It exits 1 when the job did not finish. ``exec-get`` lists one line per job, newest
+first, with its USER (a plan admin sees everyone's; ``--user`` and ``--state`` filter) and its
+reason cut to one line (``exec-get JOB`` shows it whole); notebook servers (kind ``notebook``)
+show as ``notebook (running)`` / ``notebook (ended)`` with their end time, not as cancelled
+jobs. ``exec-stop`` says ``cancelling`` for a job whose workers are being stopped. Slurm's
+words (``submit``, ``list``, ``squeue``, ``cancel``, ``scancel``, ...) answer with the wmla
+command to use (exit 2).
 
 While the service is unavailable (the hub restarting it, its store locked) every command keeps
 trying for ``--retry-seconds`` (default ``$WMLA_RETRY_SECONDS``, else 60; 0: one try) and says
@@ -61,6 +65,7 @@ from extension.tables import (
     job_details,
     jobs_table,
     metrics_text,
+    plain_text,
     plans_table,
     shares_table,
     state_line,
@@ -85,6 +90,33 @@ DLICMD = {
 }
 
 
+# what Slurm users type first, and the wmla command that does it
+SLURM = {
+    "submit": "wmla exec-start PyTorch --plan PLAN --model-dir DIR --model-main main.py -- ARGS",
+    "list": "wmla exec-get --state PENDING,RUNNING (what is alive), wmla exec-get (history)",
+    "cancel": "wmla exec-stop JOB",
+    "logs": "wmla exec-outLogs JOB",
+}
+SLURM |= {
+    "sbatch": SLURM["submit"],
+    "srun": SLURM["submit"],
+    "squeue": SLURM["list"],
+    "sacct": "wmla exec-get (newest first; --user, --state; one job in full: exec-get JOB)",
+    "scancel": SLURM["cancel"],
+    "sshare": "wmla shares",
+    "sinfo": "wmla plans",
+}
+
+
+def slurm_hint(argv: Sequence[str]) -> str | None:
+    """The message for a Slurm spelling (``wmla squeue``), or None: argparse would only say
+    "invalid choice" and list the commands."""
+    word = argv[0] if argv else ""
+    if word not in SLURM:
+        return None
+    return f"wmla: {word!r} is not a wmla command; use: {SLURM[word]}"
+
+
 def dlicmd_argv(argv: Sequence[str] | None) -> list[str]:
     """Rewrite a leading dlicmd-style ``--exec-start`` into the subcommand ``exec-start``."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -107,23 +139,17 @@ def add_commands(sub: Any) -> None:
     logon.add_argument("--token", help="an existing hub API token instead of a password")
     logon.add_argument("--json", action="store_true")
 
-    from extension.magics import options
-
     start = sub.add_parser(
         "exec-start",
         help="submit a training job: exec-start PyTorch --consumer PLAN --workerDeviceNum N "
         "--model-dir DIR --model-main main.py -- ARGS",
-        description="Submit a training job. Options (then `--` and the script's arguments):\n"
-        + (options.__doc__ or "").split("\n\n", 2)[-1]
-        + "\n--json prints the job as JSON.",
+        description="Submit a training job. Options (then -- and the script's arguments):\n"
+        + exec_start_options(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     start.add_argument("rest", nargs=argparse.REMAINDER, help="options, then -- script args")
 
-    get = sub.add_parser("exec-get", help="show one job, or list your jobs")
-    get.add_argument("job", nargs="?")
-    get.add_argument("--state", help="only these states, e.g. RUNNING,PENDING")
-    get.add_argument("--json", action="store_true")
+    get = _add_exec_get(sub)
 
     stop = sub.add_parser("exec-stop", help="cancel a job")
     stop.add_argument("job")
@@ -190,6 +216,22 @@ def _step(text: str) -> float:
     return step
 
 
+def _add_exec_get(sub: Any) -> argparse.ArgumentParser:
+    """``wmla exec-get [JOB] [--state S,...] [--user U] [--json]``."""
+    get = sub.add_parser(
+        "exec-get",
+        help="show one job, or list jobs newest first (a plan admin: everyone's)",
+        description="One job in full (wmla exec-get JOB), or one line per job, newest first, "
+        "its reason cut to one line. A plan admin lists every user's jobs; --user one's. What "
+        "is alive (Slurm's squeue): --state PENDING,RUNNING.",
+    )
+    get.add_argument("job", nargs="?")
+    get.add_argument("--state", help="only these states, e.g. RUNNING,PENDING")
+    get.add_argument("--user", help="only this user's jobs (plan admins: anyone's)")
+    get.add_argument("--json", action="store_true")
+    return get
+
+
 def _add_shares(sub: Any) -> argparse.ArgumentParser:
     """``wmla shares [--plan P] [--reset] [--json]``."""
     shares = sub.add_parser(
@@ -244,7 +286,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             return _exec_get(client, args, out)
         if name == "exec-stop":
             job = client.cancel(args.job)
-            _emit(out, args.json, job, lambda: f"job {job['id']} is {job['state']}")
+            _emit(out, args.json, job, lambda: stop_text(job))
             return 0
         if name == "exec-outLogs":
             text = client.logs(args.job, tail=args.tail, worker=args.worker)
@@ -326,14 +368,27 @@ def _logon(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def exec_start_options() -> str:
+    """``exec-start``'s options as ``--help`` prints them: %wmla_train's table, plain text."""
+    from extension.magics import options
+
+    return plain_text((options.__doc__ or "").split("\n\n", 2)[-1]) + "\n--json prints JSON."
+
+
+def stop_text(job: Mapping[str, Any]) -> str:
+    """What ``exec-stop`` says, once: a running job is being cancelled (its workers get their
+    grace to checkpoint), an ended one is in its final state."""
+    if job["state"] in FINAL_STATES:
+        return f"job {job['id']} is {job['state']}"
+    return f"job {job['id']}: cancelling (`wmla exec-get {job['id']}` shows when it has stopped)"
+
+
 def _exec_start(rest: Sequence[str], out: TextIO, err: TextIO) -> int:
     rest = list(rest)
     mine = rest[: rest.index("--")] if "--" in rest else rest
     if "-h" in mine or "--help" in mine:
-        from extension.magics import options
-
         out.write("wmla exec-start PyTorch [options] -- [script arguments]\n")
-        out.write((options.__doc__ or "").split("\n\n", 2)[-1] + "\n--json prints JSON.\n")
+        out.write(exec_start_options() + "\n")
         return 0
     if not rest or not rest[0] or rest[0].startswith("-"):
         raise OptionsError(
@@ -426,7 +481,7 @@ def _exec_get(client: WmlaClient, args: argparse.Namespace, out: TextIO) -> int:
         _emit(out, args.json, job, lambda: job_details(job))
         return 0
     states = [s.strip().upper() for s in args.state.split(",")] if args.state else None
-    jobs = client.jobs(states)
+    jobs = client.jobs(states, user=args.user)
     _emit(out, args.json, {"jobs": jobs}, lambda: jobs_table(jobs))
     return 0
 

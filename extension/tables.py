@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -87,24 +88,67 @@ def _reason(job: Mapping[str, Any]) -> str:
     return reason
 
 
+REASON_WIDTH = 60  # a listing's reason column; the whole reason is in the job's own view
+
+
+def one_line(text: str, width: int = REASON_WIDTH) -> str:
+    """The first line of ``text`` cut to ``width`` characters, ``...`` saying there is more: a
+    multi-line reason (a memory kill's log lines) would break a table's rows apart."""
+    lines = text.strip().splitlines()
+    first, more = (lines[0].strip() if lines else ""), len(lines) > 1
+    if len(first) > width - 3 and (more or len(first) > width):
+        first, more = first[: width - 3].rstrip(), True
+    return first + "..." if more else first
+
+
 def jobs_table(jobs: Sequence[Mapping[str, Any]]) -> str:
+    """One line per job, newest first (by submission, then id, so the order is total), with
+    its user (a plan admin lists everyone's) and its reason cut to one line."""
     if not jobs:
         return "no jobs"
+    newest = sorted(jobs, key=lambda j: (j.get("submitted") or 0.0, j["id"]), reverse=True)
     rows = [
         (
             j["id"],
+            j.get("user") or "",
             j.get("name") or "",
             state_text(j),
             j["plan"],
             _workers(j),
             _time(j.get("submitted")),
             _time(j.get("ended")),
-            _reason(j),
+            one_line(_reason(j)),
         )  # fmt: skip
-        for j in jobs
+        for j in newest
     ]
-    header = ("JOB", "NAME", "STATE", "PLAN", "WORKERS", "SUBMITTED", "ENDED", "REASON")
+    header = ("JOB", "USER", "NAME", "STATE", "PLAN", "WORKERS", "SUBMITTED", "ENDED", "REASON")
     return table(header, rows)
+
+
+_RULE = re.compile(r"^=+( +=+)+ *$")  # a reST simple table's border: ====  =====
+
+
+def plain_text(rst: str) -> str:
+    """reST as a terminal shows it (``--help``): ``literals`` without their backticks, and a
+    simple two-column table without its borders, its columns aligned again."""
+    lines = [_unquote(line) for line in rst.splitlines()]
+    rules = [i for i, line in enumerate(lines) if _RULE.match(line)]
+    if len(rules) < 2:
+        return "\n".join(lines)
+    first, last = rules[0], rules[-1]
+    border = rst.splitlines()[first]
+    col = len(border) - len(border.split(" ", 1)[1].lstrip())  # where the second column starts
+    raw = rst.splitlines()[first:last]
+    rows = [
+        (_unquote(r[:col]).strip(), _unquote(r[col:]).strip()) for r in raw if not _RULE.match(r)
+    ]
+    width = max(len(left) for left, _ in rows) + 2
+    table_lines = [f"{left:<{width}}{right}".rstrip() for left, right in rows]
+    return "\n".join([*lines[:first], *table_lines, *lines[last + 1 :]])
+
+
+def _unquote(text: str) -> str:
+    return text.replace("``", "")
 
 
 def job_details(job: Mapping[str, Any]) -> str:

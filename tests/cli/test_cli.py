@@ -176,7 +176,7 @@ def test_exec_get_shows_a_notebook_server_as_a_notebook(hub: Hub, as_user) -> No
     admin.wait_state(job_id, {"RUNNING"})
     code, out, _ = as_user("user1", "exec-get")
     row = next(line for line in out.splitlines() if line.startswith(job_id))
-    assert "notebook (running)" in row and row.split()[1] == "notebook"  # its default name
+    assert "notebook (running)" in row and row.split()[1:3] == ["user1", "notebook"]  # its name
     assert admin.delete(f"/jobs/{job_id}").status_code == 200  # the server stopped
     code, out, _ = as_user("user1", "exec-get")
     row = next(line for line in out.splitlines() if line.startswith(job_id))
@@ -196,10 +196,31 @@ def test_exec_stop_cancels_a_running_job(hub: Hub, as_user) -> None:
     job_id = json.loads(out)["id"]
     wait_for(as_user, "user1", job_id, {"RUNNING"})
     code, out, err = as_user("user1", "--exec-stop", job_id)
-    assert code == 0 and out.startswith(f"job {job_id} is "), err
+    # said once: its workers are being stopped (they get their grace to checkpoint)
+    assert code == 0 and out.startswith(f"job {job_id}: cancelling"), (out, err)
+    assert (out + err).count("cancelling") == 1 and "RUNNING" not in out + err
     assert wait_for(as_user, "user1", job_id, {"CANCELLED", "FAILED"})["state"] == "CANCELLED"
     code, _, err = as_user("user1", "exec-stop", job_id)
     assert code == 1 and "refused" in err and "already CANCELLED" in err
+
+
+def test_a_plan_admin_lists_everyones_jobs_with_their_users_and_filters(as_user) -> None:
+    for user in ("user1", "user2"):
+        code, out, err = as_user(
+            user, "exec-start", "PyTorch", "--plan", "/sample-project/training", "--cpus", "100m",
+            "--model-dir", "models/sleeper", "--model-main", "main.py", "--json", "--", "0",
+        )  # fmt: skip
+        assert code == 0, err
+    code, out, err = as_user("padmin", "exec-get")
+    header, _, *rows = out.splitlines()
+    assert code == 0 and header.split()[:2] == ["JOB", "USER"], err
+    assert {r.split()[1] for r in rows} >= {"user1", "user2"}
+    code, out, _ = as_user(
+        "padmin", "exec-get", "--user", "user2", "--state", "PENDING,RUNNING,FINISHED"
+    )
+    assert code == 0 and {r.split()[1] for r in out.splitlines()[2:]} == {"user2"}, out
+    code, out, err = as_user("user1", "exec-get", "--user", "user2")
+    assert code == 1 and out == "" and "only plan admins may list other users' jobs" in err
 
 
 def test_a_user_cannot_see_another_users_job(hub: Hub, as_user) -> None:
@@ -279,7 +300,8 @@ def test_bad_flags_exit_2_with_a_message(as_user, argv, message) -> None:
 
 def test_exec_start_help_lists_the_options_and_their_dlicmd_aliases(as_user) -> None:
     code, out, _ = as_user("user1", "exec-start", "PyTorch", "--help")
-    assert code == 0 and "``--plan`` (``--consumer``)" in out and "``--workerDeviceNum``" in out
+    assert code == 0 and "--plan (--consumer)" in out and "--workerDeviceNum" in out
+    assert "``" not in out and "====" not in out  # reST's markup, not for a terminal
 
 
 def test_a_bad_model_dir_is_the_services_message(as_user) -> None:
@@ -312,7 +334,8 @@ def test_logon_then_the_installed_command_uses_the_saved_token(hub: Hub, as_user
         [*command, "exec-get", "--json"], env=env, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["jobs"] == []  # user2 has none (user1's are hidden)
+    jobs = json.loads(done.stdout)["jobs"]
+    assert {j["user"] for j in jobs} <= {"user2"}  # user2's own only (user1's are hidden)
 
 
 def test_a_notebook_environment_with_the_hub_api_through_the_proxy(

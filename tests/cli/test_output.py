@@ -66,8 +66,12 @@ class FakeClient:
         lines = self.reported[self.polls]
         return lines[since:], len(lines)
 
-    def jobs(self, states=None) -> list[dict]:
+    def jobs(self, states=None, user=None) -> list[dict]:
+        self.calls.append(("jobs", states, user))
         return self.states
+
+    def cancel(self, job_id: str) -> dict:
+        return self.states[0]
 
     def usage(self, **params) -> dict:
         self.calls.append(("usage", params))
@@ -211,8 +215,8 @@ def test_exec_get_shows_notebook_servers_as_notebooks(wmla) -> None:
     code, out, _ = wmla(fake, "exec-get")
     assert code == 0
     header, _, *rows = out.splitlines()
-    assert header.split() == ["JOB", "NAME", "STATE", "PLAN", "WORKERS", "SUBMITTED", "ENDED",
-                              "REASON"]  # fmt: skip
+    assert header.split() == ["JOB", "USER", "NAME", "STATE", "PLAN", "WORKERS", "SUBMITTED",
+                              "ENDED", "REASON"]  # fmt: skip
     row = {r.split()[0]: r for r in rows}
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ended))
     assert "notebook (ended)" in row["n1"] and stamp in row["n1"] and "CANCELLED" not in row["n1"]
@@ -260,3 +264,72 @@ def test_usage_prints_readable_times_and_asks_from_the_services_now(wmla) -> Non
     assert not re.search(r"\d{9,}", out)  # no epoch seconds anywhere
     assert header.split() == ["CHILD", "GPU-HOURS", "CPU-HOURS"]
     assert rows[-1].split() == ["total", "1.500", "0.250"]
+
+
+# -- at admin scale (issue 38) -------------------------------------------------------------------
+OOM = (
+    "the kernel killed worker 0 for memory (its limit is 512Mi):\n"
+    "[worker-0] Killed process 4242 (python) total-vm:2097152kB, anon-rss:524288kB\n"
+    "[worker-0] oom_reaper: reaped process 4242 (python)"
+)
+
+
+def test_exec_get_lists_newest_first_with_users_and_one_line_reasons(wmla) -> None:
+    fake = FakeClient(
+        [
+            {"id": "old", "user": "ann", "submitted": NOW - 300, "state": "FAILED", "reason": OOM},
+            {"id": "new", "user": "bob", "submitted": NOW - 10},
+            {"id": "mid", "user": "ann", "submitted": NOW - 100, "reason": "x" * 300},
+        ]
+    )
+    code, out, _ = wmla(fake, "exec-get", "--user", "ann", "--state", "failed,pending")
+    assert code == 0 and fake.calls == [("jobs", ["FAILED", "PENDING"], "ann")]
+    header, _, *rows = out.splitlines()
+    assert header.split()[:2] == ["JOB", "USER"]
+    assert [r.split()[:2] for r in rows] == [["new", "bob"], ["mid", "ann"], ["old", "ann"]]
+    assert len(rows) == 3 and max(map(len, out.splitlines())) < 200  # one line each, not 400
+    assert rows[2].endswith("the kernel killed worker 0 for memory (its limit is 512Mi...")
+    assert rows[1].endswith("x" * 57 + "...")
+    code, out, _ = wmla(FakeClient([{"id": "old", "reason": OOM}]), "exec-get", "old")
+    assert "oom_reaper: reaped process 4242" in out  # the whole reason, in the job's own view
+
+
+@pytest.mark.parametrize(
+    ("job", "said"),
+    [
+        ({**RUNNING, "cancel_requested": True, "terminating": True, "reason": "cancelled by user1"},
+         "job j1: cancelling (`wmla exec-get j1` shows when it has stopped)"),
+        ({"state": "CANCELLED", "reason": "cancelled by user1"}, "job j1 is CANCELLED"),
+    ],
+    ids=["running", "pending"],
+)  # fmt: skip
+def test_exec_stop_says_cancelling_once(wmla, job, said) -> None:
+    code, out, err = wmla(FakeClient([job]), "exec-stop", "j1")
+    assert (code, out, err) == (0, said + "\n", "")
+
+
+@pytest.mark.parametrize(
+    ("word", "command"),
+    [
+        ("submit", "wmla exec-start PyTorch --plan PLAN"),
+        ("sbatch", "wmla exec-start PyTorch --plan PLAN"),
+        ("list", "wmla exec-get --state PENDING,RUNNING"),
+        ("squeue", "wmla exec-get --state PENDING,RUNNING"),
+        ("sacct", "wmla exec-get (newest first"),
+        ("cancel", "wmla exec-stop JOB"),
+        ("scancel", "wmla exec-stop JOB"),
+        ("sshare", "wmla shares"),
+    ],
+)
+def test_slurm_words_name_the_wmla_command(wmla, word, command) -> None:
+    code, out, err = wmla(FakeClient([{}]), word, "123")
+    assert code == 2 and out == ""
+    assert err == f"wmla: {word!r} is not a wmla command; use: " + err.split("use: ", 1)[1]
+    assert command in err and "invalid choice" not in err
+
+
+@pytest.mark.parametrize("argv", [["exec-start", "--help"], ["exec-start", "PyTorch", "-h"]])
+def test_exec_start_help_is_plain_text(wmla, argv) -> None:
+    code, out, _ = wmla(FakeClient([{}]), *argv)
+    assert code == 0 and "--plan (--consumer)" in out and "--runtime-limit DURATION" in out
+    assert "``" not in out and "====" not in out
