@@ -266,6 +266,11 @@ class LocalCluster:
                 f"--tls-cert-file={p.server_crt}",
                 f"--tls-private-key-file={p.server_key}",
                 f"--client-ca-file={p.ca_crt}",
+                # pod logs come from KWOK's server, which stands in for each node's kubelet
+                f"--kubelet-certificate-authority={p.ca_crt}",
+                f"--kubelet-client-certificate={p.admin_crt}",
+                f"--kubelet-client-key={p.admin_key}",
+                "--kubelet-preferred-address-types=InternalIP",
                 f"--service-account-key-file={p.sa_pub}",
                 f"--service-account-signing-key-file={p.sa_key}",
                 "--service-account-issuer=https://kubernetes.default.svc",
@@ -434,7 +439,9 @@ class LocalCluster:
         except BuildError as err:
             raise ClusterError(str(err)) from None
         config = self.var / "kwok.yaml"
-        config.write_text(objects.kwok_config(kwok_dir))
+        pod_log = self.var / "kwok-pod.log"
+        pod_log.write_text(objects.KWOK_POD_LOG)
+        config.write_text(objects.kwok_config(kwok_dir, pod_log))
         self._start(
             "kwok",
             [
@@ -444,6 +451,10 @@ class LocalCluster:
                 f"--manage-nodes-with-label-selector={objects.NODE_LABEL}",
                 "--node-lease-duration-seconds=40",
                 f"--server-address=127.0.0.1:{ports.kwok}",
+                "--node-ip=127.0.0.1",
+                f"--node-port={ports.kwok}",
+                f"--tls-cert-file={self.pki.server_crt}",
+                f"--tls-private-key-file={self.pki.server_key}",
             ],
         )
 
@@ -563,8 +574,10 @@ class LocalCluster:
         self, namespace: str, path: Path, account: str = SERVICE_ACCOUNT
     ) -> Path:
         """A kubeconfig for the service account ``account`` of ``namespace``, which holds only
-        what hub_config/k8s/rbac.yaml grants (made there first if it is not)."""
+        what hub_config/k8s/rbac.yaml grants, with the users' storage claim (both made there
+        first if they are not)."""
         self.apply(objects.service_rbac(namespace, account))
+        self.apply(objects.user_storage(namespace, self.var / "user-data" / namespace))
         token = self.kubectl(
             "create", "token", account, "-n", namespace, "--duration=8760h"
         ).strip()

@@ -129,10 +129,13 @@ spec:
 """
 
 
-def kwok_config(kwok_dir: Path) -> str:
+KWOK_POD_LOG = "kwok: this pod ran on a KWOK node, which runs no container\n"
+
+
+def kwok_config(kwok_dir: Path, pod_log: Path) -> str:
     """KWOK's configuration: its own stages from its module (nodes become Ready and keep their
     heartbeat; pods become Running once bound; a deleted pod goes within its grace period),
-    then ours."""
+    then ours, and the log every pod's container shows (``pod_log``)."""
     stage = kwok_dir / "kustomize" / "stage"
     files = (
         stage / "node" / "fast" / "node-initialize.yaml",
@@ -141,7 +144,14 @@ def kwok_config(kwok_dir: Path) -> str:
         stage / "pod" / "general" / "pod-delete.yaml",
     )
     docs = [f.read_text().strip() for f in files]
-    return "\n---\n".join([*docs, TRAINING_POD_END.strip()]) + "\n"
+    logs = {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "ClusterLogs",
+        "metadata": {"name": "every-pod"},
+        "spec": {"logs": [{"logsFile": str(pod_log)}]},
+    }
+    docs += [TRAINING_POD_END.strip(), yaml.safe_dump(logs).strip()]
+    return "\n---\n".join(docs) + "\n"
 
 
 def volcano_scheduler_conf() -> str:
@@ -208,3 +218,40 @@ def operator_webhook(rendered: str) -> list[dict[str, Any]]:
             hook["clientConfig"]["service"]["namespace"] = OPERATOR_NAMESPACE
         out.append(doc)
     return out
+
+
+STORAGE_CLAIM = "wmla-user-data"
+
+
+def user_storage(namespace: str, path: Path, claim: str = STORAGE_CLAIM) -> list[dict[str, Any]]:
+    """The users' storage the backend mounts in every pod (``WMLA_K8S_STORAGE_CLAIM``): a
+    host folder as a PersistentVolume bound to the namespace's claim. KWOK pods never open it;
+    the scheduler still needs the claim bound to place them."""
+    volume = f"{claim}-{namespace}"
+    size = {"storage": "100Gi"}
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": volume},
+            "spec": {
+                "capacity": size,
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "wmla-devcluster",
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
+                "claimRef": {"namespace": namespace, "name": claim},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "wmla-devcluster",
+                "volumeName": volume,
+                "resources": {"requests": size},
+            },
+        },
+    ]

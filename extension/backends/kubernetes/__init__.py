@@ -73,6 +73,7 @@ from .api import (
     KubernetesAsyncioApi,
     WatchEvent,
     default_api_factory,
+    kubeconfig_api_factory,
 )
 from .backend import KubernetesBackend
 from .errors import AdmissionRefused, BackendError
@@ -123,6 +124,7 @@ __all__ = [
     "WatchEvent",
     "condition_message",
     "default_api_factory",
+    "kubeconfig_api_factory",
     "effective_pod",
     "job_condition",
     "job_workers",

@@ -280,3 +280,17 @@ async def default_api_factory() -> KubeApi:
     except config.ConfigException:
         await config.load_kube_config()
     return KubernetesAsyncioApi(client.ApiClient())
+
+
+def kubeconfig_api_factory(path: str) -> ApiFactory:
+    """A factory for the cluster and credentials of the kubeconfig file at ``path`` (leaving
+    the process's default configuration alone)."""
+
+    async def factory() -> KubeApi:
+        from kubernetes_asyncio import client, config
+
+        configuration = client.Configuration()
+        await config.load_kube_config(config_file=path, client_configuration=configuration)
+        return KubernetesAsyncioApi(client.ApiClient(configuration))
+
+    return factory
