@@ -27,12 +27,13 @@ Events (``BackendEvent.kind``), emitted through the ``emit`` callable given to t
 
 Optional hooks: a backend declares what more it can do by having the methods of a capability
 below (``Opens``, ``HasQuota``, ``SyncsQueues``, ``ChecksAdmission``, ``LocalAccounts``,
-``WorkerPids``); the service asks ``isinstance(backend, HasQuota)``, never ``getattr``.
+``WorkerPids``, ``KeepsEnds``); the service asks ``isinstance(backend, HasQuota)``, never
+``getattr``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol, runtime_checkable
@@ -165,6 +166,17 @@ class LocalAccounts(Protocol):
 class WorkerPids(Protocol):
     def worker_pids(self, job_id: str) -> list[int]:
         """The job's worker processes on this machine (metering samples their use)."""
+
+
+@runtime_checkable
+class KeepsEnds(Protocol):
+    """A backend that keeps each job's end (finished, failed, lost) where a restarted service
+    finds it, until the service has stored it: the service calls ``ends_stored`` after every
+    commit that held ends, and ``recover`` at every start (also with no job running), where
+    the ends reported but never stored are reported again and those stored are dropped."""
+
+    def ends_stored(self, job_ids: Collection[str]) -> None:
+        """The store has committed these jobs' ends: what was kept of them may go."""
 
 
 @runtime_checkable

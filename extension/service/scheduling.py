@@ -32,6 +32,7 @@ from extension.backends.base import (
     BackendEvent,
     EventKind,
     HasQuota,
+    KeepsEnds,
     Opens,
     SyncsQueues,
 )
@@ -69,6 +70,7 @@ from .storecalls import StoreCalls, StoreUnavailable
 from .submission import Submission
 
 LIVE = (JobState.PENDING.value, JobState.RUNNING.value)
+ENDS = (EventKind.FINISHED, EventKind.FAILED, EventKind.LOST)  # kept until stored (KeepsEnds)
 # the least time from one cycle's start to the next one's: under a stream of submissions a
 # cycle takes a batch of them (one transaction) instead of one cycle per few; an idle loop
 # starts at once (docs/service.md "The scheduling loop")
@@ -192,7 +194,7 @@ class Scheduler:
         live = self.store.jobs(states=[JobState.RUNNING.value])
         running = [r for r in live if r.kind != JobKind.NOTEBOOK]
         self.notebook_devices.keep({r.id for r in live if r.kind == JobKind.NOTEBOOK})
-        if running:
+        if running or isinstance(backend, KeepsEnds):  # ends kept but stored go there too
             await backend.recover([job_spec(r) for r in running])
             resume_under_way(self, running)
         if run_loop:
@@ -427,6 +429,7 @@ class Scheduler:
             await self._undo(events, submitted, cancels, err)
             raise
         self.result = result
+        self._ends_stored(events)
         for done in [done for _, done in submitted] + [c.done for c, _ in cancels]:
             if not done.done():
                 done.set_result(None)
@@ -446,6 +449,19 @@ class Scheduler:
                 hook(*args)
             except Exception:  # a listener's failure is not the cycle's
                 self.log.exception("cycle hook %r failed", hook)
+
+    def _ends_stored(self, events: list[BackendEvent]) -> None:
+        """The cycle stored these events: a backend that keeps jobs' ends until then
+        (``KeepsEnds``) may drop them now."""
+        backend = self.backend
+        if not isinstance(backend, KeepsEnds):
+            return
+        ended = {e.job_id for e in events if e.kind in ENDS}
+        if ended:
+            try:
+                backend.ends_stored(ended)
+            except Exception:  # kept a while longer: the next start drops them
+                self.log.exception("the backend could not drop the stored ends of %s", ended)
 
     def _take_cancels(self) -> list[tuple[Cancel, StoreChange | None]]:
         """The cancels asked for since the last cycle, applied to the live jobs (before the

@@ -7,7 +7,7 @@ import hashlib
 import logging
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from extension.backends.base import Emit, EventKind, JobSpec
 from extension.confine import (
@@ -253,6 +253,11 @@ class LocalBackend:
         (``Recovery.recover`` says how each job is judged)."""
         self._check_open()
         await self.recovery.recover(specs, self.state_dir)
+
+    def ends_stored(self, job_ids: Collection[str]) -> None:
+        """The service stored these jobs' ends (``KeepsEnds``): their records, kept with the
+        outcome since their gangs ended, are removed (``Supervisor.stored``)."""
+        self.supervisor.stored(job_ids)
 
     def logs(self, job_id: str, worker: int | None = None, tail: int | None = None) -> str:
         """One worker's log, or every worker's (``UserAccounts.logs``). Blocking."""

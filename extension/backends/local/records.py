@@ -150,8 +150,9 @@ class GangRecords:
     def job_dir(self, job_id: str) -> str:
         return os.path.join(self.jobs_dir, quote(job_id, safe=""))
 
-    def write(self, gang: Gang) -> None:
-        """The gang's record, replaced whole (a reader sees the old one or the new one). Not
+    def write(self, gang: Gang, outcome: dict[str, Any] | None = None) -> None:
+        """The gang's record, replaced whole (a reader sees the old one or the new one); with
+        ``outcome`` once it ended (how, kept until the service stored it: ``remove_ended``). Not
         fsynced: it is read by a service that restarted, while the workers it names still run,
         so the machine did not go down meanwhile and the page cache has it; after a crash of
         the machine its workers are gone whatever it says (an fsync was 4 ms of every start)."""
@@ -160,7 +161,10 @@ class GangRecords:
         tmp = f"{path}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(gang.record(), out, indent=1)
+            record = gang.record()
+            if outcome is not None:
+                record["outcome"] = outcome
+            json.dump(record, out, indent=1)
         os.replace(tmp, path)
 
     def read(self) -> dict[str, dict[str, Any]]:
@@ -181,6 +185,21 @@ class GangRecords:
             except (OSError, ValueError, KeyError, TypeError) as err:
                 log.error("unreadable worker record %s (%s): left alone", path, err)
         return out
+
+    def remove_ended(self, job_id: str) -> None:
+        """The job's folder gone if its record holds an outcome (its end, now stored by the
+        service); a record without one (a new start of the job) is left alone."""
+        path = os.path.join(self.job_dir(job_id), "record.json")
+        try:
+            with open(path, encoding="utf-8") as src:
+                ended = "outcome" in json.load(src)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, TypeError) as err:
+            log.error("unreadable worker record %s (%s): left alone", path, err)
+            return
+        if ended:
+            self.remove(job_id)
 
     def remove(self, job_id: str) -> None:
         """The job's folder (its record, its launchers' exit and report files) gone, if it can

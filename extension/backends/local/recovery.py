@@ -45,11 +45,14 @@ class Recovery:
     async def recover(self, specs: Sequence[JobSpec], state_dir: str) -> None:
         """Re-adopt the workers of ``specs`` from the records in ``state_dir``.
 
-        Per job: all workers alive (pid and start time match) -> adopted silently, watched from
-        now on; some ended meanwhile -> the gang is judged as if watched all along (a non-zero
-        exit fails it, all zero finishes it); a worker gone without an exit status, or no record
-        at all -> ``lost``. Gangs on record that are not in ``specs`` are stopped when
-        ``stop_orphans`` (their devices would be counted by nobody).
+        Per job: a record with an outcome (the gang ended, the service died before it stored
+        the end) -> that end is reported again, and the record stays until it is stored; all
+        workers alive (pid and start time match) -> adopted silently, watched from now on; some
+        ended meanwhile -> the gang is judged as if watched all along (a non-zero exit fails it,
+        all zero finishes it); a worker gone without an exit status, or no record at all ->
+        ``lost``. Gangs on record that are not in ``specs`` are stopped when ``stop_orphans``
+        (their devices would be counted by nobody); a record with an outcome that is not in
+        ``specs`` is an end already stored: removed.
         """
         wanted = {spec.id: spec for spec in specs}
         on_disk = self.records.read()
@@ -66,16 +69,39 @@ class Recovery:
                     "they were started elsewhere or their record was removed",
                 )
                 continue
+            if "outcome" in rec:
+                self._report_again(spec.id, rec["outcome"])
+                continue
             self._adopt(rec)
         for job_id, rec in on_disk.items():
             if job_id in wanted or self.supervisor.gang(job_id) is not None:
                 continue
-            if self.stop_orphans:
+            if "outcome" in rec:  # stored before the last service went: nothing runs
+                await self.supervisor.ends.run(self.records.remove_ended, job_id)
+            elif self.stop_orphans:
                 await self._stop_orphan(job_id, rec)
         keep = {c for gang in self.supervisor.gangs.values() for c in gang.cgroups}
         for name in self.cgroups.sweep(keep):
             log.warning("cgroup %s belonged to no gang on record: removed with its processes", name)
         self.supervisor.ensure_monitor()
+
+    def _report_again(self, job_id: str, outcome: Any) -> None:
+        """The end the last service reported but did not store, as it was reported."""
+        try:
+            kind = EventKind(outcome["kind"])
+            code = outcome.get("exit_code")
+            self.emit(
+                job_id,
+                kind,
+                placement=tuple(str(n) for n in outcome.get("placement") or ()),
+                exit_code=None if code is None else int(code),
+                message=str(outcome.get("message") or ""),
+                at=float(outcome["at"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            self.emit(job_id, EventKind.LOST, message=f"its recorded end is unreadable ({err})")
+        else:
+            log.info("job %s: its end (%s) was not stored before the restart", job_id, kind.value)
 
     async def _stop_orphan(self, job_id: str, rec: dict[str, Any]) -> None:
         log.warning("job %s has workers on record but is not listed: stopping it", job_id)
@@ -117,5 +143,4 @@ class Recovery:
 
     async def _lose(self, gang: Gang, message: str) -> None:
         await self.supervisor.terminate(gang, self.supervisor.options.failure_grace)
-        await self.supervisor.forget(gang)
-        self.emit(gang.job_id, EventKind.LOST, placement=gang.placement, message=message)
+        await self.supervisor.end_kept(gang, EventKind.LOST, message=message)

@@ -13,6 +13,8 @@ import contextlib
 import logging
 import os
 import signal
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,10 +61,11 @@ class SupervisionOptions:
 class Supervisor:
     """The gangs this backend runs: watches them, and fails, finishes or stops each whole.
 
-    What a gang held is given back to ``devices`` and ``cgroups``, its record removed from
-    ``records``, its end reported through ``emit``; a failure's log is read with the user's
-    rights (``accounts``). The removal of its cgroups and record runs in ``ends``' thread, and
-    its end is reported once they are gone."""
+    What a gang held is given back to ``devices`` and ``cgroups``, its end reported through
+    ``emit``; a failure's log is read with the user's rights (``accounts``). The removal of its
+    cgroups and the writing of its outcome into its record run in ``ends``' thread, and its end
+    is reported once they are done; the record goes when the service says it stored the end
+    (``stored``). A stop's record goes at once."""
 
     def __init__(
         self,
@@ -166,23 +169,45 @@ class Supervisor:
         gang.state = GangState.STOPPING
         if not (gang.workers and all(gang.cgroups)):
             self._sweep(gang)  # with cgroups, their removal (in forget) kills what is left
-        ended = ended_at(gang)  # before forget removes the exit files
-        await self.forget(gang)
-        self.emit(gang.job_id, EventKind.FINISHED, placement=gang.placement, exit_code=0, at=ended)
+        ended = ended_at(gang)  # while the exit files say when
+        await self.end_kept(gang, EventKind.FINISHED, exit_code=0, at=ended)
 
     async def _fail(self, gang: Gang, culprit: Worker) -> None:
         gang.state = GangState.STOPPING
         await self.terminate(gang, self.options.failure_grace)
         message = await off_loop(self._failure_message, gang, culprit)
-        ended = ended_at(gang)  # before forget removes the exit files
-        await self.forget(gang)
+        ended = ended_at(gang)
+        await self.end_kept(
+            gang, EventKind.FAILED, exit_code=culprit.exit_code, message=message, at=ended
+        )
+
+    async def end_kept(
+        self,
+        gang: Gang,
+        kind: EventKind,
+        exit_code: int | None = None,
+        message: str = "",
+        at: float | None = None,
+    ) -> None:
+        """Report the gang's end (finished, failed, lost) exactly once: the outcome is written
+        into its record before anything of it is given back, and the record stays until the
+        service has stored the end (``LocalBackend.ends_stored``). A service that dies in
+        between finds the outcome on recovery and reports it again (``Recovery``)."""
+        outcome = {
+            "kind": kind.value,
+            "exit_code": exit_code,
+            "message": message,
+            "at": time.time() if at is None else at,
+            "placement": list(gang.placement),
+        }
+        await self.forget(gang, outcome)
         self.emit(
             gang.job_id,
-            EventKind.FAILED,
+            kind,
             placement=gang.placement,
-            exit_code=culprit.exit_code,
+            exit_code=exit_code,
             message=message,
-            at=ended,
+            at=outcome["at"],
         )
 
     def _failure_message(self, gang: Gang, worker: Worker) -> str:
@@ -292,26 +317,40 @@ class Supervisor:
             except (psutil.Error, ProcessLookupError, PermissionError):
                 continue
 
-    async def forget(self, gang: Gang) -> None:
+    async def forget(self, gang: Gang, outcome: dict[str, Any] | None = None) -> None:
         """Give back what the ended gang held (its devices at once; its cgroups, with whatever
         is left in them, and its record in ``ends``' thread), then wake who waits for it. It
         stays known (DONE) until then: a start of the same job waits for ``ended``, so its new
-        record is never in the way of the old one's removal."""
+        record is never in the way of the old one's removal. With ``outcome`` (an end the
+        service must store: ``end_kept``) the record is not removed but rewritten with it,
+        first, and stays until ``stored``."""
         # the checkpoint it wrote on SIGTERM is the one a resized or preempted job resumes from
         self._relay_checkpoint(gang)
         gang.state = GangState.DONE
         self.devices.free(gang.placement, [w.devices for w in gang.workers])
         try:
-            await self.ends.run(self._remove, gang)
+            await self.ends.run(self._remove, gang, outcome)
         finally:
             if self.gangs.get(gang.job_id) is gang:
                 del self.gangs[gang.job_id]
             gang.ended.set()
 
-    def _remove(self, gang: Gang) -> None:
-        """In ``ends``' thread: the gang's cgroups and its record."""
+    def _remove(self, gang: Gang, outcome: dict[str, Any] | None) -> None:
+        """In ``ends``' thread: the gang's cgroups, and its record (kept with its outcome when
+        there is one)."""
+        if outcome is not None:
+            self.records.write(gang, outcome)
         self.cgroups.remove(gang.cgroups)
-        self.records.remove(gang.job_id)
+        if outcome is None:
+            self.records.remove(gang.job_id)
+
+    def stored(self, job_ids: Iterable[str]) -> None:
+        """The service has stored these jobs' ends: their kept records go (in ``ends``'
+        thread, after whatever it was doing for them)."""
+        if self.closed:
+            return
+        for job_id in job_ids:
+            self.spawn_task(self.ends.run(self.records.remove_ended, job_id))
 
 
 def _first_failure(failed: list[Worker]) -> Worker:
