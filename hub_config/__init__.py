@@ -184,7 +184,8 @@ def _report(path: Path, outcome: str, mode: str = "0600") -> list[str]:
 
 
 def stop_servers_before_services(app: Any = None) -> bool:
-    """At hub shutdown, stop the single-user servers before the managed services.
+    """At hub shutdown, stop the single-user servers before the managed services, and the
+    services together.
 
     JupyterHub's cleanup stops the managed services first and only then the users' servers
     (when ``c.JupyterHub.cleanup_servers`` is on, the default), so a spawner that releases its
@@ -192,6 +193,12 @@ def stop_servers_before_services(app: Any = None) -> bool:
     ``cleanup`` to stop every active server first, concurrently, while the services still run;
     JupyterHub's own cleanup then finds none left and stops the services and the proxy as
     usual. With ``cleanup_servers = False`` nothing changes: servers (and their jobs) live on.
+
+    The wrapper also stops the hub's periodic checks first (its service health check, run in
+    the middle of the shutdown, read a stopped service's server and logged ``'NoneType' object
+    has no attribute 'proto'``), and stops the managed services concurrently (JupyterHub stops
+    them one after another, each up to 30 s after its SIGINT): the shutdown takes as long as
+    the slowest, not their sum.
 
     ``app``: the JupyterHub application; default: the running one when called from a
     ``jupyterhub_config.py`` that JupyterHub loads (returns False when there is none, e.g. when
@@ -208,13 +215,30 @@ def stop_servers_before_services(app: Any = None) -> bool:
     cleanup = app.cleanup
 
     async def cleanup_servers_first() -> None:
+        for callback in getattr(app, "_periodic_callbacks", {}).values():
+            callback.stop()
         if app.cleanup_servers:
             await stop_user_servers(app)
+        await stop_managed_services(app)
         await cleanup()
 
     app.cleanup = cleanup_servers_first
     app._wmla_servers_first = True
     return True
+
+
+async def stop_managed_services(app: Any) -> int:
+    """Stop the hub ``app``'s managed services together and wait for all of them; returns how
+    many. JupyterHub's cleanup, after this, finds them stopped. Never raises for one."""
+    services = [s for s in getattr(app, "_service_map", {}).values() if s.managed]
+    if not services:
+        return 0
+    app.log.info("wmla: stopping %i managed services together", len(services))
+    results = await asyncio.gather(*(s.stop() for s in services), return_exceptions=True)
+    for service, result in zip(services, results):
+        if isinstance(result, BaseException):
+            app.log.error("Failed to stop service %s: %s", service.name, result)
+    return len(services)
 
 
 async def stop_user_servers(app: Any) -> int:

@@ -35,6 +35,7 @@ DEFAULT_GPU_TIMEOUT = 900
 CULLER_SCOPES = ("list:users", "read:users:activity", "read:servers", "delete:servers")
 
 PDEATH_MODULE = "hub_config.pdeath"  # ends a culler when its hub dies
+PLAINSTOP_MODULE = "hub_config.plainstop"  # SIGINT ends it at once, without a traceback
 
 
 def culler_scopes(group: str | None = None) -> list[str]:
@@ -60,7 +61,8 @@ def culler_services(
     also left out when it is not shorter than ``timeout``). ``cull_every``: seconds between
     looks (0: the culler's default, half its timeout). ``extra_args`` go to both cullers (e.g.
     ``"--max-age=86400"``). Each command is ``python -m hub_config.pdeath python -m
-    jupyterhub_idle_culler ...``: the culler ends when its hub dies.
+    hub_config.plainstop jupyterhub_idle_culler ...``: the culler ends when its hub dies, and
+    at the hub's first signal when the hub stops it (even when SIGINT was inherited ignored).
     """
     cullers: list[tuple[str, int, str | None]] = []
     if timeout and timeout > 0:
@@ -72,7 +74,8 @@ def culler_services(
     services: list[dict] = []
     roles: list[dict] = []
     for service_name, seconds, group in cullers:
-        command = [python, "-m", PDEATH_MODULE, python, "-m", "jupyterhub_idle_culler"]
+        command = [python, "-m", PDEATH_MODULE, python, "-m", PLAINSTOP_MODULE]
+        command.append("jupyterhub_idle_culler")
         command.append(f"--timeout={seconds}")
         if cull_every and cull_every > 0:
             command.append(f"--cull-every={int(cull_every)}")

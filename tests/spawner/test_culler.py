@@ -25,7 +25,8 @@ from tests.service.hub import PROXY, Client, Hub
 from tests.spawner.helpers import hub_request, notebook_jobs, server_model, wait_for
 
 PY = sys.executable
-PDEATH = [PY, "-m", "hub_config.pdeath"]  # each culler ends when its hub dies
+# each culler ends when its hub dies, and at the hub's first signal (SIGINT) when it stops it
+PDEATH = [PY, "-m", "hub_config.pdeath", PY, "-m", "hub_config.plainstop"]
 
 
 # -- the service entries and roles (pure) ---------------------------------------------------------
@@ -35,12 +36,12 @@ def test_two_cullers_the_gpu_one_scoped_to_the_spawners_group() -> None:
     assert services == [
         {
             "name": "wmla-idle-culler",
-            "command": [*PDEATH, PY, "-m", "jupyterhub_idle_culler", "--timeout=3600"],
+            "command": [*PDEATH, "jupyterhub_idle_culler", "--timeout=3600"],
             "display": False,
         },
         {
             "name": "wmla-idle-culler-gpu",
-            "command": [*PDEATH, PY, "-m", "jupyterhub_idle_culler", "--timeout=900"],
+            "command": [*PDEATH, "jupyterhub_idle_culler", "--timeout=900"],
             "display": False,
         },
     ]
@@ -77,7 +78,7 @@ def test_culler_options_and_what_turns_a_culler_off() -> None:
         extra_args=["--max-age=86400"],
         environment={"JUPYTERHUB_REQUEST_TIMEOUT": "30"},
     )
-    assert [s["command"][6:] for s in services] == [
+    assert [s["command"][7:] for s in services] == [
         ["--timeout=600", "--cull-every=10", "--max-age=86400"],
         ["--timeout=60", "--cull-every=10", "--max-age=86400"],
     ]
