@@ -148,3 +148,17 @@ from hub_config.restarts import fast_service_restart, json_proxy_errors  # noqa:
 
 fast_service_restart()
 json_proxy_errors()
+
+# -- the site's own settings, last (they win): $WMLA_SETTINGS, else
+# /etc/jupyterhub-wmla/config.py, else var/local_config.py; a traitlets config file like this
+# one (c = get_config(); c.JupyterHub.port = ...). Refused when others than root or the hub's
+# user could change it (hub_config/settings.py; README "Settings")
+from hub_config.settings import SettingsError, settings_file  # noqa: E402
+
+try:
+    SETTINGS = settings_file(VAR)
+except SettingsError as err:
+    raise SystemExit(f"jupyterhub_config.py: {err}") from None
+if SETTINGS is not None:
+    load_subconfig(str(SETTINGS))  # noqa: F821 - provided by the traitlets loader
+    print(f"jupyterhub_config.py: settings loaded from {SETTINGS}", file=sys.stderr)
