@@ -3,7 +3,8 @@
 ``wmla simulate --scenario FILE --json`` replays a scenario file through the real scheduler core
 in simulated time (SCENARIO-FORMAT.md); ``wmla simulate --trace CSV --nodes N --gpus-per-node G
 --policy all`` replays a cluster trace under the core and baseline policies (docs/simulate.md).
-Bad input exits 2 with a message and prints no JSON.
+Bad input exits 2 with a message and prints no JSON. ``wmla backup FOLDER`` (an admin's, on the
+hub's machine) copies the databases while they run (extension/backup.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,18 @@ def build_parser() -> argparse.ArgumentParser:
     from extension.sim.command import add_arguments
 
     add_arguments(sim)
+    from extension import backup
+
+    backup.add_arguments(
+        sub.add_parser(
+            "backup",
+            help="(admin, on the hub's machine) copy the hub's and the service's databases "
+            "while they run",
+            description="Consistent copies of the hub's and the wmla service's SQLite "
+            "databases and of the password hashes, taken while they run (SQLite's backup API), "
+            "0600 in FOLDER. A PostgreSQL store: use pg_dump (docs/deploy.md).",
+        )
+    )
     from extension.cli_client import add_commands
 
     add_commands(sub)  # logon, exec-start, exec-get, ... (dlicmd parity)
@@ -44,6 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     if args.command == "simulate":
         return _simulate(args)
+    if args.command == "backup":
+        from extension.backup import run as run_backup
+
+        return run_backup(args)
     return 2  # pragma: no cover - argparse refuses unknown commands
 
 
