@@ -168,6 +168,20 @@ def test_refused_forms_show_the_apis_message_and_write_nothing(hub: Hub) -> None
     assert not plan_paths(hub) & {"/ok", "/bad name"}
 
 
+def test_creating_a_plan_that_exists_says_what_to_do_on_the_page(hub: Hub) -> None:
+    """Issue 38, item 7: the form spoke the API's words ("PATCH it to change it")."""
+    s = login(hub, "padmin")
+    data = {"_xsrf": xsrf_of(s.page), "action": "create", "parent": "/", "name": "sample-project"}
+    r = s.post(f"{hub.url}/services/wmla/admin/plans", data={**data, "share": "1"}, timeout=30)
+    assert r.status_code == 409, r.text[:300]
+    shown = re.search(r'id="error-create" role="alert">([^<]*)<', r.text)
+    assert shown, r.text[:300]
+    assert _unescape(shown.group(1)) == (
+        "plan /sample-project already exists; change it with its edit link in the table above"
+    )
+    assert "PATCH" not in r.text
+
+
 def _unescape(text: str) -> str:
     import html
 

@@ -212,8 +212,11 @@ class PlanFormHandler(PlansPage):
                 body = views.plan_body({**form, "path": path}, with_path=True)
                 record = parse_plan(body, None, None)
                 if record.path in sched.plans:
-                    raise FormError(
-                        409, f"plan {record.path} already exists; PATCH it to change it", action
+                    raise FormError(  # the page's words, not the API's (PATCH)
+                        409,
+                        f"plan {record.path} already exists; change it with its edit link in "
+                        "the table above",
+                        action,
                     )
                 return [record], True, []
             path = form.get("path", "")
