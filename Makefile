@@ -7,7 +7,7 @@ NPM ?= npm
 # configurable-http-proxy, the hub's proxy: npm installs it (package.json) into node_modules/
 NODE_STAMP := node_modules/.installed
 
-.PHONY: install run test lint bench clean
+.PHONY: install run test lint bench clean k8s-build k8s-up k8s-down
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,9 @@ run: install
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	@# The Kubernetes tests' binaries, built once per version (cold: about 8 min on 2 cores).
+	@# A failed build does not stop the suite: those tests fail with the build's reason.
+	-$(BIN)/python -m devcluster build
 	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 lint: install
@@ -61,6 +64,19 @@ bench: install
 	$(BIN)/python benchmarks/bench_service.py
 	$(BIN)/python benchmarks/bench_fairness.py
 	$(BIN)/python benchmarks/bench_estimate.py
+
+# A local Kubernetes on loopback (docs/kubernetes.md): kube-apiserver, controller manager and
+# scheduler, etcd, Volcano, the training operator and KWOK GPU nodes ($$WMLA_DEVICE_LAYOUT, e.g.
+# 4x8), built from Go modules into .cache/k8s/ when missing; admin kubeconfig var/k8s/kubeconfig,
+# the service's var/k8s/wmla-service.kubeconfig. Idempotent; k8s-down stops it by PID.
+k8s-build: install
+	$(BIN)/python -m devcluster build
+
+k8s-up: install
+	$(BIN)/python -m devcluster up
+
+k8s-down: install
+	$(BIN)/python -m devcluster down
 
 clean:
 	rm -rf $(VENV) build *.egg-info node_modules

@@ -287,6 +287,31 @@ class LocalCluster:
         )
         self._wait("kube-apiserver", lambda: self._ready("/readyz"), deadline, "kube-apiserver")
 
+    def stop_apiserver(self) -> None:
+        """Stop the API server alone (the rest keeps running), as an outage would."""
+        self.processes.stop("kube-apiserver")
+
+    def start_apiserver(self) -> None:
+        """Start the API server again on its ports, over the same store."""
+        ports = self.ports()
+        if ports is None:
+            raise ClusterError(f"devcluster: no cluster in {self.var} (run `make k8s-up`)")
+        self._start_apiserver(ports, time.monotonic() + self.start_timeout)
+
+    def restart_controllers(self) -> None:
+        """Restart Volcano and the training operator. After an API server restart their
+        informers here take minutes to see new objects (Volcano 1.14, the operator 1.9: both
+        back off on the 429s of a server whose caches are warming up); a test that means to
+        watch our backend through an outage restarts them rather than wait."""
+        ports = self.ports()
+        if ports is None:
+            raise ClusterError(f"devcluster: no cluster in {self.var} (run `make k8s-up`)")
+        for name in ("training-operator", "vc-scheduler", "vc-controller-manager"):
+            self.processes.stop(name)
+        deadline = time.monotonic() + self.start_timeout
+        self._start_volcano(ports, deadline)
+        self._start_operator(ports, deadline)
+
     def _ssl_context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.pki.ca_crt))
         ctx.load_cert_chain(str(self.pki.admin_crt), str(self.pki.admin_key))
@@ -577,12 +602,36 @@ class LocalCluster:
         what hub_config/k8s/rbac.yaml grants, with the users' storage claim (both made there
         first if they are not)."""
         self.apply(objects.service_rbac(namespace, account))
-        self.apply(objects.user_storage(namespace, self.var / "user-data" / namespace))
+        self._bind_user_storage(namespace)
         token = self.kubectl(
             "create", "token", account, "-n", namespace, "--duration=8760h"
         ).strip()
         self._write_kubeconfig(Path(path), {"token": token}, namespace)
         return Path(path)
+
+    def _bind_user_storage(self, namespace: str) -> None:
+        """The namespace's storage claim, bound to its volume before any pod needs it (Volcano
+        places no pod whose claim is unbound). We bind them as the volume controller would,
+        so the binding never waits for its resync."""
+        volume, claim = objects.user_storage(namespace, self.var / "user-data" / namespace)
+        self.apply([volume, claim])
+        live = json.loads(self.kubectl("get", "pvc", "-n", namespace, claim["metadata"]["name"],
+                                       "-o", "json"))  # fmt: skip
+        if live.get("status", {}).get("phase") == "Bound":
+            return
+        name = volume["metadata"]["name"]
+        ref = {**volume["spec"]["claimRef"], "uid": live["metadata"]["uid"]}
+        self.kubectl("patch", "pv", name, "--type=merge", "-p",
+                     json.dumps({"spec": {"claimRef": ref}}))  # fmt: skip
+        self.kubectl("patch", "pv", name, "--subresource=status", "--type=merge", "-p",
+                     json.dumps({"status": {"phase": "Bound"}}))  # fmt: skip
+        self.kubectl("annotate", "pvc", "-n", namespace, claim["metadata"]["name"],
+                     "--overwrite", "pv.kubernetes.io/bind-completed=yes")  # fmt: skip
+        status = {"phase": "Bound", "accessModes": claim["spec"]["accessModes"],
+                  "capacity": volume["spec"]["capacity"]}  # fmt: skip
+        self.kubectl("patch", "pvc", "-n", namespace, claim["metadata"]["name"],
+                     "--subresource=status", "--type=merge", "-p",
+                     json.dumps({"status": status}))  # fmt: skip
 
     # -- down --------------------------------------------------------------------------------------
     def down(self, keep_data: bool = False) -> None:

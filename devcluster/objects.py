@@ -129,7 +129,11 @@ spec:
 """
 
 
-KWOK_POD_LOG = "kwok: this pod ran on a KWOK node, which runs no container\n"
+# in the container runtime's log format (time, stream, full line, text), which KWOK serves
+KWOK_POD_LOG = (
+    "1970-01-01T00:00:00.000000000Z stdout F "
+    "kwok: this pod ran on a KWOK node, which runs no container\n"
+)
 
 
 def kwok_config(kwok_dir: Path, pod_log: Path) -> str:

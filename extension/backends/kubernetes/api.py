@@ -5,6 +5,7 @@ answer at all) is an ``ApiError``. Tests inject an in-memory fake of ``KubeApi``
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -162,7 +163,19 @@ class KubernetesAsyncioApi:
         if label_selector:
             kwargs["label_selector"] = label_selector
         response = await self._wrap(func(*args, **kwargs))
-        data = await response.json()
+        # Unpreloaded, the client hands back every answer, errors too: an API server that is
+        # starting answers 429/503 with a Status, which must never read as an empty list (every
+        # job would look deleted).
+        body = await self._wrap(response.read())
+        if not 200 <= response.status <= 299:
+            raise ApiError(response.status, response.reason or "", body.decode(errors="replace"))
+        data = json.loads(body)
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("items", []), list)
+            or ("metadata" not in data)
+        ):
+            raise ApiError(0, "Malformed", f"the list of {kind} is not a list: {body[:200]!r}")
         return data.get("items") or [], (data.get("metadata") or {}).get("resourceVersion", "")
 
     async def watch(

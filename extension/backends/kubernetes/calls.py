@@ -81,7 +81,10 @@ class ApiCalls:
             try:
                 return await call()
             except ApiError as exc:
-                if exc.status not in RETRIABLE:
+                # A server that this very call saw down answers 401/403 for a moment once it is
+                # back, before its authorizer has read the RBAC rules: retried, not final.
+                warming_up = waited > 0 and exc.status in (401, 403)
+                if exc.status not in RETRIABLE and not warming_up:
                     raise
                 error: Exception = exc
             except (OSError, asyncio.TimeoutError) as exc:
