@@ -26,6 +26,7 @@ from hub_config import (
 )
 from hub_config.auth import configure_login
 from hub_config.culler import culler_services, culler_settings
+from hub_config.kubernetes import KUBERNETES_BACKEND, backend_class, configure_kubernetes
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
 
@@ -102,9 +103,16 @@ service_config = {
     # the same accounts for jobs as for notebooks (see system_user_template above)
     "backend_options": {"account_template": ACCOUNT_TEMPLATE},
 }
-for env, trait in (("WMLA_DEVICE_LAYOUT", "device_layout"), ("WMLA_BACKEND", "backend_class")):
-    if os.environ.get(env):
-        service_config[trait] = os.environ[env]
+if os.environ.get("WMLA_DEVICE_LAYOUT"):
+    service_config["device_layout"] = os.environ["WMLA_DEVICE_LAYOUT"]
+service_env: dict[str, str] = {}
+if os.environ.get("WMLA_BACKEND"):
+    # "kubernetes": the local cluster of `make k8s-up` (hub_config/kubernetes.py)
+    service_config["backend_class"] = backend_class(os.environ["WMLA_BACKEND"])
+    if service_config["backend_class"] == KUBERNETES_BACKEND:
+        cluster_var = Path(os.environ.get("WMLA_K8S_VAR", ROOT / "var" / "k8s")).resolve()
+        service_env = configure_kubernetes(c, cluster_var, STORAGE)
+        service_config["backend_options"] = {}  # the options are the cluster's: service_env
 # the device node of GPU i, which a job's or notebook's cgroup may open when it holds GPU i
 # (docs/security.md "Grants held by the kernel"); default /dev/nvidia{index}
 GPU_DEVICE_TEMPLATE = os.environ.get("WMLA_GPU_DEVICE_TEMPLATE", "/dev/nvidia{index}")
@@ -114,6 +122,7 @@ c.WmlaLocalSpawner.gpu_device_template = GPU_DEVICE_TEMPLATE
 c.JupyterHub.services = services(
     port=int(os.environ.get("WMLA_SERVICE_PORT", "10101")),
     config={"WmlaService": service_config},
+    environment=service_env,
     cwd=ROOT,
 )
 c.JupyterHub.custom_scopes = custom_scopes()

@@ -111,6 +111,7 @@ class LocalCluster:
         self.pki = pki.Pki(self.var / "pki")
         self.kubeconfig = self.var / "kubeconfig"
         self.service_kubeconfig = self.var / "wmla-service.kubeconfig"
+        self.spawner_kubeconfig = self.var / "hub-spawner.kubeconfig"
         self._binaries: dict[str, Path] = {}
 
     # -- paths and state -------------------------------------------------------------------------
@@ -142,6 +143,12 @@ class LocalCluster:
         except BuildError as err:
             raise ClusterError(str(err)) from None
         if self.is_up():
+            for path, write in (
+                (self.service_kubeconfig, self.write_service_kubeconfig),
+                (self.spawner_kubeconfig, self.write_spawner_kubeconfig),
+            ):
+                if not path.exists():
+                    write(SERVICE_NAMESPACE, path)
             print(f"devcluster: already up ({self.server()})", file=self.log)
             return
         self.down(keep_data=True)  # what is left of a half-started one
@@ -167,6 +174,7 @@ class LocalCluster:
             self._start_operator(ports, deadline)
             self._wait_nodes_ready(deadline)
             self.write_service_kubeconfig(SERVICE_NAMESPACE, self.service_kubeconfig)
+            self.write_spawner_kubeconfig(SERVICE_NAMESPACE, self.spawner_kubeconfig)
         except ClusterError:
             self.down(keep_data=True)
             raise
@@ -605,6 +613,15 @@ class LocalCluster:
         self._bind_user_storage(namespace)
         token = self.kubectl(
             "create", "token", account, "-n", namespace, "--duration=8760h"
+        ).strip()
+        self._write_kubeconfig(Path(path), {"token": token}, namespace)
+        return Path(path)
+
+    def write_spawner_kubeconfig(self, namespace: str, path: Path) -> Path:
+        """A kubeconfig for the hub's KubeSpawner in ``namespace`` (objects.spawner_rbac)."""
+        self.apply(objects.spawner_rbac(namespace))
+        token = self.kubectl(
+            "create", "token", objects.SPAWNER_ACCOUNT, "-n", namespace, "--duration=8760h"
         ).strip()
         self._write_kubeconfig(Path(path), {"token": token}, namespace)
         return Path(path)

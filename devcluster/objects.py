@@ -18,8 +18,8 @@ GPU = "nvidia.com/gpu"
 NODE_LABEL = "wmla.jupyter.org/devcluster-node"  # KWOK manages the nodes labelled so
 # How long a training pod runs on a KWOK node (a Go duration), and the exit code its containers
 # end with; both read from the pod's first container's env, so a test or benchmark says it.
-RUNTIME_ENV = "WMLA_KWOK_RUNTIME"
-EXIT_CODE_ENV = "WMLA_KWOK_EXIT_CODE"
+RUNTIME_ENV = "KWOK_RUNTIME"
+EXIT_CODE_ENV = "KWOK_EXIT_CODE"
 DEFAULT_RUNTIME_MS = 30_000
 
 
@@ -257,5 +257,41 @@ def user_storage(namespace: str, path: Path, claim: str = STORAGE_CLAIM) -> list
                 "volumeName": volume,
                 "resources": {"requests": size},
             },
+        },
+    ]
+
+
+SPAWNER_ACCOUNT = "notebook-spawner"
+
+
+def spawner_rbac(namespace: str, account: str = SPAWNER_ACCOUNT) -> list[dict[str, Any]]:
+    """What the hub's KubeSpawner needs in ``namespace`` (Zero to JupyterHub's hub role): it
+    makes and removes the notebook pods itself; the wmla service never does."""
+    role = f"{account}"
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": account, "namespace": namespace},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": role, "namespace": namespace},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods", "persistentvolumeclaims", "secrets", "services"],
+                    "verbs": ["get", "watch", "list", "create", "delete"],
+                },
+                {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "watch", "list"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": role, "namespace": namespace},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
         },
     ]

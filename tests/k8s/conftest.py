@@ -101,7 +101,7 @@ class Tenant:
 
     def spec(self, job_id: str, workers: int = 1, runtime: str = "3s", **kw: Any) -> JobSpec:
         user = kw.pop("user", "alice")
-        env = {"WMLA_KWOK_RUNTIME": runtime, **kw.pop("env", {})}
+        env = {"KWOK_RUNTIME": runtime, **kw.pop("env", {})}
         return JobSpec(
             id=job_id,
             user=user,
