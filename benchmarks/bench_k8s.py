@@ -7,7 +7,7 @@ The cluster is devcluster's (etcd, kube-apiserver, controller manager, kube-sche
 KWOK GPU nodes, the Kubeflow training operator, built from Go modules; Kueue v0.17 for the third
 way). The stream: ``--jobs`` PyTorchJobs, each of 1 to 8 workers of 1 GPU (1 cpu, 2Gi), charged
 to one of three plans with shares 4:2:2 (one user each), each running 2 to 5 s on its KWOK nodes
-(``WMLA_KWOK_RUNTIME``), seeded; submitted all at once (``--rate 0``) or ``--rate`` jobs a
+(``KWOK_RUNTIME``), seeded; submitted all at once (``--rate 0``) or ``--rate`` jobs a
 second. The same stream runs, one way after the other, in one run:
 
 1. **wmla**: the service's scheduling loop (``extension.service.scheduling.Scheduler``, its
@@ -86,7 +86,7 @@ GiB = 2**30
 PER_WORKER = Resources(1, 1000, 2 * GiB)
 TTL = 5  # ttlSecondsAfterFinished: finished jobs leave, so the cluster recycles
 PARTIAL_S = 1.0
-RUNTIME_ENV = "WMLA_KWOK_RUNTIME"  # how long a pod runs on its KWOK node (devcluster/objects.py)
+RUNTIME_ENV = "KWOK_RUNTIME"  # how long a pod runs on its KWOK node (devcluster/objects.py)
 JOB_ENV = "BENCH_JOB"  # the stream index, in every pod's env: how the watch finds its job
 WORKERS_ENV = "BENCH_WORKERS"
 WAYS = ("volcano", "wmla", "kueue")
