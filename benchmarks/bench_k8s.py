@@ -50,7 +50,6 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -68,6 +67,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from devcluster.cluster import ClusterError, LocalCluster  # noqa: E402
+from devcluster.objects import RUNTIME_ENV  # noqa: E402  (how long a pod runs on its KWOK node)
 from extension.backends.base import BackendEvent, EventKind, JobSpec  # noqa: E402
 from extension.backends.kubernetes import (  # noqa: E402
     PODS,
@@ -86,7 +86,6 @@ GiB = 2**30
 PER_WORKER = Resources(1, 1000, 2 * GiB)
 TTL = 5  # ttlSecondsAfterFinished: finished jobs leave, so the cluster recycles
 PARTIAL_S = 1.0
-RUNTIME_ENV = "KWOK_RUNTIME"  # how long a pod runs on its KWOK node (devcluster/objects.py)
 JOB_ENV = "BENCH_JOB"  # the stream index, in every pod's env: how the watch finds its job
 WORKERS_ENV = "BENCH_WORKERS"
 WAYS = ("volcano", "wmla", "kueue")
@@ -536,13 +535,11 @@ async def run_wmla(
                 "workers": str(job.workers),
                 "resources": {"gpu": 1, "cpu": "1", "memory": "2Gi"},
                 "command": {"model_dir": "models", "model_main": "main.py"},
-                "env": {k: v for k, v in job.env.items() if k != RUNTIME_ENV},
+                "env": job.env,
             }
             sub = parse_submission(
                 body, user=job.user, storage_root=storage, limit_range=limit_range, max_workers=8
             )
-            # the KWOK run time: WMLA_* is the service's to set, so not through the body
-            sub = dataclasses.replace(sub, env={**sub.env, RUNTIME_ENV: job.env[RUNTIME_ENV]})
             result.submitted[job.index] = time.time()
             row = await sched.submit(Caller(job.user), sub)
             index_of[row.id] = job.index
