@@ -637,7 +637,8 @@ def test_the_seed_002_experiment_manifests_are_valid(mode):
             assert policy == {"minAvailable": 2, "queue": "default"}
             assert pod["schedulerName"] == "volcano"
         else:
-            assert policy is None and "schedulerName" not in pod
+            # the default scheduler by name: an operator with the gang flag keeps it
+            assert policy is None and pod["schedulerName"] == "default-scheduler"
 
 
 def test_the_helm_values_configure_the_service_with_this_backend(monkeypatch):
