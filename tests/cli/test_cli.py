@@ -321,7 +321,7 @@ def test_logon_then_the_installed_command_uses_the_saved_token(hub: Hub, as_user
     )
     assert code == 1 and "refused user 'user2' or the password" in err and not config.exists()
     code, out, err = as_user(
-        "user2", "--logon", "--url", hub.url, "--username", "user2", "--password", password
+        "user2", "--logon", "--url", hub.url, "--username", "user2", f"--password={password}"
     )
     assert code == 0 and out.startswith("logged on as user2 at "), err
     assert config.stat().st_mode & 0o777 == 0o600

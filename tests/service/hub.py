@@ -79,8 +79,9 @@ class Hub:
         self.token = secrets.token_hex(16)
         # the admins' password, set at the hub's first start; every other name's first login
         # sets its own, and the tests' users all choose user_password
-        self.admin_password = secrets.token_urlsafe(16)
-        self.user_password = secrets.token_urlsafe(12)
+        # never starting with "-", which a command line would read as an option
+        self.admin_password = "a" + secrets.token_urlsafe(16)
+        self.user_password = "u" + secrets.token_urlsafe(12)
         self.env = {
             **os.environ,
             "WMLA_VAR": str(self.var),
