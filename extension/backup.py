@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from extension.service.privacy import is_private_dir, only_owner_writes
+
 ROOT = Path(__file__).resolve().parents[1]
 HUB_DB = "jupyterhub.sqlite"
 SERVICE_DB = "wmla.sqlite"
@@ -81,6 +83,13 @@ def backup(folder: Path, var: Path, state_dir: Path | None = None) -> list[Copie
         raise BackupError(f"not found: {', '.join(missing)} (is --var right?){hint}")
     folder = Path(folder)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # the copies are made by name (SQLite, dbm): in a folder another account can write, it
+    # could swap a name for a link to a file of root's between our check and the write
+    if not (is_private_dir(folder) and only_owner_writes(folder)):
+        raise BackupError(
+            f"{folder} is not a folder only you can enter and write (or one above it can be "
+            "written by others): name a new folder, or chmod 700 it"
+        )
     taken = [f for f in (HUB_DB, SERVICE_DB) if (folder / f).exists()]
     taken += [p.name for p in folder.glob(PASSWORDS + "*")]
     if taken:

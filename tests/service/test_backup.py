@@ -107,3 +107,26 @@ def test_a_missing_database_or_a_postgresql_store_says_what_to_do(tmp_path: Path
         backup(tmp_path / "out", var)
     made = wmla_backup(str(tmp_path / "out"), "--var", str(tmp_path / "nowhere"))
     assert made.returncode == 1 and made.stderr.startswith("wmla backup: not found: hub database")
+
+
+def test_a_folder_others_can_write_is_refused_before_anything_is_copied(tmp_path: Path) -> None:
+    """An attacker's folder (or one they can write) could swap a copy's name for a link to a
+    file of root's between the check and the write: refused, nothing written."""
+    var = tmp_path / "var"
+    (var / "wmla").mkdir(parents=True)
+    sqlite3.connect(var / "jupyterhub.sqlite").close()
+    sqlite3.connect(var / "wmla" / "wmla.sqlite").close()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    target = tmp_path / "precious"
+    target.write_text("root's\n")
+    (shared / "planted").symlink_to(target)
+    with pytest.raises(BackupError, match="only you can enter and write"):
+        backup(shared, var)
+    assert sorted(p.name for p in shared.iterdir()) == ["planted"]
+    assert target.read_text() == "root's\n"
+    with pytest.raises(BackupError, match="only you can enter and write"):
+        backup(shared / "below", var)  # made 0700, but its parent is open to all
+    made = backup(tmp_path / "mine", var)
+    assert len(made) == 2
