@@ -129,10 +129,15 @@ class LocalCluster:
             self._binaries = {p.binary: self.builder.path(p) for p in c.ALL}
         return self._binaries[name]
 
-    def server(self) -> str:
+    def _running_ports(self) -> Ports:
+        """The ports of the cluster in ``var``; ``ClusterError`` when there is none."""
         ports = self.ports()
         if ports is None:
             raise ClusterError(f"devcluster: no cluster in {self.var} (run `make k8s-up`)")
+        return ports
+
+    def server(self) -> str:
+        ports = self._running_ports()
         return f"https://127.0.0.1:{ports.apiserver}"
 
     # -- up ----------------------------------------------------------------------------------------
@@ -301,9 +306,7 @@ class LocalCluster:
 
     def start_apiserver(self) -> None:
         """Start the API server again on its ports, over the same store."""
-        ports = self.ports()
-        if ports is None:
-            raise ClusterError(f"devcluster: no cluster in {self.var} (run `make k8s-up`)")
+        ports = self._running_ports()
         self._start_apiserver(ports, time.monotonic() + self.start_timeout)
 
     def restart_controllers(self) -> None:
@@ -311,9 +314,7 @@ class LocalCluster:
         informers here take minutes to see new objects (Volcano 1.14, the operator 1.9: both
         back off on the 429s of a server whose caches are warming up); a test that means to
         watch our backend through an outage restarts them rather than wait."""
-        ports = self.ports()
-        if ports is None:
-            raise ClusterError(f"devcluster: no cluster in {self.var} (run `make k8s-up`)")
+        ports = self._running_ports()
         for name in ("training-operator", "vc-scheduler", "vc-controller-manager"):
             self.processes.stop(name)
         deadline = time.monotonic() + self.start_timeout
