@@ -104,12 +104,7 @@ class WmlaKubeSpawner(WmlaSpawnerMixin, KubeSpawner):
         # The pick, checked first: a choice that is not in the list is a sentence on the spawn
         # page (KubeSpawner's own answer is a KeyError); and the plan the picked profile forces
         # (a wmla_plan override) wins over a plan picked on the page, as for the local spawner.
-        source = self.profile_list
-        if callable(source):
-            source = source(self)
-            if inspect.isawaitable(source):
-                source = await source
-        self.wmla_pick_profile(profile_shapes.initialize(source, check=False))
+        await self.wmla_check_pick()
         await super().load_user_options()  # the picked profile's overrides, KubeSpawner's way
         validate_username(self.user.name)
         if not self._wmla_admitted:
@@ -118,6 +113,16 @@ class WmlaKubeSpawner(WmlaSpawnerMixin, KubeSpawner):
         else:
             plan = self.wmla_spawn.plan
         self.apply_wmla_overlay(plan)
+
+    async def wmla_check_pick(self) -> None:
+        # KubeSpawner's own list, unchecked beyond what KubeSpawner checks: keys it knows and
+        # the local spawner does not are the site's business here.
+        source = self.profile_list
+        if callable(source):
+            source = source(self)
+            if inspect.isawaitable(source):
+                source = await source
+        self.wmla_pick_profile(profile_shapes.initialize(source, check=False))
 
     def apply_wmla_overlay(self, plan: str) -> None:
         """Set KubeSpawner's traits from the pure overlay (kept: what config already had)."""

@@ -53,6 +53,7 @@ from .request import NotebookRequest
 from .service_client import ServiceCalls, ServiceClient, ServiceLocation
 from .spawn_log import SpawnLog
 from .state import forget_job, load_state, save_state
+from .user_options import check_user_options
 
 __all__ = [
     "DEFAULT_PLAN",
@@ -337,6 +338,15 @@ class WmlaSpawnerMixin(LoggingConfigurable):
             if inspect.isawaitable(source):
                 source = await source
         return self.wmla_collaborators().plans.profile_list(source)
+
+    async def wmla_check_pick(self) -> None:
+        """Refuse (AdmissionError) a profile or option choice in user_options that is not in
+        the list; JupyterHub's apply_user_options hook calls it."""
+        self.wmla_pick_profile(await self.wmla_profile_list())
+
+    @default("apply_user_options")
+    def _wmla_apply_user_options_default(self) -> Any:
+        return check_user_options
 
     def wmla_pick_profile(self, profiles: list[dict]) -> tuple[dict | None, list[dict]]:
         """(the profile in user_options or the default, its overrides in order); the spawn

@@ -298,3 +298,24 @@ async def test_a_callable_profile_list_and_the_deprecated_shape() -> None:
     old.WmlaLocalSpawner.service_url = "http://hub:8081/services/wmla/"
     body = await local_body({"profile": "gpu"}, old)
     assert body["plan"] == "/p/q" and body["resources"] == {"gpu": 1, "memory": "2Gi"}
+
+
+async def test_the_hub_hands_the_pick_to_the_spawners_hook(caplog) -> None:
+    """JupyterHub (5.3+) calls apply_user_options before pre_spawn_hook and start(): both
+    spawners handle the options there (no "Received unhandled user_options" in the hub's log),
+    and a pick outside the list is the request's 400 with the sentence, before the spawn."""
+    from tornado import web
+
+    local = WmlaLocalSpawner(config=shared_config())
+    local.user = user()
+    kube = WmlaKubeSpawner(config=shared_config(), _mock=True, user=user())
+    for spawner in (local, kube):
+        spawner.user_options = {"profile": "1-gpu", "team": "qa"}
+        # what jupyterhub.user.User.spawn calls, with the options it stored on the spawner
+        await spawner._run_apply_user_options(spawner.user_options)
+        spawner.user_options = {"profile": "1-gpu", "team": "ops"}
+        with pytest.raises(web.HTTPError) as refused:
+            await spawner._run_apply_user_options(spawner.user_options)
+        assert refused.value.status_code == 400
+        assert "has no choice 'ops'; pick one of dev, qa" in refused.value.log_message
+    assert "unhandled user_options" not in caplog.text
