@@ -21,6 +21,7 @@ class Module(str, Enum):
     KWOK = "kwok"
     TRAINING_OPERATOR = "trainingop"
     KUEUE = "kueue"
+    KUBELET = "kubelet"  # k8s.io/kubernetes again, apart: the control programs keep their stamps
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,10 @@ KUBE_SCHEDULER = Program(
 KUBECTL = Program(
     "kubectl", "k8s.io/kubernetes/cmd/kubectl", Module.CONTROL, KUBERNETES_VERSION, _KUBE
 )
+# The real node's agent (WMLA_K8S_REAL_NODE=1): built only when that node is asked for.
+KUBELET = Program(
+    "kubelet", "k8s.io/kubernetes/cmd/kubelet", Module.KUBELET, KUBERNETES_VERSION, _KUBE
+)
 VC_SCHEDULER = Program(
     "vc-scheduler", "volcano.sh/volcano/cmd/scheduler", Module.CONTROL, "v1.14.1"
 )
@@ -103,7 +108,7 @@ CLUSTER = (
     VC_CONTROLLER_MANAGER,
     TRAINING_OPERATOR,
 )
-ALL = (*CLUSTER, KUEUE)
+ALL = (*CLUSTER, KUBELET, KUEUE)
 
 # The Go modules whose own files the cluster applies (CRDs, stages, webhook manifests), and the
 # build module that pins each one's version.
