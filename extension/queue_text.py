@@ -129,21 +129,57 @@ def estimate_text(w: Waiting) -> str:
     return f"{head} ({'; '.join(notes)})" if notes else head
 
 
+# The spawn page shows each line as one entry of its event log: a line longer than this wraps
+# into a paragraph that hides the place and the start, which are what the user waits on.
+SPAWN_LINE_MAX = 160
+
+
 def spawn_line(w: Waiting, fallback: str = "") -> str:
-    """One line for the spawn page's progress: ``2nd in line in /project1/dev-team (1st for
-    you) — starts in about 12 minutes (estimate: assumes ...) — <reason>``; the parts not known
-    yet are left out, and with none of them, ``fallback`` (the job's own reason)."""
-    parts = []
+    """One short line for the spawn page's progress: ``2nd in line in /project1/dev-team (1st
+    for you) — starts in about 12 minutes (estimated) — dev-team holds 2 of its 2 deserved
+    GPUs; ...``: the place, the start and as many of the reason's clauses as fit in
+    ``SPAWN_LINE_MAX`` characters (at least its first, cut if need be); the parts not known yet
+    are left out, and with none of them, ``fallback`` (the job's own reason), shortened the same
+    way. The estimate's assumptions are the job monitor's and ``wmla exec-get``'s to show."""
+    head = []
     place = place_text(w, yours="for you", overall=False)
     if place:
-        parts.append(place)
-    starts = starts_text(w)
-    if starts:
-        parts.append(f"{starts} (estimate: assumes {w.assumption})" if w.assumption else starts)
+        head.append(place)
+    if w.when:
+        # "no start in sight: <why>": the why is an assumption's, too long for this line
+        head.append(
+            f"starts {w.when} (estimated)" if w.start is not None else first_clause(w.when, ":")
+        )
     reason = reason_text(w) if place else w.reason
-    if reason:
-        parts.append(reason)
-    return " — ".join(parts) or fallback
+    if not head and not reason:
+        reason = fallback
+    return fit(head, reason)
+
+
+def fit(head: list[str], reason: str, limit: int = SPAWN_LINE_MAX) -> str:
+    """``head`` and the reason's clauses joined while the line stays within ``limit``: whole
+    clauses, the service's most particular first; the first one always, shortened if need
+    be."""
+    clauses = [c.strip() for c in reason.split("; ") if c.strip()]
+    kept: list[str] = clauses[:1]
+    for clause in clauses[1:]:
+        if len(" — ".join([*head, "; ".join([*kept, clause])])) > limit:
+            break
+        kept.append(clause)
+    return shorten(" — ".join([*head, "; ".join(kept)] if kept else head), limit)
+
+
+def first_clause(text: str, separator: str = "; ") -> str:
+    """The text up to its first ``separator``."""
+    return text.split(separator, 1)[0].strip()
+
+
+def shorten(text: str, limit: int = SPAWN_LINE_MAX) -> str:
+    """``text`` cut at a word before ``limit`` characters, with an ellipsis when cut."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1].rsplit(" ", 1)[0].rstrip(" ,;:—")
+    return cut + "…"
 
 
 def _place(value: Any) -> int | None:

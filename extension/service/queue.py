@@ -306,10 +306,11 @@ ROUGH = (
 def _assumption(unlimited: int, exact: bool) -> str:
     text = "running jobs end at their runtime limits"
     if unlimited:
-        many = "1 has" if unlimited == 1 else f"{unlimited} have"
-        text += f" ({many} none: its end is estimated from its user's finished jobs)"
-        if unlimited > 1:
-            text = text.replace("its end", "their ends").replace("its user's", "their users'")
+        if unlimited == 1:
+            text += " (1 has none: its end is estimated from its user's finished jobs)"
+        else:
+            text += f" ({unlimited} have none: their ends are estimated from their users' "
+            text += "finished jobs)"
     text += "; no new submissions"
     if not exact:
         text += "; later events are grouped to bound the cost"

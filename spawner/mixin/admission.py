@@ -1,8 +1,7 @@
 """The admission: the notebook job's submission, and the wait while it is PENDING, told to the
 spawn page's progress bar: the job's place in line, its estimated start and the service's reason,
-e.g. "2nd in line in /project1/dev-team (1st for you) — starts in about 12 minutes (estimate:
-assumes ...) — dev-team holds 2 of its 2 deserved GPUs; /project1/dev-team at its gpu limit: 2 of
-2 in use"."""
+e.g. "2nd in line in /project1/dev-team (1st for you) — starts in about 12 minutes (estimated) —
+dev-team holds 2 of its 2 deserved GPUs", each line once."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from extension.clienterrors import WmlaError
-from extension.queue_text import spawn_line, waiting
+from extension.queue_text import Waiting, spawn_line, waiting
 
 from .errors import AdmissionError
 from .gpu_group import GpuGroup
@@ -73,7 +72,7 @@ class Admission:
         self, spawn: SpawnRecord, job: dict[str, Any], plan: str, interval: float
     ) -> dict[str, Any]:
         """The job once RUNNING; a job that ended, or a stop, fails the spawn."""
-        last = None
+        shown: set[str] = set()
         while True:
             state = job.get("state")
             if state == "RUNNING":
@@ -82,12 +81,13 @@ class Admission:
                 spawn.job_id = ""
                 reason = job.get("reason") or state
                 raise AdmissionError(f"{spawn.leaf}: the notebook job is {state}: {reason}")
-            # a new event whenever any part of the line changes (the place moves up, the
-            # estimate's words change), not only the reason: that is what the user waits on
+            # a new event whenever the line says something not said before (the place moves
+            # up, the estimate's words change), never one already in the log: the service's
+            # answers may go back and forth between two lines from one look to the next
             message = waiting_message(job, plan)
-            if message != last:
+            if message not in shown:
                 self.progress.note(spawn, message, 10)
-                last = message
+                shown.add(message)
             if spawn.stopping:
                 await self.release.release(spawn)
                 raise AdmissionError("the server was stopped while it waited for room")
@@ -116,4 +116,4 @@ def waiting_message(job: Mapping[str, Any], plan: str) -> str:
     reason = job.get("reason")
     fallback = reason if isinstance(reason, str) and reason else f"waiting for room in {plan}"
     found = waiting(job)
-    return spawn_line(found, fallback) if found is not None else fallback
+    return spawn_line(found if found is not None else Waiting(), fallback)

@@ -302,3 +302,16 @@ def test_a_job_without_a_start_says_why_and_a_rough_one_says_so() -> None:
         "assumption": f"no new submissions; {ROUGH}",
         "exact": False,
     }
+
+
+def test_the_assumption_reads_right_for_one_job_without_a_limit_and_for_several() -> None:
+    from extension.service.queue import _assumption
+
+    assert _assumption(1, True) == (
+        "running jobs end at their runtime limits (1 has none: its end is estimated from its "
+        "user's finished jobs); no new submissions"
+    )
+    assert _assumption(3, True) == (
+        "running jobs end at their runtime limits (3 have none: their ends are estimated from "
+        "their users' finished jobs); no new submissions"
+    )

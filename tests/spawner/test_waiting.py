@@ -50,8 +50,8 @@ def job(state="PENDING", reason=CORE, **extra) -> dict:
 
 
 LINE_2ND = (
-    f"2nd in line in {PLAN} (1st for you) — starts in about 12 minutes (estimate: assumes "
-    f"{ASSUMES}) — dev-team holds 2 of its 2 deserved GPUs; {CORE}"
+    f"2nd in line in {PLAN} (1st for you) — starts in about 12 minutes (estimated) — dev-team "
+    "holds 2 of its 2 deserved GPUs"  # the core's reason would take the line past 160
 )
 
 
@@ -157,18 +157,18 @@ async def test_the_spawn_page_follows_the_place_and_the_estimate_as_they_change(
         (
             job(queue={**queue(1), "estimate": {"start": "noon", "text": None}}),
             f"1st in line in {PLAN} (1st for you) — dev-team holds 2 of its 2 deserved GPUs; "
-            f"{CORE}",
+            + CORE.split("; ")[0],  # whole clauses, as many as fit in 160 characters
         ),
         (
             job(queue={**queue(4), "estimate": {"start": None, "text": "no start in sight",
                                                 "assumption": ASSUMES}}),
-            f"4th in line in {PLAN} (1st for you) — no start in sight (estimate: "
-            f"assumes {ASSUMES}) — dev-team holds 2 of its 2 deserved GPUs; {CORE}",
+            f"4th in line in {PLAN} (1st for you) — no start in sight — dev-team holds 2 of "
+            "its 2 deserved GPUs",
         ),
         (
             job(queue={**queue(2), "reason": "held back by a reservation"}),
-            f"2nd in line in {PLAN} (1st for you) — starts in about 12 minutes (estimate: "
-            f"assumes {ASSUMES}) — held back by a reservation",
+            f"2nd in line in {PLAN} (1st for you) — starts in about 12 minutes (estimated) — "
+            "held back by a reservation",
         ),
     ],
     ids=[
@@ -186,6 +186,32 @@ async def test_the_spawn_page_follows_the_place_and_the_estimate_as_they_change(
 )  # fmt: skip
 def test_a_waiting_line_from_whatever_the_service_sends(answer: dict, line: str) -> None:
     assert waiting_message(answer, PLAN) == line
+
+
+async def test_the_spawn_page_adds_each_short_line_once(make) -> None:
+    """The service's answers go back and forth (an exact forward run, then a grouped one, whose
+    assumption reads longer) and a reason runs long: the log gets each line once, none past 160
+    characters, and no line carries the estimate's assumptions."""
+    grouped = {**queue(2)["estimate"], "assumption": f"{ASSUMES}; later events are grouped"}
+    long_reason = f"2nd in line in {PLAN}; " + "; ".join(
+        f"clause {i} " + "x" * 40 for i in range(9)
+    )
+    answers = [
+        job(),
+        *[job(queue=queue(2) if i % 2 else {**queue(2), "estimate": grouped}) for i in range(6)],
+        job(queue={**queue(2), "reason": long_reason}),
+        job(queue={**queue(2), "reason": long_reason}),
+        job("RUNNING", reason="", queue=None),
+    ]
+    messages, outcome = await admit_and_watch(make(), answers)
+    assert outcome == PLAN
+    assert messages[1:-1] == [
+        "waiting for capacity: needs 1 worker x 1 gpu, each worker on one node; room now for 0",
+        LINE_2ND,
+        f"2nd in line in {PLAN} (1st for you) — starts in about 12 minutes (estimated) — clause 0 "
+        + "x" * 40,
+    ]
+    assert all(len(m) <= 160 and "assumes" not in m for m in messages), messages
 
 
 async def test_a_job_that_ends_while_waiting_fails_the_spawn_with_its_reason() -> None:
