@@ -41,7 +41,7 @@ class JobMonitor(w.VBox):
             value=0.0, min=0.0, max=100.0, description="progress", bar_style="info"
         )
         self.progress_label = w.Label("reading the job")
-        self.cancel_button = w.Button(button_style="danger", icon="stop")
+        self.cancel_button = w.Button(icon="stop")  # its style follows the job (figures)
         self._show_cancel()
         self.cancel_button.on_click(self._on_cancel)
         self.message = w.HTML("")
@@ -91,13 +91,7 @@ class JobMonitor(w.VBox):
         self.workers.value = html.escape(figures.workers_text(job))
         self._show_progress(job)
         state = job.get("state")
-        self.progress.bar_style = {
-            "FINISHED": "success",
-            "FAILED": "danger",
-            "REJECTED": "danger",
-            "CANCELLED": "warning",
-            "TIMEOUT": "warning",
-        }.get(state, "info")
+        self.progress.bar_style = figures.ENDED_STYLES.get(state, "info")
         self._show_cancel()
         if logs != self.logs.value:
             self.logs.value = logs

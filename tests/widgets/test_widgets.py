@@ -235,6 +235,26 @@ def test_the_cancel_button_turns_off_with_the_reason_when_the_job_ends() -> None
     assert "cannot be cancelled" in mon.cancel_button.tooltip
 
 
+@pytest.mark.parametrize(
+    ("state", "style"),
+    [("FINISHED", "success"), ("FAILED", "danger"), ("REJECTED", "danger"),
+     ("CANCELLED", "warning"), ("TIMEOUT", "warning")],
+)  # fmt: skip
+def test_the_cancel_button_is_red_only_while_it_can_stop_the_job_or_the_job_failed(
+    state: str, style: str
+) -> None:
+    client = CannedClient()
+    client.jobs_seen = [{**JOB, "state": "RUNNING"}]
+    mon = JobMonitor(client, "j1")
+    assert mon.cancel_button.button_style == ""  # not read yet: nothing to say
+    mon.refresh()
+    assert mon.cancel_button.button_style == "danger"  # a click throws the run away
+    client.jobs_seen.append({**JOB, "state": state, "reason": ""})
+    mon.refresh()
+    assert mon.cancel_button.button_style == style
+    assert mon.progress.bar_style == style  # the bar and the button agree
+
+
 def test_a_refused_cancel_of_an_ended_job_leaves_the_button_off() -> None:
     client = CannedClient()
     client.jobs_seen = [{**JOB, "state": "RUNNING"}]
@@ -263,8 +283,9 @@ def test_progress_walks_through_the_phases_of_a_job() -> None:
         (running, [], "starting workers (0 of 2 up), waiting for the first step", 0.0),
         ({**running, "workers": {"min": 2, "max": 2, "running": 2}}, [],
          "starting workers (2 of 2 up), waiting for the first step", 0.0),
-        (running, lines[:1], "first step done, epoch 1 of 2, step 1 · 0%", 0.0),
-        (running, lines[:3], "epoch 1 of 2, step 3 · 0%", 0.0),
+        # the first epoch: its steps are counted, of no known total yet, so no percentage
+        (running, lines[:1], "first step done, epoch 1 of 2, step 1", 0.0),
+        (running, lines[:3], "epoch 1 of 2, step 3", 0.0),
         (running, lines[:5], "epoch 2 of 2, step 4 · 50%", 50.0),  # epoch 1 done: 4 steps each
         (running, lines[:7], "epoch 2 of 2, step 6 · 75%", 75.0),
         (running, lines, "all 2 epochs done, finishing · 99%", 99.0),
@@ -290,6 +311,26 @@ def test_progress_of_a_script_without_epochs_counts_steps() -> None:
     client.lines.append({"step": 4, "loss": 0.2, "total_steps": 8})  # the script says its total
     mon.refresh()
     assert mon.progress_label.value == "step 4 of 8 · 50%" and mon.progress.value == 50.0
+
+
+def test_no_percentage_through_the_first_epoch_until_a_total_is_known() -> None:
+    """23 steps into the first of 4 epochs nothing says how many steps an epoch has: the label
+    counts the steps and shows no "0%"; once an epoch is done, or the script reports
+    total_steps, the percentage is true and shown."""
+    client = CannedClient()
+    client.jobs_seen = [{**JOB, "state": "RUNNING", "command": ["python", "m.py", "--epochs", "4"]}]
+    client.lines = [{"step": s, "epoch": 0, "loss": 1.0} for s in range(1, 24)]
+    mon = JobMonitor(client, "j1")
+    mon.refresh()
+    assert mon.progress_label.value == "epoch 1 of 4, step 23"
+    assert "%" not in mon.progress_label.value and mon.progress.value == 0.0
+    client.lines.append({"step": 24, "epoch": 0, "loss": 0.9, "total_steps": 96})
+    mon.refresh()
+    assert mon.progress_label.value == "epoch 1 of 4, step 24 of 96 · 25%"
+    job = {"state": "RUNNING", "command": ["python", "m.py", "--epochs", "4"]}
+    first, second = {"step": 50, "epoch": 0}, {"step": 51, "epoch": 1}
+    assert figures.progress_phase(job, [first])["fraction"] is None
+    assert figures.progress_phase(job, [first, second])["fraction"] == pytest.approx(51 / 204)
 
 
 def test_the_epochs_a_script_reports_win_over_its_arguments() -> None:

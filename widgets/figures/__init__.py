@@ -16,7 +16,7 @@ The parts, one concern each (every name below is importable from ``widgets.figur
 
 from __future__ import annotations
 
-from .common import FINAL, STATE_COLOURS
+from .common import ENDED_STYLES, FINAL, STATE_COLOURS
 from .job_text import cancel_button_state, state_html, workers_text
 from .progress import (
     epochs_done,
@@ -49,6 +49,7 @@ from .usage_defaults import (
 
 __all__ = [
     "BOOKKEEPING",
+    "ENDED_STYLES",
     "FINAL",
     "RECENT_DAYS",
     "RECENT_JOBS",

@@ -20,6 +20,15 @@ STATE_COLOURS = {
     "CANCELLED": "#6c757d",
     "TIMEOUT": "#ef6c00",  # stopped at its runtime limit: resumable, not a failure
 }
+# ipywidgets' styles of an ended job (the progress bar, the cancel button once off): only a
+# failure is "danger"; a job that finished did what was asked of it
+ENDED_STYLES = {
+    "FINISHED": "success",
+    "FAILED": "danger",
+    "REJECTED": "danger",
+    "CANCELLED": "warning",
+    "TIMEOUT": "warning",
+}
 
 
 def is_number(value: Any) -> bool:

@@ -10,7 +10,7 @@ from typing import Any
 
 from extension.queue_text import Waiting, place_text, reason_text, starts_text, utc_minute, waiting
 
-from .common import FINAL, STATE_COLOURS
+from .common import ENDED_STYLES, FINAL, STATE_COLOURS
 
 
 def state_html(job: Mapping[str, Any]) -> str:
@@ -58,11 +58,14 @@ def _waiting_parts(found: Waiting, job: Mapping[str, Any]) -> list[str]:
 
 
 def cancel_button_state(job: Mapping[str, Any]) -> dict[str, Any]:
-    """``disabled``, ``description`` and ``tooltip`` of the monitor's cancel button.
+    """``disabled``, ``description``, ``tooltip`` and ``button_style`` of the monitor's cancel
+    button.
 
     Active only while the job is known to be PENDING or RUNNING without a cancel already asked:
     before the first read of the job it stays off, so a monitor opened on an ended job never
-    offers a cancel the service would refuse.
+    offers a cancel the service would refuse. Red ("danger") while it can stop the job (the
+    click throws work away); once off it says how the job ended, in that end's style ("Job
+    finished" is a success, not an error).
     """
     state = job.get("state")
     if state in FINAL:
@@ -70,20 +73,28 @@ def cancel_button_state(job: Mapping[str, Any]) -> dict[str, Any]:
             "disabled": True,
             "description": f"Job {state.lower()}",
             "tooltip": f"the job is {state}: a job that has ended cannot be cancelled",
+            "button_style": ENDED_STYLES.get(state, ""),
         }
     if job.get("cancel_requested"):
         return {
             "disabled": True,
             "description": "Cancelling",
             "tooltip": "cancel requested: the workers are being stopped",
+            "button_style": "warning",
         }
     if state not in ("PENDING", "RUNNING"):
         return {
             "disabled": True,
             "description": "Cancel job",
             "tooltip": "reading the job's state",
+            "button_style": "",
         }
-    return {"disabled": False, "description": "Cancel job", "tooltip": f"cancel this {state} job"}
+    return {
+        "disabled": False,
+        "description": "Cancel job",
+        "tooltip": f"cancel this {state} job",
+        "button_style": "danger",
+    }
 
 
 def workers_text(job: Mapping[str, Any]) -> str:

@@ -60,9 +60,7 @@ def progress_phase(job: Mapping[str, Any], metrics: Sequence[Mapping[str, Any]])
     state = job.get("state")
     epochs = total_epochs(job, metrics)
     fraction = progress_fraction(job, metrics, epochs)
-    known = bool(metrics) and (
-        epochs is not None or _latest(metrics, ("total_steps", "progress")) is not None
-    )
+    known = measured(metrics, epochs)
     if state in FINAL:
         return {"text": _ended_text(job), "fraction": fraction}
     if state != "RUNNING":  # a preempted job waits again with the progress it had
@@ -78,6 +76,19 @@ def progress_phase(job: Mapping[str, Any], metrics: Sequence[Mapping[str, Any]])
     parts = ["first step done"] if _first_step(metrics) else []
     parts.append(_where(metrics, epochs, latest_step(metrics)))
     return {"text": ", ".join(p for p in parts if p), "fraction": fraction if known else None}
+
+
+def measured(metrics: Sequence[Mapping[str, Any]], epochs: int | None) -> bool:
+    """Whether the lines say how far the job is: a ``progress`` or ``total_steps`` reported,
+    or the epochs known and an epoch done (or its steps counted). Through the first epoch of a
+    script that reports neither, nothing does: its steps are counted, but of no known total, so
+    the bar shows no percentage ("step 23 · 0%" would be false)."""
+    if _latest(metrics, ("total_steps", "progress")) is not None:
+        return True
+    if not epochs:
+        return False
+    done = epochs_done(metrics)
+    return bool(done) or steps_per_epoch(metrics) is not None
 
 
 def _where(metrics: Sequence[Mapping[str, Any]], epochs: int | None, step: int | None) -> str:
