@@ -29,7 +29,7 @@ from typing import Any, TextIO
 import yaml
 
 from . import components as c
-from . import objects, pki
+from . import objects, pki, realnode
 from .build import Builder, BuildError, module_dir
 from .processes import Processes
 
@@ -155,6 +155,8 @@ class LocalCluster:
                 if not path.exists():
                     write(SERVICE_NAMESPACE, path)
             print(f"devcluster: already up ({self.server()})", file=self.log)
+            if realnode.wanted():
+                self._up_real_node()
             return
         self.down(keep_data=True)  # what is left of a half-started one
         self.var.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -180,6 +182,8 @@ class LocalCluster:
             self._wait_nodes_ready(deadline)
             self.write_service_kubeconfig(SERVICE_NAMESPACE, self.service_kubeconfig)
             self.write_spawner_kubeconfig(SERVICE_NAMESPACE, self.spawner_kubeconfig)
+            if realnode.wanted():
+                self._up_real_node()
         except ClusterError:
             self.down(keep_data=True)
             raise
@@ -189,6 +193,16 @@ class LocalCluster:
             f"KUBECONFIG={self.kubeconfig}",
             file=self.log,
         )
+
+    def real_node(self) -> realnode.RealNode:
+        """The kubelet + containerd node of this cluster (devcluster/realnode.py)."""
+        return realnode.RealNode(self)
+
+    def _up_real_node(self) -> None:
+        try:
+            self.real_node().up()
+        except realnode.RealNodeError as err:
+            raise ClusterError(str(err)) from None
 
     def is_up(self) -> bool:
         if any(self.processes.running(name) is None for name in ORDER):
@@ -655,6 +669,7 @@ class LocalCluster:
     def down(self, keep_data: bool = False) -> None:
         """Stop every component by PID (the last started first); the store goes too unless
         ``keep_data``."""
+        self.real_node().down()  # its pods first, while the API server still answers
         names = [n for n in reversed(ORDER)] + [n for n in self.processes.names() if n not in ORDER]
         for name in names:
             self.processes.stop(name)

@@ -113,6 +113,7 @@ ALL = (*CLUSTER, KUBELET, KUEUE)
 # The Go modules whose own files the cluster applies (CRDs, stages, webhook manifests), and the
 # build module that pins each one's version.
 SOURCES = {
+    "k8s.io/kubernetes": Module.KUBELET,  # build/pause/linux/pause.c, the real node's sandbox
     "volcano.sh/volcano": Module.CONTROL,
     "sigs.k8s.io/kwok": Module.KWOK,
     "github.com/kubeflow/training-operator": Module.TRAINING_OPERATOR,
