@@ -21,6 +21,7 @@ from jupyterhub.spawner import LocalProcessSpawner, set_user_setuid
 from traitlets import (
     Bool,
     Dict,
+    Enum,
     Instance,
     Integer,
     List,
@@ -32,6 +33,7 @@ from traitlets import (
 )
 from traitlets import Callable as CallableTrait
 
+from extension.adoption import Adoption, check_adoption
 from extension.backends.local.worker_launcher import reset_signals
 from extension.confine import DEFAULT_GPU_TEMPLATE, DEFAULT_PIDS, check_template, enter
 from extension.userfs.accounts import Account, AccountError, create_account, find_account, is_root
@@ -97,6 +99,20 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         help="""Never run a server as an account with a smaller uid (root, daemons).
 
         c.WmlaLocalSpawner.min_uid = 1000
+        """,
+    ).tag(config=True)
+
+    adopt_accounts = Enum(
+        [a.value for a in Adoption],
+        default_value=None,
+        allow_none=True,
+        help="""Which existing system accounts a hub user's server may run as: "ours" (only
+        one that looks made by this spawner's useradd: no login shell, home = the user's
+        folder, a group of its own and no other; anything else is refused with why) or "any"
+        (the machine's own accounts, PAM or LDAP). Default: "ours" when create_system_users is
+        on and system_user_template is not "{username}", else "any".
+
+        c.WmlaLocalSpawner.adopt_accounts = "any"
         """,
     ).tag(config=True)
 
@@ -217,14 +233,21 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
             return None
         name = self.system_user_template.format(username=self.user.name)
         account = find_account(name, self.min_uid)
-        if account is None:
-            if not self.create_system_users:
-                raise AccountError(
-                    f"no system account {name!r} for hub user {self.user.name}; create it, or "
-                    "set c.WmlaLocalSpawner.create_system_users = True"
-                )
-            account = create_account(name, self.wmla_folder, self.min_uid)
-            self.wmla_log().info("created system account %s (uid %s)", name, account.uid)
+        if account is not None:  # made by someone: ours, or refused (extension/adoption.py)
+            adoption = (
+                Adoption(self.adopt_accounts)
+                if self.adopt_accounts
+                else Adoption.default(self.system_user_template, self.create_system_users)
+            )
+            setting = "c.WmlaLocalSpawner.adopt_accounts"
+            return check_adoption(account, self.user.name, str(self.wmla_folder), adoption, setting)
+        if not self.create_system_users:
+            raise AccountError(
+                f"no system account {name!r} for hub user {self.user.name}; create it, or "
+                "set c.WmlaLocalSpawner.create_system_users = True"
+            )
+        account = create_account(name, self.wmla_folder, self.min_uid)
+        self.wmla_log().info("created system account %s (uid %s)", name, account.uid)
         return account
 
     def wmla_prepare(self) -> tuple[Path, Account | None]:

@@ -126,6 +126,8 @@ def hub(tmp_path_factory: pytest.TempPathFactory):
                     [
                         "useradd",
                         "--no-create-home",
+                        "--home-dir",  # as the spawner makes it: the backend adopts only such
+                        str(storage / user),
                         "--shell",
                         "/usr/sbin/nologin",
                         "--user-group",

@@ -67,6 +67,9 @@ class LocalBackend:
     - ``account_template``: the Unix account of a hub user, ``{username}`` replaced (default
       "{username}"); it must match the spawner's ``system_user_template``, so that a user's
       notebook and jobs run as one account and can both use the user's folder.
+    - ``adopt_accounts``: which existing accounts jobs may run as, the spawner's option of the
+      same name: "ours" (only one that looks made by ``create_accounts``' useradd) or "any";
+      default "ours" when ``create_accounts`` is on and the template is not "{username}".
     - ``account_python``: when workers run as an account that cannot reach ``python`` (a pyenv
       under /root), the interpreter they use instead over the service's packages; "auto" (the
       default) is the system Python of the same major.minor; "" never falls back.
@@ -113,6 +116,7 @@ class LocalBackend:
         account_template: str = "{username}",
         create_accounts: bool = True,
         min_uid: int = MIN_UID,
+        adopt_accounts: str | None = None,
         gpu_device_template: str = DEFAULT_GPU_TEMPLATE,
         pids_limit: int = DEFAULT_PIDS,
         users_memory_limit: int | None = None,
@@ -120,7 +124,9 @@ class LocalBackend:
     ) -> None:
         self._nodes = _checked_nodes(nodes)
         self.state_dir = os.path.abspath(os.fspath(state_dir))
-        self.accounts = UserAccounts(run_as_user, create_accounts, account_template, min_uid)
+        self.accounts = UserAccounts(
+            run_as_user, create_accounts, account_template, min_uid, adopt_accounts
+        )
         launch = LaunchOptions(
             python=python,
             account_python=account_python,
@@ -132,12 +138,8 @@ class LocalBackend:
             pythonpath=pythonpath,
         )
         ports = RendezvousPorts(master_addr, port_range)
-        self.cgroups = cgroups or WorkerCgroups.detect(
-            jobs_scope(self.state_dir), gpu_device_template, pids_limit, users_memory_limit
-        )
-        # the spawner's notebook servers, each in a cgroup named by its notebook job's id
-        # (spawner/confining.py): read here, never made, so metering sees what they use
-        self.servers = detect(SERVERS_SCOPE)
+        self.cgroups = cgroups or self._cgroups(gpu_device_template, pids_limit, users_memory_limit)
+        self.servers = detect(SERVERS_SCOPE)  # the notebook servers' cgroups (see _cgroups)
         self.devices = DeviceTable(self._nodes)
         self.records = GangRecords(self.state_dir)
         self.holds = DeviceHolds(HoldRecords(self.state_dir), self.devices)
@@ -150,6 +152,16 @@ class LocalBackend:
         )
         pace = SupervisionOptions(poll_interval, failure_grace, kill_wait, log_tail_lines)
         self._watch(Emitter(emit), pace, stop_orphans)
+
+    def _cgroups(
+        self, gpu_device_template: str, pids_limit: int, users_memory_limit: int | None
+    ) -> WorkerCgroups:
+        """The job workers' cgroups under this backend's scope. The spawner's notebook servers
+        are each in a cgroup named by its notebook job's id (spawner/confining.py): read by the
+        backend (``self.servers``), never made, so metering sees what they use."""
+        return WorkerCgroups.detect(
+            jobs_scope(self.state_dir), gpu_device_template, pids_limit, users_memory_limit
+        )
 
     def _watch(self, emit: Emitter, pace: SupervisionOptions, stop_orphans: bool) -> None:
         """The supervisor and the recovery over the collaborators built before them."""

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from extension.adoption import Adoption, check_adoption
 from extension.userfs.accounts import Account, AccountError, create_account, find_account
 from extension.userfs.errors import UserFileError
 from extension.userfs.files import UserFiles
@@ -26,11 +28,16 @@ class UserAccounts:
     """The accounts jobs run as, and the jobs whose logs can be read (those that ran here
     since the service started, or were re-adopted).
 
-    ``run_as_user``, ``create_accounts``, ``account_template`` and ``min_uid`` are the
-    ``LocalBackend`` options of the same names."""
+    ``run_as_user``, ``create_accounts``, ``account_template``, ``min_uid`` and
+    ``adopt_accounts`` are the ``LocalBackend`` options of the same names."""
 
     def __init__(
-        self, run_as_user: bool | None, create_accounts: bool, account_template: str, min_uid: int
+        self,
+        run_as_user: bool | None,
+        create_accounts: bool,
+        account_template: str,
+        min_uid: int,
+        adopt_accounts: str | None = None,
     ) -> None:
         if "{username}" not in account_template:
             raise ValueError(
@@ -41,7 +48,15 @@ class UserAccounts:
         self.create_accounts = create_accounts
         self.account_template = account_template
         self.min_uid = int(min_uid)
+        self.adoption = (
+            Adoption(adopt_accounts)
+            if adopt_accounts is not None
+            else Adoption.default(account_template, create_accounts)
+        )
         self.owners: dict[str, JobOwner] = {}
+        # why a user's failed job may have failed of storage (their folder at its quota):
+        # the service's storage quotas set it (extension/storage/quotas.py)
+        self.storage_reason: Callable[[str], str | None] = _no_reason
 
     def note(self, job_id: str, owner: JobOwner, replace: bool = True) -> None:
         """Remember whose ``job_id`` is (a start replaces, a re-adoption only fills in)."""
@@ -86,7 +101,10 @@ class UserAccounts:
                 )
             found = create_account(name, home, self.min_uid)
             log.info("created account %s (uid %d) for hub user %s", name, found.uid, user)
-        return found
+            return found
+        # made by someone: ours, or refused (extension/adoption.py)
+        setting = "LocalBackend adopt_accounts (c.WmlaService.backend_options)"
+        return check_adoption(found, user, home, self.adoption, setting)
 
     def _not_root(self, user: str, name: str, found: Account | None) -> Account | None:
         """The account when the service is not root: only its own can be run as."""
@@ -107,3 +125,7 @@ class UserAccounts:
     def files_for(self, user: str) -> UserFiles:
         """``user``'s files with their account's rights (in-process when it is ours)."""
         return UserFiles.of(self.account_for(user))
+
+
+def _no_reason(user: str) -> str | None:
+    return None
