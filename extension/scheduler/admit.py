@@ -358,22 +358,43 @@ def worth_reserving(state: CycleState, job: Job, leaf: PlanNode) -> bool:
 def starved_gang(state: CycleState) -> tuple[Job, PlanNode] | None:
     """Admission 6: the pending gang submitted longest ago, more than ``max_gang_wait`` ago
     (then by id), among those smaller work could overtake (``overtaken_by_smaller``), with
-    its leaf; a plan held back this cycle offers none. A one-worker job of a plan at its
-    share waits its turn in the fair order however long that is: it is never overtaken by
-    smaller work."""
+    its leaf; a plan held back this cycle offers none. With usage history on, the gangs of
+    plans whose fair-share factor along their path is higher (in tenths) go first. A
+    one-worker job of a plan at its share waits its turn in the fair order however long that
+    is: it is never overtaken by smaller work."""
     latest = state.now - state.config.max_gang_wait
-    best: tuple[float, str, Job, PlanNode] | None = None
+    standing = state.standing  # usage history weighs the shares: see below
+    best: tuple[float, float, str, Job, PlanNode] | None = None
     for plan in state.bottom_up:
         if not plan.pending:
             continue
+        # with usage history, the gangs of a plan that used less of its share go first (its
+        # fair-share factors along its path, in tenths), then by age: by age alone the team
+        # that had the cluster to itself, whose backlog is the oldest, is served first at
+        # every level of load (issue 41)
+        band = -round(chain_factor(standing, plan), 1) if standing else 0.0
         for (w, n, _), jobs in plan.buckets.items():
             for job in jobs:
                 since = job.submitted
-                if since > latest or (best is not None and (since, job.id) >= best[:2]):
+                if since > latest:
+                    continue
+                key = (band, since, job.id)
+                if best is not None and key >= best[:3]:
                     continue
                 if overtaken_by_smaller(state, w, n) and not held_back(state, plan):
-                    best = (since, job.id, job, plan)
-    return None if best is None else (best[2], best[3])
+                    best = (*key, job, plan)
+    return None if best is None else (best[3], best[4])
+
+
+def chain_factor(standing: dict, plan: PlanNode) -> float:
+    """The product of the fair-share factors on ``plan``'s path (Deserved share 2): 1 for a
+    plan whose every level used no more than nothing, smaller the more it used."""
+    out = 1.0
+    for p in plan.chain:
+        got = standing.get(p.path)
+        if got is not None:
+            out *= got.factor
+    return out
 
 
 def overtaken_by_smaller(state: CycleState, w: tuple, n: int) -> bool:
@@ -408,7 +429,7 @@ def reclaimed_next(state: CycleState, job: Job, leaf: PlanNode) -> bool:
     minimum gang running, the next cycle's reclaim could stop it: it is preemptible,
     ``min_runtime`` (0) does not shield it, and a pending job of another leaf stays within its
     deserved share (Reclaim 1) at a level where the holder's side would then borrow a resource
-    that job needs (Reclaim 3)."""
+    that job needs (Reclaim 3), both read on reclaim's lines (``floor``, ``ceiling``)."""
     if not job.preemptible or state.config.min_runtime > 0:
         return False
     w, n = job.per_worker, job.min_workers
@@ -421,7 +442,7 @@ def reclaimed_next(state: CycleState, job: Job, leaf: PlanNode) -> bool:
         for (ow, on, _), jobs in other.buckets.items():
             if not jobs:
                 continue
-            _, height = within_deserved(ledger.promised, other, ow, on, on)
+            _, height = within_deserved(ledger.promised, other, ow, on, on, floor=True)
             for mine in other.chain[:height]:
                 side = side_under.get(id(mine.parent))
                 if side is None:
@@ -429,7 +450,7 @@ def reclaimed_next(state: CycleState, job: Job, leaf: PlanNode) -> bool:
                 if side is mine:
                     break  # a plan above both: no level left where they are siblings
                 if any(
-                    ow[r] and ledger.alloc(side, r) + req[r] > side.deserved[r] + EPS
+                    ow[r] and ledger.alloc(side, r) + req[r] > side.ceiling[r] + EPS
                     for r in range(3)
                 ):
                     return True

@@ -69,15 +69,21 @@ def compute_deserved(state: CycleState) -> None:
     if state.config.fair_share_half_life > 0 and state.snapshot.usage:
         state.standing = tree_standings(state.bottom_up, state.snapshot.usage)
         standing = state.standing
-        weigh = {p: s.share * s.factor for p, s in standing.items()}  # Deserved share 2
+        weigh = {p: s.weight for p, s in standing.items()}  # Deserved share 2
     # every plan's demand, flat: what the kept shares are of, and the next cycle's key
     demand = None if weigh is not None else list(chain.from_iterable(map(_demand_of, bottom_up)))
     if demand is None or not _kept_shares(state, demand):
-        for plan in reversed(bottom_up):  # parents before their children
-            if plan.children:
-                _hand_out(plan, weigh)
-        if demand is not None:
+        if weigh is not None:
+            _reclaim_lines(state, weigh)
+        else:
+            for plan in reversed(bottom_up):  # parents before their children
+                if plan.children:
+                    _hand_out(plan, None)
             state.index.shares_kept = SharesKept(bottom_up, demand)
+    if weigh is None and state.index.split_lines:
+        for plan in bottom_up:  # history off again: reclaim's lines are the deserved share
+            plan.floor = plan.ceiling = plan.deserved
+        state.index.split_lines = False
     c0, c1, c2 = state.nodes.total
     for plan in state.bottom_up:
         a, d = plan.alloc, plan.deserved
@@ -104,6 +110,26 @@ class SharesKept:
         self.plans = plans
         self.demand = demand
         self.deserved = list(chain.from_iterable(map(_deserved_of, plans)))
+
+
+def _reclaim_lines(state: CycleState, weigh: dict[str, float]) -> None:
+    """Deserved share 2: hand out by share alone, then by ``weigh`` (share times fair-share
+    factor) into ``deserved``, which orders admission and borrowing; each plan's ``floor``
+    and ``ceiling`` are the lower and the higher of the two, what reclaim reads (Reclaim 1
+    and 3), so usage history never makes a reclaim that the share-only rule would not."""
+    bottom_up = state.bottom_up
+    for plan in reversed(bottom_up):
+        if plan.children:
+            _hand_out(plan, None)
+    by_share = [tuple(plan.deserved) for plan in bottom_up]
+    for plan in reversed(bottom_up):
+        if plan.children:
+            _hand_out(plan, weigh)
+    for plan, plain in zip(bottom_up, by_share):
+        d = plan.deserved
+        plan.floor = [min(plain[r], d[r]) for r in range(3)]
+        plan.ceiling = [max(plain[r], d[r]) for r in range(3)]
+    state.index.split_lines = True
 
 
 def _kept_shares(state: CycleState, demand: list) -> bool:
@@ -156,20 +182,22 @@ def _hand_out(plan, weigh: dict[str, float] | None) -> None:
 
 
 def within_deserved(
-    promised: dict, leaf: PlanNode, w: tuple, low: int, high: int
+    promised: dict, leaf: PlanNode, w: tuple, low: int, high: int, floor: bool = False
 ) -> tuple[int, int]:
     """Reclaim 1: (the most workers k in [low, high] the job may run within its deserved
     share, the height of its chain that stays within it with k running): the leaf, and each
     ancestor up to that height, holds at most its deserved share of every resource the job
     asks for, counting what this cycle promised. (0, 0) when even the minimum gang would make
-    its leaf a borrower: on a busy cluster most blocked leaves stop here."""
+    its leaf a borrower: on a busy cluster most blocked leaves stop here. ``floor``: test
+    against each plan's ``floor`` (reclaim: within both deserved shares, Deserved share 2)
+    instead of its ``deserved`` (admission)."""
     w0, w1, w2 = w
     for k in range(high, low - 1, -1):
         height = 0
         for p in leaf.chain:
             if p.parent is None:
                 break  # the root is the instance, not a share
-            a, d = p.alloc, p.deserved
+            a, d = p.alloc, (p.floor if floor else p.deserved)
             change = promised.get(p.path)
             if change:
                 a = (a[0] + change[0], a[1] + change[1], a[2] + change[2])

@@ -9,9 +9,9 @@ simulator); the core only reads it, as ``Snapshot.usage``, so a cycle stays pure
 
 Among siblings, a plan's fair-share factor is Slurm's classic ``F = 2 ** (-U / S)``: ``U`` its
 part of its siblings' usage, ``S`` its part of their shares. Its weight in the water-filling of
-the deserved share is ``share * F``: a plan that used exactly its part keeps its siblings'
-relative weights, one that used more deserves less while the others contend, and the
-difference decays with the usage. With no usage at a level every factor is 1.
+the deserved share is ``share * F ** PAYBACK`` (``2 ** (-3 U / S)``): a plan that used
+exactly its part keeps its siblings' relative weights, one that used more deserves less while
+the others contend, and the difference decays with the usage. With no usage at a level every factor is 1.
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ FORGOTTEN = 1e-9
 # a factor never falls below this: a plan's weight stays positive however much it used, so
 # it still deserves a sliver of what nobody else wants (and water-filling never divides by 0)
 LEAST_FACTOR = 2.0**-20
+# the weight in the water-filling is share * F ** PAYBACK = share * 2 ** (-3 U / S): with
+# Slurm's F alone a plan never weighs below 2 ** (-1 / S) of its share (1/8 with three equal
+# siblings), too little to repay a team that had the cluster alone while a queue only grows
+# (docs/scheduling.md "Deserved share 2", issue 41)
+PAYBACK = 3
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,11 @@ class PlanStanding:
     raw_usage: float  # its subtree's decayed usage
     effective_usage: float  # U: its part of its siblings' usage
     factor: float  # 2 ** (-U / S)
+
+    @property
+    def weight(self) -> float:
+        """Its weight in the water-filling of the deserved share (Deserved share 2)."""
+        return self.share * self.factor**PAYBACK
 
     @property
     def usage_over_share(self) -> float:

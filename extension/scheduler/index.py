@@ -47,6 +47,8 @@ class PlanNode:
         "alloc",
         "demand",
         "deserved",
+        "floor",
+        "ceiling",
         "ratio",
         "version",
         "heap",
@@ -83,6 +85,10 @@ class PlanNode:
         self.alloc = [0, 0, 0]  # held by running jobs (Ledger.charge)
         self.demand = [0, 0, 0]  # Words: Demand, capped by the limit
         self.deserved = [0.0, 0.0, 0.0]  # Deserved share
+        # Deserved share 2, reclaim's two lines: with usage history weighing ``deserved``, the
+        # lower and the higher of it and the share-only deserved share, so a reclaim is one
+        # that the share-only rule would make too; without history both are ``deserved``
+        self.floor = self.ceiling = self.deserved
         self.ratio = 0.0  # dominant ratio max_r(alloc_r / deserved_r) (Admission 1)
         self.weight = 0.0  # minus the deserved fraction of the instance: the order's tie-break
         self.version = 0  # bumped when the ratio changes: older heap entries are stale
@@ -184,6 +190,7 @@ class PlanIndex:
         self.fit_carry = FitCarry()  # the fit indexes admission used, after hold (kept.py)
         self.hold_kept = HoldKept()  # the rows after the last hold (held.py)
         self.shares_kept: object | None = None  # the last deserved shares: deserved.SharesKept
+        self.split_lines = False  # some plan's floor or ceiling is not its deserved share
         for plan in sorted(tree, key=lambda p: (p.path.count("/"), p.path)):
             self.add(plan.path, plan.share, plan.limit, plan.user_leaf)
 

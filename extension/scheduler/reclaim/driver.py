@@ -30,7 +30,7 @@ def reclaim(state: CycleState) -> None:
         some = blocked[0] if bucket else blocked  # every job of a bucket has its shape and leaf
         leaf = leaves[(some.plan, some.user)][0]
         k, height = within_deserved(
-            promised, leaf, some.per_worker, some.min_workers, some.max_workers
+            promised, leaf, some.per_worker, some.min_workers, some.max_workers, floor=True
         )
         if k:
             job = in_order(blocked, state.index.sorted)[0] if bucket else blocked

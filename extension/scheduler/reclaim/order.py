@@ -19,10 +19,11 @@ def stays_at_or_above(
     ledger: Ledger, vleaf: PlanNode, side: PlanNode, release: tuple, w: tuple
 ) -> bool:
     """The victim's plans, from its leaf up to the sibling it is under, keep at least their
-    deserved share of the resources the reclaimer needs once ``release`` is let go."""
+    deserved share (its ``ceiling``, as ``victims.borrows`` reads it) of the resources the
+    reclaimer needs once ``release`` is let go."""
     for p in vleaf.chain:
         for r in range(3):
-            if w[r] and ledger.alloc(p, r) - release[r] < p.deserved[r] - EPS:
+            if w[r] and ledger.alloc(p, r) - release[r] < p.ceiling[r] - EPS:
                 return False
         if p is side:
             break

@@ -46,8 +46,10 @@ def index_victims(state: CycleState) -> int:
 
 
 def borrows(ledger: Ledger, plan: PlanNode, w: tuple) -> bool:
-    """Reclaim 3: ``plan`` holds more than it deserves of a resource the reclaimer needs."""
-    return any(w[r] and ledger.alloc(plan, r) > plan.deserved[r] + EPS for r in range(3))
+    """Reclaim 3: ``plan`` holds more than it deserves of a resource the reclaimer needs (its
+    ``ceiling``: with usage history, more than both its deserved shares, Deserved share 2)."""
+    c = plan.ceiling
+    return any(w[r] and ledger.alloc(plan, r) > c[r] + EPS for r in range(3))
 
 
 def eligible(state: CycleState, leaf: PlanNode, height: int, w: tuple) -> list[tuple]:
