@@ -11,7 +11,8 @@ Among siblings, a plan's fair-share factor is Slurm's classic ``F = 2 ** (-U / S
 part of its siblings' usage, ``S`` its part of their shares. Its weight in the water-filling of
 the deserved share is ``share * F ** PAYBACK`` (``2 ** (-3 U / S)``): a plan that used
 exactly its part keeps its siblings' relative weights, one that used more deserves less while
-the others contend, and the difference decays with the usage. With no usage at a level every factor is 1.
+the others contend, and the difference decays with the usage. With no usage at a level every
+factor is 1.
 """
 
 from __future__ import annotations
