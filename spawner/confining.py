@@ -35,21 +35,27 @@ def confinement() -> Confinement:
 
 
 def server_grant(granted: JobGrant, gpus: int, template: str, pids: int = DEFAULT_PIDS) -> Grant:
-    """The grant of a server from its notebook job (what the service answered): a limit where
-    the job set one, else its request; the GPU nodes of the indexes the service holds for it
+    """The grant of a server from its notebook job (what the service answered), as
+    Kubernetes holds a container: the CPU quota is the cpu limit and the CPU weight the cpu
+    request (a server asking 100m under a 2-core ceiling weighs 100m when CPUs are busy, not 2
+    cores), memory.max the memory limit; where the job set no limit, the request is both, as a
+    job worker's grant is. The GPU nodes of the indexes the service holds for it
     (``devices``), none without."""
     resources = dict(granted.resources or {})
     limits = dict(granted.limits or {})
-
-    def amount(name: str) -> int:
-        """The service answers in its units (millicores, bytes); anything else grants 0."""
-        value = limits.get(name) or resources.get(name) or 0
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            return 0
-        return int(value)
-
+    cpu_request = _amount(resources.get("cpu"))
+    cpu_limit = _amount(limits.get("cpu")) or cpu_request
+    memory = _amount(limits.get("memory")) or _amount(resources.get("memory"))
     indexes = server_gpus(granted) if gpus else ()
-    return gpu_grant(amount("cpu"), amount("memory"), pids, template, indexes)
+    weight = cpu_request or cpu_limit
+    return gpu_grant(cpu_limit, memory, pids, template, indexes, cpu_weight_millicores=weight)
+
+
+def _amount(value: object) -> int:
+    """The service answers in its units (millicores, bytes); anything else grants 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        return 0
+    return int(value)
 
 
 def server_gpus(granted: JobGrant) -> tuple[int, ...]:

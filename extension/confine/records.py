@@ -49,16 +49,24 @@ class Grant:
     ``cpu_millicores``: the CFS quota (0: no quota, the smallest weight: idle CPU only);
     ``memory_bytes``: a hard limit with no swap beyond it (0: only the users' total cap);
     ``pids``: processes and threads; ``gpus``: the device nodes of its own GPUs (the NVIDIA
-    control nodes come with any GPU; none at all without one)."""
+    control nodes come with any GPU; none at all without one); ``cpu_weight_millicores``: the
+    share of a busy CPU (the request, where the quota is a limit above it, as a notebook
+    server's: weighed by what it asked for, held to its ceiling; 0: the quota's)."""
 
     cpu_millicores: int
     memory_bytes: int
     pids: int = DEFAULT_PIDS
     gpus: tuple[DeviceNode, ...] = ()
     control_nodes: tuple[DeviceNode, ...] = ()
+    cpu_weight_millicores: int = 0
+
+    @property
+    def weight_millicores(self) -> int:
+        """The millicores the CPU weight is made from."""
+        return self.cpu_weight_millicores or self.cpu_millicores
 
     def __post_init__(self) -> None:
-        for name in ("cpu_millicores", "memory_bytes", "pids"):
+        for name in ("cpu_millicores", "memory_bytes", "pids", "cpu_weight_millicores"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"Grant.{name} must be 0 or more, got {getattr(self, name)}")
         if self.pids < 1:
@@ -154,6 +162,7 @@ def gpu_grant(
     pids: int,
     template: str,
     indexes: tuple[int, ...],
+    cpu_weight_millicores: int = 0,
 ) -> Grant:
     """A grant with the device nodes of GPUs ``indexes`` (none, and no control node, for 0)."""
     gpus = gpu_nodes(template, indexes)
@@ -163,6 +172,7 @@ def gpu_grant(
         int(pids),
         gpus=gpus,
         control_nodes=control_nodes(template) if indexes else (),
+        cpu_weight_millicores=int(cpu_weight_millicores),
     )
 
 

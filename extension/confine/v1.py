@@ -167,7 +167,7 @@ class CgroupV1:
             quota = cfs_quota_us(grant.cpu_millicores)
             fs.write(os.path.join(cpu, "cpu.cfs_period_us"), str(CFS_PERIOD_US))
             fs.write(os.path.join(cpu, "cpu.cfs_quota_us"), str(-1 if quota is None else quota))
-            fs.write(os.path.join(cpu, "cpu.shares"), str(cpu_shares(grant.cpu_millicores)))
+            fs.write(os.path.join(cpu, "cpu.shares"), str(cpu_shares(grant.weight_millicores)))
         if "memory" in folders and grant.memory_bytes:
             _memory_limit(folders["memory"], grant.memory_bytes)
         if "pids" in folders:

@@ -134,7 +134,8 @@ class CgroupV2:
             millis = grant.cpu_millicores
             quota = cfs_quota_us(millis)
             fs.write(os.path.join(folder, "cpu.max"), f"{quota or 'max'} {CFS_PERIOD_US}")
-            fs.write(os.path.join(folder, "cpu.weight"), str(cpu_weight(millis)))
+            weight = cpu_weight(grant.weight_millicores)
+            fs.write(os.path.join(folder, "cpu.weight"), str(weight))
         if "memory" in self.controllers and grant.memory_bytes:
             fs.write(os.path.join(folder, "memory.max"), str(grant.memory_bytes))
             swap = os.path.join(folder, "memory.swap.max")

@@ -255,3 +255,49 @@ def test_a_grant_refuses_negative_figures() -> None:
         Grant(-1, 0)
     with pytest.raises(ValueError, match="pids"):
         Grant(1, 0, pids=0)
+
+
+# -- a notebook server's grant: quota = limit, weight = request, memory.max = the limit --------
+def notebook_grant(resources: dict, limits: dict) -> Grant:
+    from spawner.confining import server_grant
+    from spawner.mixin.record import JobGrant
+
+    return server_grant(JobGrant(resources=resources, limits=limits), 0, "/dev/nvidia{index}")
+
+
+def test_a_notebook_server_is_held_to_its_limits_and_weighed_by_its_request() -> None:
+    """As Kubernetes holds a container: a server asking 100m and 64Mi under a 2-core, 4G
+    ceiling may burst to 2 cores, but weighs 100m when CPUs are busy; without limits the
+    request is both, as for a job worker."""
+    held = notebook_grant({"cpu": 100, "memory": 64 << 20}, {"cpu": 2000, "memory": 4 << 30})
+    assert (held.cpu_millicores, held.weight_millicores, held.memory_bytes) == (2000, 100, 4 << 30)
+    plain = notebook_grant({"cpu": 500, "memory": 1 << 30}, {})
+    assert (plain.cpu_millicores, plain.weight_millicores, plain.memory_bytes) == (
+        500,
+        500,
+        1 << 30,
+    )
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="detect() makes cgroups only as root")
+def test_v2_writes_a_servers_quota_from_its_limit_and_weight_from_its_request(unified) -> None:
+    mount, mountinfo = unified
+    confine = detect("notebooks", users_memory=8 << 30, mountinfo=mountinfo)
+    held = notebook_grant({"cpu": 100, "memory": 64 << 20}, {"cpu": 2000, "memory": 4 << 30})
+    confine.create("nb-1", held)
+    folder = mount / "wmla" / "notebooks" / "nb-1"
+    assert (folder / "cpu.max").read_text() == "200000 100000"
+    assert (folder / "cpu.weight").read_text() == "10"
+    assert (folder / "memory.max").read_text() == str(4 << 30)
+
+
+@v1_only
+def test_v1_writes_a_servers_quota_from_its_limit_and_shares_from_its_request(
+    confinement,
+) -> None:
+    held = notebook_grant({"cpu": 100, "memory": 64 << 20}, {"cpu": 2000, "memory": 256 << 20})
+    group = confinement.create("nb", held)
+    cpu, memory = Path(group.folders["cpu"]), Path(group.folders["memory"])
+    assert (cpu / "cpu.cfs_quota_us").read_text().strip() == "200000"
+    assert (cpu / "cpu.shares").read_text().strip() == "102"
+    assert (memory / "memory.limit_in_bytes").read_text().strip() == str(256 << 20)
