@@ -1,0 +1,204 @@
+"""Real pods on the real node (devcluster/realnode.py): a kubelet v1.34.1 over Debian's
+containerd, started in the test cluster for these tests. A node that cannot start fails them
+with the component, the reason and its log (never a skip); the other Kubernetes tests do not
+need it and pass without it.
+
+The pods run the image built here from this machine's python3 (``wmla.local/python:3.11``,
+imported, never pulled) and read their own cgroup from inside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devcluster import images, realnode
+from devcluster.cluster import LocalCluster
+from devcluster.realnode import RealNode, RealNodeError
+
+NAMESPACE = "real"
+
+
+@pytest.fixture(scope="module")
+def node(kube: LocalCluster) -> Iterator[RealNode]:
+    real = kube.real_node()
+    try:
+        real.up()
+    except RealNodeError as err:
+        pytest.fail(str(err), pytrace=False)
+    kube.write_service_kubeconfig(NAMESPACE, kube.var / f"{NAMESPACE}.kubeconfig")
+    yield real
+    kube.kubectl("delete", "pods", "--all", "-n", NAMESPACE, "--grace-period=0", "--wait=false")
+
+
+def _pod(name: str, code: str, limits: dict[str, str], **spec: Any) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": images.PYTHON,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["/usr/bin/python3", "-c", code],
+        "resources": {"limits": limits, "requests": limits},
+    }
+    container.update(spec.pop("container", {}))
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {realnode.NODE_LABEL: "true"},
+            "tolerations": [{"key": realnode.NODE_LABEL, "operator": "Exists"}],
+            "enableServiceLinks": False,
+            "automountServiceAccountToken": False,
+            "containers": [container],
+            **spec,
+        },
+    }
+
+
+def _run(kube: LocalCluster, node: RealNode, pod: dict[str, Any], timeout: float = 120) -> dict:
+    """Create the pod, wait until it ends; its last status, with its log under ``"log"``."""
+    name = pod["metadata"]["name"]
+    kube.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    deadline = time.monotonic() + timeout
+    while True:
+        live = json.loads(kube.kubectl("get", "pod", name, "-n", NAMESPACE, "-o", "json"))
+        if live["status"].get("phase") in ("Succeeded", "Failed"):
+            break
+        if time.monotonic() > deadline:
+            events = kube.kubectl("get", "events", "-n", NAMESPACE, "--field-selector",
+                                  f"involvedObject.name={name}")  # fmt: skip
+            raise AssertionError(
+                f"pod {name} not finished within {timeout:.0f} s: phase "
+                f"{live['status'].get('phase')}; events:\n{events}\n"
+                f"kubelet log: {node.kubelet_log}, containerd log: {node.containerd_log}"
+            )
+        time.sleep(0.5)
+    live["log"] = kube.kubectl("logs", name, "-n", NAMESPACE)
+    return live
+
+
+def test_node_is_real_with_four_gpus_and_the_images(kube: LocalCluster, node: RealNode) -> None:
+    status = json.loads(kube.kubectl("get", "node", realnode.NODE_NAME, "-o", "json"))
+    assert status["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://")
+    assert status["status"]["nodeInfo"]["kubeletVersion"] == "v1.34.1"
+    assert status["status"]["allocatable"]["nvidia.com/gpu"] == "4"
+    assert realnode.TAINT in status["spec"]["taints"]  # KWOK's tests never land here
+    present = {name for image in status["status"]["images"] for name in image["names"]}
+    assert {images.PYTHON, images.PAUSE} <= present
+
+
+def test_pod_cgroup_holds_its_limits(kube: LocalCluster, node: RealNode) -> None:
+    code = (
+        "import json\n"
+        "r = lambda p: open('/sys/fs/cgroup/' + p).read().strip()\n"
+        "print(json.dumps({'mem': r('memory/memory.limit_in_bytes'),"
+        " 'quota': r('cpu/cpu.cfs_quota_us'), 'period': r('cpu/cpu.cfs_period_us')}))\n"
+    )
+    live = _run(kube, node, _pod("limits", code, {"cpu": "500m", "memory": "256Mi"}))
+    assert live["status"]["phase"] == "Succeeded", live["status"]
+    seen = json.loads(live["log"].strip().splitlines()[-1])
+    assert seen == {"mem": str(256 * 2**20), "quota": "50000", "period": "100000"}
+
+
+def test_pod_that_touches_more_than_its_memory_is_oom_killed(
+    kube: LocalCluster, node: RealNode
+) -> None:
+    code = (
+        "held = []\n"
+        "for i in range(16):\n"  # 16 x 64 MiB, each page written
+        "    held.append(b'\\1' * (64 << 20))\n"
+        "    print(i, flush=True)\n"
+        "print('survived', flush=True)\n"
+    )
+    live = _run(kube, node, _pod("oom", code, {"cpu": "500m", "memory": "256Mi"}))
+    terminated = live["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert live["status"]["phase"] == "Failed"
+    assert terminated["reason"] == "OOMKilled", terminated
+    assert terminated["exitCode"] == 137
+    assert "survived" not in live["log"]
+
+
+def test_pod_with_its_users_subpath_sees_nothing_of_another_user(
+    kube: LocalCluster, node: RealNode
+) -> None:
+    data = kube.var / "user-data" / NAMESPACE  # the claim's volume (objects.user_storage)
+    for user in ("alice", "bob"):
+        (data / user).mkdir(parents=True, exist_ok=True)
+        (data / user / f"{user}-secret.txt").write_text(f"{user} only\n")
+    code = (
+        "import os, json\n"
+        "found = []\n"
+        "for root, dirs, files in os.walk('/'):\n"
+        "    dirs[:] = [d for d in dirs if os.path.join(root, d) not in ('/proc', '/sys')]\n"
+        "    found += [os.path.join(root, f) for f in files if f.endswith('-secret.txt')]\n"
+        "print(json.dumps({'mine': sorted(os.listdir('/home/alice')), 'found': found}))\n"
+    )
+    pod = _pod(
+        "alice",
+        code,
+        {"cpu": "200m", "memory": "128Mi"},
+        container={
+            "volumeMounts": [
+                {"name": "users", "mountPath": "/home/alice", "subPath": "alice"},
+            ]
+        },
+        volumes=[{"name": "users", "persistentVolumeClaim": {"claimName": "wmla-user-data"}}],
+    )
+    live = _run(kube, node, pod)
+    assert live["status"]["phase"] == "Succeeded", live["status"]
+    seen = json.loads(live["log"].strip().splitlines()[-1])
+    assert seen == {"mine": ["alice-secret.txt"], "found": ["/home/alice/alice-secret.txt"]}
+
+
+def _leftovers(node: RealNode) -> list[str]:
+    """What of the node is still on the machine: processes, mounts, links, cgroups."""
+    left = []
+    for pid in node._shims():
+        left.append(f"shim {pid}")
+    for name in ("kubelet", "containerd"):
+        if node.processes.running(name):
+            left.append(name)
+    prefix = str(node.dir.resolve()) + "/"
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        left += [f"mount {ln.split()[4]}" for ln in f if ln.split()[4].startswith(prefix)]
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    left += [f"link {node.bridge}"] if f" {node.bridge}:" in links else []
+    left += [f"cgroup {d}" for d in node._cgroup_dirs() if d.exists()]
+    return left
+
+
+def test_down_leaves_nothing_and_up_comes_back(kube: LocalCluster, node: RealNode) -> None:
+    """Runs last here: the node, with a pod running, goes down clean, then comes up again."""
+    _run(kube, node, _pod("before", "print('hi')", {"cpu": "100m", "memory": "64Mi"}))
+    sleeper = _pod("sleeper", "import time; time.sleep(600)", {"cpu": "100m", "memory": "64Mi"})
+    kube.kubectl("apply", "-f", "-", input=json.dumps(sleeper))
+    deadline = time.monotonic() + 60
+    state = "jsonpath={.status.containerStatuses[0].state}"
+    while "running" not in kube.kubectl("get", "pod", "sleeper", "-n", NAMESPACE, "-o", state):
+        assert time.monotonic() < deadline, "the sleeper pod never ran"
+        time.sleep(0.5)
+    assert node._shims(), "a running pod has a shim"
+    node.down()
+    assert _leftovers(node) == []
+    assert not [p for p in Path("/proc").glob("[0-9]*/cmdline") if _sleeping(p)]
+    kube.kubectl("delete", "pod", "sleeper", "-n", NAMESPACE, "--grace-period=0", "--force")
+    node.up()
+    live = _run(kube, node, _pod("after", "print('back')", {"cpu": "100m", "memory": "64Mi"}))
+    assert live["log"].strip() == "back"
+
+
+def _sleeping(cmdline: Path) -> bool:
+    try:
+        return b"time.sleep(600)" in cmdline.read_bytes() and os.getpid() != int(
+            cmdline.parent.name
+        )
+    except (OSError, ValueError):
+        return False
