@@ -192,6 +192,19 @@ class WmlaSpawnerMixin(LoggingConfigurable):
         """,
     ).tag(config=True)
 
+    plan_descriptions = Dict(
+        key_trait=Unicode(),
+        value_trait=Unicode(),
+        help="""A line shown beside each plan on the spawn page's plan choice, by plan path (as a
+        profile's ``description`` is beside its profile): what the plan is for, who pays, what
+        it holds. A plan without one shows its path alone.
+
+        c.WmlaLocalSpawner.plan_descriptions = {
+            "/project1/dev-team": "dev team: 2 GPUs, stopped after 15 idle minutes",
+        }
+        """,
+    ).tag(config=True)
+
     # -- what a notebook asks for --------------------------------------------------------------
     gpus = Integer(
         0,
@@ -319,6 +332,7 @@ class WmlaSpawnerMixin(LoggingConfigurable):
             default_plan=self.default_plan,
             profiles=self.profiles,
             config_class=type(self).__name__,
+            descriptions=self.plan_descriptions,
         )
         return Collaborators(
             plans=PlanChooser(settings, self.user, self.user_options, service, log),

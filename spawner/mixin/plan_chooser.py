@@ -22,8 +22,9 @@ from .spawn_log import SpawnLog
 @dataclass(frozen=True)
 class PlanSettings:
     """The spawner's plan traits: ``plan_choice``, ``wmla_plan``, ``user_plans``,
-    ``group_plans``, ``default_plan``, the deprecated ``profiles``, and the class the messages
-    name (``c.<class>.user_plans``)."""
+    ``group_plans``, ``default_plan``, the deprecated ``profiles``, the class the messages
+    name (``c.<class>.user_plans``) and ``plan_descriptions`` (the spawn page's line beside
+    each plan)."""
 
     plan_choice: bool
     wmla_plan: str
@@ -32,6 +33,7 @@ class PlanSettings:
     default_plan: str
     profiles: list[dict] = field(default_factory=list)
     config_class: str = "WmlaLocalSpawner"
+    descriptions: Mapping[str, str] = field(default_factory=dict)
 
 
 class PlanChooser:
@@ -149,11 +151,17 @@ class PlanChooser:
             rows = [
                 f'<label class="form-check"><input class="form-check-input" type="radio" '
                 f'name="plan" value="{html.escape(p, quote=True)}"'
-                f"{' checked' if p == chosen else ''}> {html.escape(p)}</label>"
+                f"{' checked' if p == chosen else ''}> {html.escape(p)}"
+                f"{self._description(p)}</label>"
                 for p in plans
             ]
             form += "<fieldset><legend>Plan</legend>" + "\n".join(rows) + "</fieldset>"
         return form
+
+    def _description(self, plan: str) -> str:
+        """The configured line beside ``plan``, marked up as a profile's description is."""
+        text = self.settings.descriptions.get(plan)
+        return f' <span class="text-muted">{html.escape(text)}</span>' if text else ""
 
     @staticmethod
     def options_from_form(formdata: Mapping[str, list]) -> dict:

@@ -146,6 +146,19 @@ def test_options_form_lists_profiles_and_reads_the_pick() -> None:
     assert make().wmla_options_form() == ""
 
 
+def test_each_plan_on_the_spawn_page_has_its_description_beside_it() -> None:
+    described = {"/project1/dev-team": "dev team <GPUs> & notebooks"}
+    spawner = make("carol", plan_descriptions=described, **MAPPING)
+    form = spawner.wmla_options_form(["/project1/dev-team", "/project2/research"])
+    rows = form.split("</label>")
+    dev = next(r for r in rows if 'value="/project1/dev-team"' in r)
+    research = next(r for r in rows if 'value="/project2/research"' in r)
+    assert dev.endswith(
+        '/project1/dev-team <span class="text-muted">dev team &lt;GPUs&gt; &amp; notebooks</span>'
+    )
+    assert research.endswith("> /project2/research")  # none configured: the path alone
+
+
 def test_the_spawn_page_offers_the_users_plans_and_reads_the_pick() -> None:
     spawner = make("carol", **MAPPING)  # mapped to /project2/research
     plans = ["/project1/dev-team", "/project2/research", "/sample-project/notebooks"]
