@@ -15,7 +15,7 @@ import yaml
 
 from extension.cli import main
 from extension.scheduler import Instance, Job, Resources, SchedulerConfig, Snapshot
-from extension.scheduler.history import charge, decay, factor
+from extension.scheduler.history import PAYBACK, charge, decay, factor
 from extension.sim.estimate import estimate_starts
 from extension.sim.fairshare import FairShare, FairShareError, LeafUsage, parse_span
 from extension.sim.scenario import ScenarioError, parse_scenario
@@ -79,20 +79,23 @@ ALONE_THEN_BOTH = [one_gpu(f"a{i}", 0, "ann", "/a", 3000) for i in range(8)] + [
 def used_alone(half_life: float) -> tuple[float, float]:
     """The deserved GPUs of /a and /b at 1000 by the formula: /a's usage is 4 GPUs charged
     for 1000 s (whatever the half-life), /b's none, so U_a = 1 and S_a = 1/2; each deserves
-    its part of 4 GPUs by weight share x 2^(-U/S)."""
+    its part of 4 GPUs by weight share x 2^(-3 U/S) (``PAYBACK``)."""
     if half_life == 0:
         return 2.0, 2.0
-    weight_a, weight_b = factor(1.0, 0.5), factor(0.0, 0.5)
+    weight_a, weight_b = factor(1.0, 0.5) ** PAYBACK, factor(0.0, 0.5) ** PAYBACK
     a = 4 * weight_a / (weight_a + weight_b)
-    return round(a, 3), round(4 - a, 3)
+    return round(a, 4), round(4 - a, 4)
 
 
 @pytest.mark.parametrize(
     "half_life, held_a, held_b",
     [
         (0, 2, 2),  # today: the instantaneous share, 2 and 2
-        (1000, 1, 3),  # U/S = 2: factor 1/4, deserved 0.8 and 3.2; bob starts 3 of his 4
-        (100_000, 1, 3),  # the same: U and S are parts of the siblings' usage and shares
+        # U/S = 2: weight 1/64, deserved 0.06 and 3.94; yet reclaim takes /a down to 2 only,
+        # what the share-only rule gives it (Deserved share 2: history never makes a reclaim
+        # that rule would not); bob gets /a's next GPUs as they free
+        (1000, 2, 2),
+        (100_000, 2, 2),  # the same: U and S are parts of the siblings' usage and shares
     ],
 )
 def test_a_team_that_used_the_cluster_alone_deserves_less_when_both_contend(
@@ -109,7 +112,7 @@ def test_the_scenario_config_says_the_same_as_the_flags(tmp_path):
     by_flag = run(tmp_path, scenario(ALONE_THEN_BOTH, 1500), "--fair-share-half-life", "1000")
     in_file = run(tmp_path, scenario(ALONE_THEN_BOTH, 1500, fair_share_half_life="1000s"))
     assert by_flag == in_file
-    assert teams_at(in_file, 1000)["/a"] == (1, 0.8)
+    assert teams_at(in_file, 1000)["/a"] == (2, used_alone(1000)[0])
 
 
 def test_the_usage_reset_forgets_the_day_alone(tmp_path):
@@ -222,21 +225,23 @@ def test_a_reset_period_without_history_is_refused_in_a_scenario_file():
 
 
 # -- the estimated start reads the usage it is given ---------------------------------------------
-@pytest.mark.parametrize("usage, b2_start", [({}, 1000), (USED, 30)])
-def test_the_estimate_takes_usage_history_into_account(usage, b2_start):
-    """4 GPUs held by a1 (ann, 2) and b1 (bob, 2) until 1000; bob's b2 (1 GPU) waits. Each
-    team deserves 2 today: b2 would borrow and waits for 1000. With ann's usage far above
-    bob's, /a weighs 1/4 of /b: /a deserves 4 x 0.25 / 1.25 = 0.8, /b 3.2 capped by its demand
-    at 3 (the 0.2 left to /a: 1), so b2 is within /b's share and reclaims a1 at once: it
-    starts when a1's grace (30 s) ends."""
+@pytest.mark.parametrize("usage, a2_start, b2_start", [({}, 1000, 1500), (USED, 1500, 1000)])
+def test_the_estimate_takes_usage_history_into_account(usage, a2_start, b2_start):
+    """4 GPUs: a0 (ann, 1) until 5000, a1 (ann, 1) until 1000, b1 (bob, 2) until 5000; ann's a2
+    and bob's b2 (1 GPU each, 500 s) wait. Today each team deserves 2: at 1000 a2 is within
+    /a's share and starts, b2 would borrow and waits for a2's end. With ann's usage far above
+    bob's, /b deserves nearly all: b2 goes first at 1000 and a2 waits. Nothing is reclaimed
+    at 0 either way: /a holds 2, its share-only deserved share (Deserved share 2)."""
     plans = tree({"/a": (1, None), "/b": (1, None)})
     jobs = [
-        running("a1", "/a", ("n1", "n1"), user="ann"),
+        running("a0", "/a", ("n1",), user="ann"),
+        running("a1", "/a", ("n1",), user="ann"),
         running("b1", "/b", ("n1", "n1"), user="bob"),
+        pending("a2", "/a", user="ann", submitted=0.0),
         pending("b2", "/b", user="bob", submitted=1.0),
     ]
     config = SchedulerConfig(grace=30, fair_share_half_life=7 * 86400)
     snapshot = Snapshot(plans, Instance(nodes(1, gpu=4)), jobs, config, usage=usage)
-    ends = {"a1": 1000, "b1": 1000}
-    got = estimate_starts(snapshot, 0.0, ends, {"b2": 500}, budget_s=30.0)
-    assert got.jobs["b2"].start == b2_start
+    ends = {"a0": 5000, "a1": 1000, "b1": 5000}
+    got = estimate_starts(snapshot, 0.0, ends, {"a2": 500, "b2": 500}, budget_s=30.0)
+    assert (got.jobs["a2"].start, got.jobs["b2"].start) == (a2_start, b2_start)
