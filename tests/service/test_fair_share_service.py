@@ -84,9 +84,9 @@ async def test_a_plan_that_used_the_gpus_alone_deserves_less_and_it_survives_a_r
         await rig.submit("user1", "/t/a")
     await rig.cycle()
     plans = rig.sched.figures
-    # U_a = 1, S_a = 1/2: F_a = 1/4, F_b = 1: /t/a deserves 4 x 1/5 of the 4 GPUs
-    assert plans["/t/a"].deserved.gpu == pytest.approx(0.8)
-    assert plans["/t/b"].deserved.gpu == pytest.approx(3.2)
+    # U_a = 1, S_a = 1/2: F_a = 1/4, F_b = 1, weights F ** 3: /t/a deserves 4 x 1/65 of the 4
+    assert plans["/t/a"].deserved.gpu == pytest.approx(4 / 65)
+    assert plans["/t/b"].deserved.gpu == pytest.approx(4 * 64 / 65)
     waiting = [
         r.reason for r in rig.store.jobs(states=("PENDING",)) if r.plan == "/t/a" and r.reason
     ]
