@@ -45,6 +45,7 @@ CNI_BIN = Path("/usr/lib/cni")
 SHIM = "containerd-shim-runc-v2"
 CGROUP_BASE = Path("/sys/fs/cgroup")
 NETNS_DIR = Path("/var/run/netns")
+CNI_CACHE = Path("/var/lib/cni")
 ENV_FLAG = "WMLA_K8S_REAL_NODE"
 
 
@@ -76,8 +77,10 @@ class RealNode:
         self.id = ident[:8]
         self.cgroup_root = f"/wmla-{self.id}"
         self.bridge = f"wmla{self.id[:8]}"  # at most 15 characters (IFNAMSIZ)
+        self.network = f"wmla-{self.id}"  # libcni's cache (/var/lib/cni) is keyed by it
         self.socket = self.dir / "containerd" / "containerd.sock"
         self.state_file = self.dir / "state.json"
+        self._containers: set[str] = set()  # the containers down() removed
 
     # -- paths -------------------------------------------------------------------------------
     @property
@@ -205,7 +208,7 @@ class RealNode:
         gateway = str(next(ipaddress.ip_network(subnet).hosts()))
         conf = {
             "cniVersion": "0.4.0",
-            "name": "wmla-devcluster",
+            "name": self.network,
             "plugins": [
                 {
                     "type": "bridge",
@@ -436,6 +439,7 @@ state = "{d / "state"}"
         netns: set[int] = set()
         if self.processes.running("containerd") is not None:
             netns = self._kill_containers()
+        self._forget_cni_results()
         self.processes.stop("containerd")
         for pid in self._shims():
             netns |= _netns_of_children(pid)
@@ -465,9 +469,19 @@ state = "{d / "state"}"
         for task in tasks:
             self._ctr("tasks", "delete", "-f", task, timeout=20)
         listed = self._ctr("containers", "ls", "-q", timeout=20).stdout.split()
+        self._containers = set(listed)
         for container in listed:
             self._ctr("containers", "delete", container, timeout=20)
         return netns
+
+    def _forget_cni_results(self) -> None:
+        """libcni's cached results of our pods' networks (no CNI DEL ran for them)."""
+        cache = CNI_CACHE / "results"
+        with contextlib.suppress(OSError):
+            for entry in cache.iterdir():
+                sandbox = entry.name.rsplit("-", 2)[-2] if entry.name.count("-") >= 2 else ""
+                if entry.name.startswith(f"{self.network}-") or sandbox in self._containers:
+                    entry.unlink()
 
     def _shims(self) -> list[int]:
         """The shims this containerd started (they name its address), by PID."""

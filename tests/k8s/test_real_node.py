@@ -158,6 +158,17 @@ def test_pod_with_its_users_subpath_sees_nothing_of_another_user(
     assert seen == {"mine": ["alice-secret.txt"], "found": ["/home/alice/alice-secret.txt"]}
 
 
+def test_a_node_that_cannot_start_fails_naming_the_component(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No cluster needed: the reason is one line with the component and what to do."""
+    monkeypatch.setattr(realnode, "CNI_BIN", tmp_path / "no-cni")
+    with pytest.raises(RealNodeError) as err:
+        LocalCluster(tmp_path / "k8s").real_node().up()
+    assert "real node: CNI: no " in str(err.value)
+    assert "containernetworking-plugins" in str(err.value)
+
+
 def _leftovers(node: RealNode) -> list[str]:
     """What of the node is still on the machine: processes, mounts, links, cgroups."""
     left = []
@@ -172,6 +183,9 @@ def _leftovers(node: RealNode) -> list[str]:
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     left += [f"link {node.bridge}"] if f" {node.bridge}:" in links else []
     left += [f"cgroup {d}" for d in node._cgroup_dirs() if d.exists()]
+    results = realnode.CNI_CACHE / "results"
+    if results.is_dir():
+        left += [f"cni {p}" for p in results.glob(f"{node.network}-*")]
     return left
 
 
