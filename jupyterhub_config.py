@@ -59,6 +59,11 @@ c.ConfigurableHTTPProxy.pid_file = str(VAR / "jupyterhub-proxy.pid")
 # var/hub-passwords.dbm* (0600). $WMLA_AUTHENTICATOR=pam (or ldapauthenticator, github, ...)
 # hands logins to another authenticator instead (hub_config/auth.py, docs/auth.md)
 configure_login(c, VAR, ADMINS)
+# API tokens expire (wmla logon's, the token page's): JupyterHub gives a token asked for
+# without expires_in this many seconds and refuses a longer one; a token that never expires
+# outlives the person's access (docs/auth.md "Tokens"). The site's settings file may change it
+# (0: no limit).
+c.JupyterHub.token_expires_in_max_seconds = 30 * 24 * 3600
 
 # -- notebook servers: local processes admitted by the user's plan (spawner/, docs/spawner.md);
 # each user's home is their storage folder (as root: owned by their own system account)

@@ -15,9 +15,11 @@ import shutil
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
+import requests
 
 from extension import cli, cli_client
 from tests.service.hub import PROXY, REPO, Client, Hub
@@ -325,6 +327,17 @@ def test_logon_then_the_installed_command_uses_the_saved_token(hub: Hub, as_user
     )
     assert code == 0 and out.startswith("logged on as user2 at "), err
     assert config.stat().st_mode & 0o777 == 0o600
+    # the saved token expires: in 30 days, the hub's maximum (jupyterhub_config.py)
+    saved = json.loads(config.read_text())["token"]
+    r = requests.get(
+        f"{hub.url}/hub/api/users/user2/tokens",
+        headers={"Authorization": f"token {saved}"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    (mine,) = [t for t in r.json()["api_tokens"] if t.get("note") == "wmla logon"]
+    expires = datetime.fromisoformat(mine["expires_at"].replace("Z", "+00:00")).timestamp()
+    assert abs(expires - (time.time() + 30 * 86400)) < 3600, mine
     env = {k: v for k, v in os.environ.items() if k not in CLEAN}
     env["WMLA_CONFIG"] = str(config)
     # the console script of the project's environment, exactly as a user runs it
