@@ -31,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
-            Builder().build(components.ALL if args.with_kueue else components.CLUSTER)
+            # the kubelet too: the real node's tests start it without downloading anything
+            wanted = (*components.CLUSTER, components.KUBELET)
+            Builder().build((*wanted, components.KUEUE) if args.with_kueue else wanted)
             return 0
         cluster = LocalCluster(Path(args.var), layout=args.layout)
         if args.command == "up":
