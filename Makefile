@@ -69,6 +69,8 @@ bench: install
 # scheduler, etcd, Volcano, the training operator and KWOK GPU nodes ($$WMLA_DEVICE_LAYOUT, e.g.
 # 4x8), built from Go modules into .cache/k8s/ when missing; admin kubeconfig var/k8s/kubeconfig,
 # the service's var/k8s/wmla-service.kubeconfig. Idempotent; k8s-down stops it by PID.
+# WMLA_K8S_REAL_NODE=1 k8s-up adds a real node (kubelet + Debian's containerd, as root):
+# real pods with the images built here; k8s-down stops it and cleans what it mounted and made.
 k8s-build: install
 	$(BIN)/python -m devcluster build
 
