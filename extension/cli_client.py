@@ -67,13 +67,24 @@ from extension.tables import (
     metrics_text,
     plain_text,
     plans_table,
+    quota_table,
     shares_table,
     state_line,
     usage_table,
 )
 
 COMMANDS = frozenset(
-    {"logon", "exec-start", "exec-get", "exec-stop", "exec-outLogs", "plans", "usage", "shares"}
+    {
+        "logon",
+        "exec-start",
+        "exec-get",
+        "exec-stop",
+        "exec-outLogs",
+        "plans",
+        "usage",
+        "shares",
+        "quota",
+    }
 )
 # dlicmd's spellings: ``dlicmd --exec-start PyTorch ...`` -> ``wmla exec-start PyTorch ...``
 DLICMD = {
@@ -176,7 +187,15 @@ def add_commands(sub: Any) -> None:
     usage.add_argument("--step", type=_step, help="seconds between points (at least 1)")
     usage.add_argument("--json", action="store_true")
     shares = _add_shares(sub)
-    for parser in (logon, get, stop, logs, plans, usage, shares):
+    quota = sub.add_parser(
+        "quota",
+        help="your storage quota: used, soft, hard, grace and files (as GPFS's mmlsquota)",
+        description="Your folder's storage quota as the kernel holds it. Plan admins see "
+        "every user's (as mmrepquota), or one with --user.",
+    )
+    quota.add_argument("--user", help="one user's (plan admins only)")
+    quota.add_argument("--json", action="store_true")
+    for parser in (logon, get, stop, logs, plans, usage, shares, quota):
         parser.add_argument(
             "--retry-seconds",
             type=retry_seconds,
@@ -312,6 +331,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             return 0
         if name == "shares":
             return _shares(client, args, out)
+        if name == "quota":
+            answer = client.storage(user=args.user)
+            _emit(out, args.json, answer, lambda: quota_table(answer))
+            return 0
     except OptionsError as e:
         text = str(e)
         print(text if text.startswith("wmla ") else f"wmla {name}: {text}", file=err)

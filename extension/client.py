@@ -251,6 +251,10 @@ class WmlaClient:
         """Every plan's fair-share row under ``plan`` (sshare's columns; ``wmla shares``)."""
         return self.request("GET", "shares", params={"plan": plan}, what="fair shares")
 
+    def storage(self, user: str | None = None) -> dict:
+        """Storage quotas (``wmla quota``): the caller's, or everyone's for a plan admin."""
+        return self.request("GET", "storage", params={"user": user}, what="storage quotas")
+
     def reset_shares(self) -> dict:
         """Forget all usage (plan admins): the rows after the reset."""
         return self.request("POST", "shares/reset", what="resetting the usage history")

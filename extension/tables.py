@@ -271,3 +271,47 @@ def shares_table(answer: Mapping[str, Any]) -> str:
     if hidden:
         lines.append(f"({hidden} other users' leaves not shown; their usage counts in their plans)")
     return "\n".join(line for line in lines if line)
+
+
+def quota_table(answer: Mapping[str, Any]) -> str:
+    """mmlsquota's columns, a row per user folder, and why quotas are not held if they are not."""
+    rows = []
+    for r in answer.get("users", []):
+        if not r.get("enforced"):
+            rows.append((r["user"], "-", "-", "-", "-", "-", "-", "-", r.get("reason", "")))
+            continue
+        left = r.get("grace_left")
+        grace = "none" if left is None else ("expired" if left <= 0 else format_seconds(left))
+        rows.append(
+            (
+                r["user"],
+                size_text(r["used_bytes"]),
+                size_text(r["soft_storage"]),
+                size_text(r["storage"]),
+                grace,
+                str(r["used_files"]),
+                str(r["soft_files"]),
+                str(r["files"]),
+                r["state"],
+            )
+        )
+    header = ("User", "Used", "Soft", "Hard", "Grace", "Files", "Soft", "Hard", "State")
+    lines = [table(header, rows) if rows else "no storage quotas"]
+    if not answer.get("enforced", True):
+        lines.append(f"storage quotas are not held here: {answer.get('reason')}")
+    return "\n".join(lines)
+
+
+def size_text(amount: int) -> str:
+    """Bytes in binary units, three figures (``1.5 GiB``)."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if amount >= size:
+            return f"{amount / size:.3g} {unit}"
+    return f"{amount} B"
+
+
+def format_seconds(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"

@@ -26,6 +26,8 @@ from extension.scheduler import (
     check_submission,
 )
 from extension.scheduler.plans import ROOT, leaf_path, parent_of
+from extension.storage.images import StorageError
+from extension.storage.quotas import StorageQuotas
 from extension.userfs.accounts import AccountError, ensure_folder
 from extension.userfs.errors import UserFileError
 from extension.userfs.files import UserFiles, off_loop
@@ -109,6 +111,7 @@ class ActionState(Protocol):
     backend: Backend | None
     pending_cap: PendingCap
     storage_root: Path
+    storage: StorageQuotas | None
     python: str
     lock: asyncio.Lock
     clock: Callable[[], float]
@@ -239,6 +242,11 @@ class Actions:
         the backend runs jobs as the users, their account and private folder are made here
         when missing (``files_for``). In a thread: that runs helpers."""
         if sub.resolved:
+            if self.state.storage is not None and self.state.storage.enforced:
+                try:  # a notebook: its folder and quota are ready before its server starts
+                    await off_loop(self.files_for, caller.name, True)
+                except (UserFileError, AccountError) as err:
+                    raise SubmissionError(str(err)) from None
             return sub
         return await off_loop(self._resolved, caller.name, sub)
 
@@ -411,6 +419,11 @@ class Actions:
         account = self.state.backend.account_for(user, home=str(folder) if create else None)
         if create:
             ensure_folder(self.state.storage_root, user, account)
+            if self.state.storage is not None:
+                try:  # the folder on its own filesystem, with the user's quota
+                    self.state.storage.attach(user, account)
+                except (StorageError, OSError) as err:
+                    raise AccountError(f"your storage could not be set up: {err}") from None
         return UserFiles.of(account)
 
     async def visible_job(self, caller: Caller, job_id: str) -> JobRow:

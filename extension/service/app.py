@@ -9,6 +9,7 @@ or on the command line (``--WmlaService.x=...``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import gc
 import json
@@ -24,7 +25,13 @@ from tornado.httpserver import HTTPServer
 from traitlets import Bool, Dict, Float, Int, TraitError, Unicode, Union, default, validate
 from traitlets.config import Application, Config
 
+from extension.backends.local import LocalBackend
 from extension.scheduler import UNLIMITED, Resources, SchedulerConfig
+from extension.storage.images import UserImages
+from extension.storage.limits import LimitError, QuotaPolicy
+from extension.storage.quotas import StorageQuotas
+from extension.storage.web import StorageCollector
+from extension.userfs.files import off_loop
 from extension.userfs.pool import close_helpers
 
 from .backend_setup import build_backend
@@ -107,6 +114,49 @@ class WmlaService(Application):
     def _storage_root(self) -> str:
         return os.environ.get("WMLA_STORAGE_ROOT") or str(Path("var/storage").resolve())
 
+    default_storage_quota = Union(
+        [Unicode(), Dict()],
+        config=True,
+        help="""Each user folder's storage quota, held by the kernel (docs/security.md,
+        "Storage quotas"): a hard byte limit ("50Gi"), or {"storage": "50Gi", "files": 100000,
+        "soft_storage": "40Gi", "soft_files": 80000, "grace": "7d"}. Empty: no quota, except
+        where storage_quotas names the user's plans. Needs the service to run as root.
+        $WMLA_STORAGE_QUOTA sets it.
+
+        c.WmlaService.default_storage_quota = "50Gi"
+        """,
+    )
+
+    @default("default_storage_quota")
+    def _default_storage_quota(self) -> str:
+        return os.environ.get("WMLA_STORAGE_QUOTA", "")
+
+    storage_quotas = Dict(
+        config=True,
+        help="""Storage quotas by plan: the limits (as default_storage_quota's) of every user
+        leaf under each plan; a user with leaves under several plans gets the most generous.
+
+        c.WmlaService.storage_quotas = {"/research": {"storage": "200Gi", "files": 1000000}}
+        """,
+    )
+    storage_quota_dir = Unicode(
+        config=True,
+        help="""Where the users' storage images live and are mounted (root's alone); on a
+        filesystem other than the store's, if the images are not to share its space.
+
+        c.WmlaService.storage_quota_dir = "/var/lib/wmla-storage"
+        """,
+    )
+
+    @default("storage_quota_dir")
+    def _storage_quota_dir(self) -> str:
+        return os.environ.get("WMLA_STORAGE_QUOTA_DIR") or str(Path(self.state_dir) / "storage")
+
+    storage_check_seconds = Float(
+        10.0,
+        config=True,
+        help="""How often the storage quotas' soft limits and grace periods are checked.""",
+    )
     backend_class = Unicode(
         "extension.backends.local.LocalBackend",
         config=True,
@@ -450,6 +500,12 @@ class WmlaService(Application):
                 "wmla: c.WmlaService.quota jobs must be a whole number >= 1, "
                 f"got {self._max_jobs!r}"
             )
+        try:
+            self._quota_policy = QuotaPolicy.from_config(
+                self.default_storage_quota, self.storage_quotas
+            )
+        except LimitError as err:
+            raise SystemExit(f"wmla: {err}") from None
         self.prepare_folders()
 
     def prepare_folders(self) -> None:
@@ -461,14 +517,36 @@ class WmlaService(Application):
         make_dir(self.state_dir, PRIVATE_DIR)
         # the store holds every job's environment: other accounts must not read a byte of it,
         # whatever mode an older version or an admin's cp left behind
-        fix = privatize_tree(self.state_dir, keep_out=[self.storage_root])
+        # the storage images' mounts hold users' files: never walked either
+        quota_mounts = Path(self.storage_quota_dir) / "mnt"
+        fix = privatize_tree(self.state_dir, keep_out=[self.storage_root, quota_mounts])
         for warning in fix.warnings(self.state_dir):
             self.log.warning(warning)
 
     def security_report(self) -> dict[str, Any]:
         """How well this machine keeps users apart (privacy.security_report)."""
         backend = getattr(getattr(self, "scheduler", None), "backend", None)
-        return security_report(self.state_dir, self.storage_root, backend)
+        report = security_report(self.state_dir, self.storage_root, backend)
+        storage = getattr(self, "storage", None)
+        if storage is not None:
+            held = {"enforced": storage.enforced, "how": "an ext4 image per user folder"}
+            if not storage.enforced:
+                held["how"] = storage.problem
+                if storage.policy.enabled:
+                    report["warnings"].append(f"storage quotas are not held: {storage.problem}")
+            report["enforced"]["storage"] = held
+        return report
+
+    def make_storage(self) -> StorageQuotas:
+        """The users' storage quotas (extension/storage), over the plans' user leaves."""
+        images = UserImages(self.storage_quota_dir, self.storage_root)
+        sched = self.scheduler  # its plan tree is replaced at each change: read it each time
+        return StorageQuotas(
+            self._quota_policy,
+            images,
+            lambda user: [p.path for p in sched.plans if p.user_leaf and p.name == user],
+            self.log,
+        )
 
     def make_backend(self, emit: Any) -> Any:
         return build_backend(
@@ -524,7 +602,13 @@ class WmlaService(Application):
         self.meter.attach(self.scheduler)
         # the C heap's free pages back to the system now and then (heap.py; issue 31)
         self.scheduler.cycle_hooks.append(HeapTrim(self.log).after_cycle)
+        self.storage = self.make_storage()
+        await off_loop(self.storage.start)
+        self.scheduler.storage = self.storage
+        self.meter.registry.register(StorageCollector(self.storage))
         backend = self.make_backend(self.scheduler.emit)
+        if isinstance(backend, LocalBackend):  # a job that failed of its quota says so
+            backend.accounts.storage_reason = self.storage.reason
         await self.scheduler.start(backend)
         for warning in self.security_report()["warnings"]:
             self.log.warning("\n!!! wmla: %s", warning)
@@ -561,7 +645,9 @@ class WmlaService(Application):
                 self.scheduler, hub_fetch(*hub), self.reconcile_seconds, self.reconcile_grace, stop
             )
             asyncio.ensure_future(reconciler)
+        checks = asyncio.ensure_future(self.check_storage(stop))
         await stop.wait()
+        checks.cancel()
         self.log.info("wmla service stopping")
         self.http.stop()
         await self.scheduler.stop()
@@ -569,6 +655,18 @@ class WmlaService(Application):
         watcher.cancel()
         self.lease.release()
         self.store.close()
+
+    async def check_storage(self, stop: asyncio.Event) -> None:
+        """Soft limits, grace periods and changed limits, every storage_check_seconds."""
+        if not self.storage.enforced:
+            return
+        while not stop.is_set():
+            try:
+                await off_loop(self.storage.check)
+            except Exception:  # a check must not end the checks
+                self.log.exception("storage quota check failed")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.storage_check_seconds)
 
     def start(self) -> None:
         asyncio.run(self.run())

@@ -48,6 +48,7 @@ from extension.scheduler import (
     Snapshot,
     schedule,
 )
+from extension.storage.quotas import StorageQuotas
 from extension.userfs.files import UserFiles
 from extension.webapi import Caller
 
@@ -106,6 +107,7 @@ class Scheduler:
         self.clock = clock
         self.log = log or logging.getLogger("wmla.service")
         self.backend: Backend | None = None
+        self.storage: StorageQuotas | None = None  # the users' storage quotas, when held
         self.instance = Instance(())
         self.plans = PlanTree()
         self.members: dict[str, tuple[list[str], list[str]]] = {}

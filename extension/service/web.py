@@ -15,6 +15,7 @@ from tornado.httpserver import HTTPServer
 
 from extension.metering.handlers import metering_routes
 from extension.service.admin import admin_routes
+from extension.storage.web import storage_routes
 from extension.webapi import APIError, APIHandler
 
 from .handlers import IndexHandler, routes
@@ -53,6 +54,7 @@ def web_application(service: Any, prefix: str) -> web.Application:
             *share_routes(prefix),  # fair share: GET shares, shares/history, POST shares/reset
             *metering_routes(prefix),
             *admin_routes(prefix),  # the plan admin page (extension/service/admin)
+            *storage_routes(prefix),  # GET storage: the users' storage quotas
         ],
         default_handler_class=NotFoundHandler,
         cookie_secret=secrets.token_bytes(32),

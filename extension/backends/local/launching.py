@@ -150,8 +150,7 @@ class Launcher:
         self._prepare_files(spec, account, command)
         return Ready(account, command, hub_paths)
 
-    @staticmethod
-    def _prepare_files(spec: JobSpec, account: Account | None, command: list[str]) -> None:
+    def _prepare_files(self, spec: JobSpec, account: Account | None, command: list[str]) -> None:
         """The job directory made and the program checked as the account, one round trip to
         its helper (in-process when there is no account: nothing to check then)."""
         files = UserFiles.of(account)
@@ -163,7 +162,10 @@ class Launcher:
             path = os.environ.get("PATH", "")
             problem = files.prepare_start(spec.workdir, command[0], script, path)
         except UserFileError as err:
-            raise StartError(f"job {spec.id}: {err}") from None
+            storage = self.accounts.storage_reason(spec.user)  # its folder at its quota?
+            raise StartError(
+                f"job {spec.id}: {err}" + (f": {storage}" if storage else "")
+            ) from None
         if problem:
             raise StartError(
                 f"job {spec.id}: user {account.name!r} {problem}; put it where the account can "

@@ -226,6 +226,9 @@ class Supervisor:
         memory = self.cgroups.memory_reason(worker.cgroup, worker.rank)
         if memory:  # the kernel killed it (or one of its processes) at its memory limit
             why = memory if worker.exit_code == -signal.SIGKILL else f"{why}: {memory}"
+        storage = self.accounts.storage_reason(gang.user) if worker.exit_code else None
+        if storage:  # its folder is at a limit the kernel holds: most likely why it failed
+            why = f"{why}: {storage}"
         error = worker.exit_info.get("error")
         if error:  # the launcher could not even start it (its log may not exist)
             why = f"{why}: it could not be started: {error}"

@@ -1,0 +1,264 @@
+"""Storage quotas held by the kernel (issue 39): each user folder is its own ext4 image,
+mounted by a real hub's service as root; the users' jobs run as their own system accounts and
+write past their limits. Cases: the hard limit stops a job with a clear reason while another
+tenant's job finishes and the service goes on; the soft limit and its grace; the files limit;
+a restart keeps everything; what ``wmla quota`` and ``GET /storage`` say agrees with ``du``
+and the kernel; and, without a hub, a lowered limit below use and a folder swapped for a link.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from extension.storage.images import StorageError, UserImages, mounted_at
+from extension.storage.limits import parse_limits
+from extension.userfs.accounts import create_account
+from tests.security.accounts import remove_accounts
+from tests.service.hub import PROXY, Client, Hub
+
+AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("useradd") is not None
+pytestmark = [
+    pytest.mark.skipif(not PROXY.exists(), reason="configurable-http-proxy is missing"),
+    pytest.mark.skipif(not AS_ROOT, reason="images are mounted by a service run as root"),
+]
+PREFIX = f"sq{secrets.token_hex(3)}-"
+USERS = ("user1", "user2")
+MiB = 2**20
+QUOTA = {"storage": "64Mi", "soft_storage": "40Mi", "files": 300, "grace": 3}
+
+WRITER = r"""
+import errno, json, os, sys
+mode, amount = sys.argv[1], int(sys.argv[2])
+job = os.environ["WMLA_JOB_DIR"]
+out = {}
+try:
+    if mode == "bytes":  # amount MiB into the user's folder
+        with open(os.path.join(job, "..", "..", f"data-{os.getpid()}"), "wb") as f:
+            for _ in range(amount):
+                f.write(b"x" * (1 << 20))
+                f.flush()
+                os.fsync(f.fileno())
+    elif mode == "files":
+        folder = os.path.join(job, "many")
+        os.mkdir(folder)
+        for n in range(amount):
+            open(os.path.join(folder, str(n)), "w").close()
+    out["ok"] = True
+except OSError as err:
+    out["error"] = errno.errorcode[err.errno]
+    json.dump(out, open(os.path.join(job, "result.json"), "w"))
+    raise
+json.dump(out, open(os.path.join(job, "result.json"), "w"))
+"""
+
+
+def account(user: str) -> str:
+    return PREFIX + user
+
+
+@pytest.fixture(scope="module")
+def hub():
+    tmp = Path(tempfile.mkdtemp(prefix="wmla-quota-hub-"))
+    os.chmod(tmp, 0o711)
+    traits = {"tick": 1, "grace": 1, "device_layout": "1x4", "cpu_oversubscription": 4}
+    traits["backend_options"] = {"account_template": PREFIX + "{username}"}
+    traits["default_storage_quota"] = QUOTA
+    traits["storage_check_seconds"] = 0.5
+    hub = Hub(tmp, traits)
+    created = []
+    images = UserImages(hub.var / "wmla" / "storage", hub.storage)
+    try:
+        for user in USERS:
+            created.append(create_account(account(user), hub.storage / user).name)
+        hub.start()
+        hub.clients = {name: Client(hub, hub.user_token(name)) for name in ("admin", *USERS)}
+        for user in USERS:  # the first submission makes the folder, on its image
+            r = hub.clients[user].post("/jobs", json=body("bytes", "0"))
+            assert r.status_code == 400 and "code" in r.text, r.text
+            code = hub.storage / user / "code"
+            code.mkdir()
+            (code / "writer.py").write_text(WRITER)
+            uid = os.stat(hub.storage / user).st_uid
+            for path in (code, code / "writer.py"):
+                os.chown(path, uid, uid)
+        yield hub
+    finally:
+        hub.stop()
+        problems = images.unmount_all()
+        remove_accounts(created)
+        shutil.rmtree(tmp, ignore_errors=True)
+        assert not problems, problems
+
+
+def body(*args: str, memory: str = "128Mi") -> dict:
+    return {
+        "plan": "/sample-project/training",
+        "resources": {"gpu": 0, "cpu": "500m", "memory": memory},
+        "command": {"model_dir": "code", "model_main": "writer.py", "args": list(args)},
+    }
+
+
+def run(client: Client, job: dict, timeout: float = 60) -> tuple[dict, dict]:
+    r = client.post("/jobs", json=job)
+    assert r.status_code == 201, r.text
+    done = client.wait_state(r.json()["id"], {"FINISHED", "FAILED", "CANCELLED"}, timeout)
+    result = Path(done["workdir"]) / "result.json"
+    return done, json.loads(result.read_text()) if result.exists() else {}
+
+
+def clean(hub: Hub, user: str) -> None:
+    """The user deletes what the jobs wrote, from their terminal: a folder at its limit has no
+    room for a new job's directory, so no job could."""
+    folder = hub.storage / user
+    done = as_user(os.stat(folder).st_uid, f"rm -f {folder}/data-*")
+    assert done.returncode == 0, done.stderr
+
+
+def storage_of(client: Client) -> dict:
+    r = client.get("/storage")
+    assert r.status_code == 200, r.text
+    (mine,) = r.json()["users"]
+    return mine
+
+
+def test_each_folder_is_its_own_filesystem_and_the_instance_says_so(hub: Hub) -> None:
+    for user in USERS:
+        assert mounted_at(hub.storage / user), f"{user}'s folder is not a mount"
+    security = hub.clients["user1"].get("/instance").json()["security"]
+    assert security["enforced"]["storage"]["enforced"], security
+    mine = storage_of(hub.clients["user1"])
+    assert mine["user"] == "user1" and mine["storage"] == 64 * MiB and mine["files"] == 300
+
+
+def test_the_hard_limit_fails_a_job_with_a_reason_while_the_other_tenant_finishes(
+    hub: Hub,
+) -> None:
+    job, result = run(hub.clients["user1"], body("bytes", "100"))
+    assert job["state"] == "FAILED", job
+    assert result.get("error") in ("ENOSPC", "EDQUOT"), result
+    assert "storage quota" in job["reason"] and "free space or ask for more" in job["reason"]
+    other, result = run(hub.clients["user2"], body("bytes", "8"))
+    assert other["state"] == "FINISHED", (other, result)
+    assert requests.get(hub.api + "/health", timeout=10).json()["ok"]
+    assert hub.clients["user1"].get("/plans").status_code == 200
+    clean(hub, "user1")
+    assert storage_of(hub.clients["user1"])["used_bytes"] < 2 * MiB
+
+
+def test_the_soft_limit_holds_after_its_grace_and_lets_go_once_under(hub: Hub) -> None:
+    user2 = hub.clients["user2"]
+    job, _ = run(user2, body("bytes", "44"))  # over 40 MiB soft, under 64 MiB hard
+    assert job["state"] == "FINISHED", job
+    mine = storage_of(user2)
+    assert mine["state"] == "over soft limit, in grace" and 0 < mine["grace_left"] <= 3, mine
+    assert mine["held_bytes"] == 64 * MiB
+    time.sleep(4)
+    mine = storage_of(user2)
+    assert mine["state"] == "over soft limit, grace expired", mine
+    assert mine["held_bytes"] == 40 * MiB
+    job, _ = run(user2, body("bytes", "4"))  # room under the hard limit, none now
+    assert job["state"] == "FAILED" and "40 MiB storage quota" in job["reason"], job
+    # no job starts now (its folder cannot be made): the user deletes from their terminal
+    clean(hub, "user2")
+    time.sleep(1.5)  # the next check gives the hard limit back
+    mine = storage_of(user2)
+    assert mine["state"] == "under" and mine["held_bytes"] == 64 * MiB, mine
+
+
+def test_the_files_limit_holds(hub: Hub) -> None:
+    job, _ = run(hub.clients["user1"], body("files", "400"))  # no inode left for its result
+    assert job["state"] == "FAILED" and "No space left on device" in job["reason"], job
+    assert "more than its 300 files allowed" in job["reason"], job["reason"]
+    mine = storage_of(hub.clients["user1"])
+    assert mine["used_files"] == 300 and mine["state"] == "at hard limit", mine
+    shutil.rmtree(Path(job["workdir"]) / "many")  # as an admin would
+
+
+def test_quota_and_the_api_agree_with_du_and_the_kernel(hub: Hub) -> None:
+    job, _ = run(hub.clients["user1"], body("bytes", "10"))
+    assert job["state"] == "FINISHED", job
+    folder = hub.storage / "user1"
+    du = subprocess.run(["du", "-s", "--block-size=1", str(folder)], capture_output=True,
+                        text=True, check=True)  # fmt: skip
+    used = int(du.stdout.split()[0])
+    mine = storage_of(hub.clients["user1"])
+    assert abs(mine["used_bytes"] - used) <= 64 * 1024, (mine, used)
+    vfs = os.statvfs(folder)
+    assert vfs.f_bavail * vfs.f_frsize == mine["held_bytes"] - mine["used_bytes"]
+    env = {**os.environ, "WMLA_URL": hub.url, "WMLA_TOKEN": hub.user_token("user1")}
+    wmla = Path(sys.executable).parent / "wmla"
+    done = subprocess.run([str(wmla), "quota"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("user1 ")]
+    assert "64 MiB" in line and "40 MiB" in line and " 300 " in line, done.stdout
+    assert hub.clients["user1"].get("/storage", params={"user": "user2"}).status_code == 403
+    everyone = hub.clients["admin"].get("/storage").json()["users"]
+    assert {r["user"] for r in everyone} >= set(USERS)
+    auth = {"Authorization": f"token {hub.user_token('admin')}"}
+    metrics = requests.get(hub.api.rsplit("/api/v1", 1)[0] + "/metrics", headers=auth, timeout=10)
+    assert 'wmla_storage_used_bytes{user="user1"}' in metrics.text
+
+
+def test_a_restart_keeps_the_folders_their_files_and_their_limits(hub: Hub) -> None:
+    before = storage_of(hub.clients["user1"])
+    hub.restart()
+    assert mounted_at(hub.storage / "user1")
+    after = storage_of(hub.clients["user1"])
+    assert after["used_bytes"] == before["used_bytes"] and after["storage"] == 64 * MiB
+    job, _ = run(hub.clients["user1"], body("bytes", "100"))
+    assert job["state"] == "FAILED" and "storage quota" in job["reason"], job
+    clean(hub, "user1")
+
+
+# -- the images alone, as root (no hub) ------------------------------------------------------
+@pytest.fixture
+def images():
+    base = Path(tempfile.mkdtemp(prefix="wmla-quota-"))  # pytest's tmp is 0700: no account gets in
+    os.chmod(base, 0o711)
+    root = base / "storage"
+    root.mkdir(mode=0o711)
+    made = UserImages(base / "quota", root)
+    yield made
+    problems = made.unmount_all()
+    shutil.rmtree(base, ignore_errors=True)
+    assert not problems
+
+
+def as_user(uid: int, script: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                           "sh", "-c", script], capture_output=True, text=True)  # fmt: skip
+
+
+def test_a_limit_lowered_below_use_refuses_writes_until_under(images: UserImages) -> None:
+    (images.storage_root / "ann").mkdir(mode=0o700)
+    folder = images.ensure("ann", 54321, 54321, parse_limits("64Mi", "t"))
+    assert as_user(54321, f"head -c 40M /dev/zero > {folder}/a").returncode == 0
+    held = images.hold("ann", 32 * MiB, 1000)
+    assert held.free_bytes == 0 and held.used_bytes >= 40 * MiB
+    assert as_user(54321, f"head -c 1M /dev/zero > {folder}/b").returncode != 0
+    assert as_user(54321, f"rm {folder}/a {folder}/b").returncode == 0
+    held = images.hold("ann", 32 * MiB, 1000)
+    assert abs(held.free_bytes - (32 * MiB - held.used_bytes)) <= 2 * 4096  # ext4's own blocks
+    assert as_user(54321, f"head -c 1M /dev/zero > {folder}/c").returncode == 0
+
+
+def test_a_folder_swapped_for_a_link_is_refused_and_nothing_is_mounted_there(
+    images: UserImages,
+) -> None:
+    target = images.quota_dir.parent / "secret"
+    target.mkdir()
+    (images.storage_root / "bob").symlink_to(target)
+    with pytest.raises(StorageError, match="not a folder"):
+        images.ensure("bob", 54322, 54322, parse_limits("64Mi", "t"))
+    assert not mounted_at(target) and not mounted_at(images.storage_root / "bob")
