@@ -358,43 +358,33 @@ def worth_reserving(state: CycleState, job: Job, leaf: PlanNode) -> bool:
 def starved_gang(state: CycleState) -> tuple[Job, PlanNode] | None:
     """Admission 6: the pending gang submitted longest ago, more than ``max_gang_wait`` ago
     (then by id), among those smaller work could overtake (``overtaken_by_smaller``), with
-    its leaf; a plan held back this cycle offers none. With usage history on, the gangs of
-    plans whose fair-share factor along their path is higher (in tenths) go first. A
+    its leaf; a plan held back this cycle offers none, and with usage history on, neither
+    does a gang whose start would make a plan on its path borrow (``keeps_within``). A
     one-worker job of a plan at its share waits its turn in the fair order however long that
     is: it is never overtaken by smaller work."""
     latest = state.now - state.config.max_gang_wait
     standing = state.standing  # usage history weighs the shares: see below
-    best: tuple[float, float, str, Job, PlanNode] | None = None
+    best: tuple[float, str, Job, PlanNode] | None = None
     for plan in state.bottom_up:
         if not plan.pending:
             continue
-        # with usage history, the gangs of a plan that used less of its share go first (its
-        # fair-share factors along its path, in tenths), then by age: by age alone the team
-        # that had the cluster to itself, whose backlog is the oldest, is served first at
-        # every level of load (issue 41)
-        band = -round(chain_factor(standing, plan), 1) if standing else 0.0
         for (w, n, _), jobs in plan.buckets.items():
+            within: bool | None = None  # the bucket's: the same leaf and minimum gang
             for job in jobs:
                 since = job.submitted
-                if since > latest:
+                if since > latest or (best is not None and (since, job.id) >= best[:2]):
                     continue
-                key = (band, since, job.id)
-                if best is not None and key >= best[:3]:
+                if standing and within is None:
+                    within = keeps_within(state, plan, job)
+                if within is False:
+                    # usage history on: a gang whose start would make its plan borrow waits
+                    # its turn in the fair order; by age alone the team that had the cluster
+                    # to itself, whose backlog is the oldest, would be served one gang a
+                    # cycle at every level of load (issue 41)
                     continue
                 if overtaken_by_smaller(state, w, n) and not held_back(state, plan):
-                    best = (*key, job, plan)
-    return None if best is None else (best[3], best[4])
-
-
-def chain_factor(standing: dict, plan: PlanNode) -> float:
-    """The product of the fair-share factors on ``plan``'s path (Deserved share 2): 1 for a
-    plan whose every level used no more than nothing, smaller the more it used."""
-    out = 1.0
-    for p in plan.chain:
-        got = standing.get(p.path)
-        if got is not None:
-            out *= got.factor
-    return out
+                    best = (since, job.id, job, plan)
+    return None if best is None else (best[2], best[3])
 
 
 def overtaken_by_smaller(state: CycleState, w: tuple, n: int) -> bool:
