@@ -359,9 +359,10 @@ def starved_gang(state: CycleState) -> tuple[Job, PlanNode] | None:
     """Admission 6: the pending gang submitted longest ago, more than ``max_gang_wait`` ago
     (then by id), among those smaller work could overtake (``overtaken_by_smaller``), with
     its leaf; a plan held back this cycle offers none, and with usage history on, neither
-    does a gang whose start would make a plan on its path borrow (``keeps_within``). A
-    one-worker job of a plan at its share waits its turn in the fair order however long that
-    is: it is never overtaken by smaller work."""
+    does a gang of a plan that used more than its share (``over_used``) whose start would
+    make a plan on its path borrow (``keeps_within``). A one-worker job of a plan at its
+    share waits its turn in the fair order however long that is: it is never overtaken by
+    smaller work."""
     latest = state.now - state.config.max_gang_wait
     standing = state.standing  # usage history weighs the shares: see below
     best: tuple[float, str, Job, PlanNode] | None = None
@@ -369,22 +370,32 @@ def starved_gang(state: CycleState) -> tuple[Job, PlanNode] | None:
         if not plan.pending:
             continue
         for (w, n, _), jobs in plan.buckets.items():
-            within: bool | None = None  # the bucket's: the same leaf and minimum gang
+            first: bool | None = None  # the bucket's: the same leaf and minimum gang
             for job in jobs:
                 since = job.submitted
                 if since > latest or (best is not None and (since, job.id) >= best[:2]):
                     continue
-                if standing and within is None:
-                    within = keeps_within(state, plan, job)
-                if within is False:
-                    # usage history on: a gang whose start would make its plan borrow waits
-                    # its turn in the fair order; by age alone the team that had the cluster
-                    # to itself, whose backlog is the oldest, would be served one gang a
-                    # cycle at every level of load (issue 41)
+                if standing and first is None:
+                    first = not over_used(standing, plan) or keeps_within(state, plan, job)
+                if first is False:
+                    # usage history on: a gang of a plan that used more than its share, whose
+                    # start would make it borrow, waits its turn in the fair order; by age
+                    # alone the team that had the cluster to itself, whose backlog is the
+                    # oldest, would be served a gang a cycle at every level of load (issue 41)
                     continue
                 if overtaken_by_smaller(state, w, n) and not held_back(state, plan):
                     best = (since, job.id, job, plan)
     return None if best is None else (best[2], best[3])
+
+
+def over_used(standing: dict, plan: PlanNode) -> bool:
+    """A plan on ``plan``'s path used more than its share among its siblings (``U/S`` above 1,
+    Deserved share 2)."""
+    for p in plan.chain:
+        got = standing.get(p.path)
+        if got is not None and got.usage_over_share > 1.0:
+            return True
+    return False
 
 
 def overtaken_by_smaller(state: CycleState, w: tuple, n: int) -> bool:
