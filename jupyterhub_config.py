@@ -110,6 +110,11 @@ service_config = {
 }
 if os.environ.get("WMLA_DEVICE_LAYOUT"):
     service_config["device_layout"] = os.environ["WMLA_DEVICE_LAYOUT"]
+# each user's folder its own filesystem, its size held by the kernel (docs/security.md
+# "Storage quotas"); as root, 10 GiB unless $WMLA_STORAGE_QUOTA says otherwise ("" turns it off)
+STORAGE_QUOTA = os.environ.get("WMLA_STORAGE_QUOTA", "10Gi" if os.geteuid() == 0 else "")
+if STORAGE_QUOTA:
+    service_config["default_storage_quota"] = STORAGE_QUOTA
 service_env: dict[str, str] = {}
 if os.environ.get("WMLA_BACKEND"):
     # "kubernetes": the local cluster of `make k8s-up` (hub_config/kubernetes.py)

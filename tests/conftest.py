@@ -8,6 +8,7 @@ why; ``-m "not postgresql"`` leaves them out.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,10 @@ import pytest
 from extension.service.store import sqlite_url
 
 from .pg import PostgresServer, unavailable
+
+# The hubs of the suite run jupyterhub_config.py as root, where each user folder would get a
+# storage image (10 GiB by default): only the tests about storage quotas ask for them
+os.environ.setdefault("WMLA_STORAGE_QUOTA", "")
 
 DATABASES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)]
 

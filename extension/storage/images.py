@@ -189,7 +189,7 @@ class UserImages:
         with self.lock(user):
             self._mount(user, uid, gid, limits)
             self.hold(user, limits.bytes_hard, limits.files_hard)
-            self._bind(user)
+            self._bind(user, uid, gid)
         return self.storage_root / user
 
     def _mount(self, user: str, uid: int, gid: int, limits: StorageLimits) -> None:
@@ -243,35 +243,79 @@ class UserImages:
             Sidecar(uid, gid, (vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize,
                     vfs.f_files - vfs.f_ffree).write(side)  # fmt: skip
 
-    def _bind(self, user: str) -> None:
+    def _bind(self, user: str, uid: int, gid: int) -> None:
         root_fd = os.open(self.storage_root, _DIR_FLAGS)
         try:
-            try:
-                fd = os.open(user, _DIR_FLAGS, dir_fd=root_fd)
-            except FileNotFoundError:
-                raise StorageError(f"{self.storage_root / user} is missing") from None
-            except OSError:  # ELOOP: a link; ENOTDIR: a file
-                raise StorageError(
-                    f"{self.storage_root / user} is not a folder (a link or a file); refusing "
-                    "to bind the user's storage there: move it away"
-                ) from None
-        finally:
-            os.close(root_fd)
-        try:
-            here = os.fstat(fd)
+            fd = _open_folder(root_fd, user, self.storage_root)
             data = os.stat(self.mount_point(user) / "data")
+            here = os.fstat(fd)
             if (here.st_dev, here.st_ino) == (data.st_dev, data.st_ino):
                 self._bound[user] = here.st_dev
+                os.close(fd)
                 return
-            if os.listdir(fd):
-                raise StorageError(
-                    f"{self.storage_root / user} already holds files from before storage "
-                    "quotas; move them out (or into the user's quota by hand) and try again"
-                )
-            _mount_bind(str(self.mount_point(user) / "data"), fd)
+            old = None
+            if os.listdir(fd):  # from before quotas: moved aside, then copied in as the user
+                if here.st_uid != uid:
+                    os.close(fd)
+                    raise StorageError(
+                        f"{self.storage_root / user} holds files and is not the user's "
+                        f"(owner uid {here.st_uid}); move it away"
+                    )
+                os.close(fd)
+                old = self._move_aside(root_fd, user, uid, gid)
+                fd = _open_folder(root_fd, user, self.storage_root)
+            try:
+                _mount_bind(str(self.mount_point(user) / "data"), fd)
+            finally:
+                os.close(fd)
             self._bound[user] = data.st_dev
         finally:
+            os.close(root_fd)
+        if old is not None:
+            self._copy_in(old, user, uid, gid)
+
+    def _move_aside(self, root_fd: int, user: str, uid: int, gid: int) -> Path:
+        """``<root>/<user>`` renamed into ``<root>/.wmla-before-quota/`` (names in root's
+        folders: nothing to follow), and an empty folder of the user's in its place."""
+        holder = ".wmla-before-quota"
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(holder, 0o711, dir_fd=root_fd)
+        hold_fd = _open_folder(root_fd, holder, self.storage_root)
+        try:
+            if os.fstat(hold_fd).st_uid != os.geteuid():
+                raise StorageError(f"{self.storage_root / holder} is not root's; move it away")
+            os.fchmod(hold_fd, 0o711)
+            os.rename(user, user, src_dir_fd=root_fd, dst_dir_fd=hold_fd)
+        finally:
+            os.close(hold_fd)
+        os.mkdir(user, 0o700, dir_fd=root_fd)
+        fd = _open_folder(root_fd, user, self.storage_root)
+        try:
+            os.fchown(fd, uid, gid)
+        finally:
             os.close(fd)
+        return self.storage_root / holder / user
+
+    def _copy_in(self, old: Path, user: str, uid: int, gid: int) -> None:
+        """The old files copied into the quota with the user's own rights (a link among them
+        is copied as a link, and root reads nothing of theirs); the old folder goes once
+        they are all in. A copy that does not fit leaves them where they are and says so."""
+        new = self.storage_root / user
+        as_user = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+        try:
+            _run([*as_user, "cp", "-a", "--", f"{old}/.", f"{new}/"], "copying")
+        except StorageError as err:
+            raise StorageError(
+                f"{user}'s files from before storage quotas are in {old}; they do not all fit "
+                f"in the quota ({err}): raise it, or have the user delete some, then retry"
+            ) from None
+        with contextlib.suppress(StorageError, OSError):  # what stays is the user's, harmless
+            _run([*as_user, "find", str(old), "-mindepth", "1", "-delete"], "removing")
+            holder_fd = os.open(old.parent, _DIR_FLAGS)
+            try:
+                os.rmdir(user, dir_fd=holder_fd)
+            finally:
+                os.close(holder_fd)
 
     def bound(self, user: str) -> bool:
         """Whether ``<storage_root>/<user>`` is the user's image now (one lstat)."""
@@ -333,6 +377,18 @@ class UserImages:
                         _libc().umount2(os.fsencode(path), MNT_DETACH)
             self._bound.pop(user, None)
         return problems
+
+
+def _open_folder(dir_fd: int, name: str, where: Path) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise StorageError(f"{where / name} is missing") from None
+    except OSError:  # ELOOP: a link; ENOTDIR: a file
+        raise StorageError(
+            f"{where / name} is not a folder (a link or a file); refusing to bind the "
+            "user's storage there: move it away"
+        ) from None
 
 
 def _set_reserve(path: Path, size: int) -> None:

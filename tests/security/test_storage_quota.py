@@ -262,3 +262,22 @@ def test_a_folder_swapped_for_a_link_is_refused_and_nothing_is_mounted_there(
     with pytest.raises(StorageError, match="not a folder"):
         images.ensure("bob", 54322, 54322, parse_limits("64Mi", "t"))
     assert not mounted_at(target) and not mounted_at(images.storage_root / "bob")
+
+
+def test_a_folder_from_before_quotas_is_copied_in_as_its_user_links_as_links(
+    images: UserImages,
+) -> None:
+    old = images.storage_root / "cid"
+    old.mkdir(mode=0o700)
+    (old / "sub").mkdir()
+    (old / "sub" / "notes.txt").write_text("mine")
+    (old / "shadow").symlink_to("/etc/shadow")  # root copying it would read root's secret
+    for path in (old, old / "sub", old / "sub" / "notes.txt"):
+        os.chown(path, 54323, 54323)
+    os.lchown(old / "shadow", 54323, 54323)
+    folder = images.ensure("cid", 54323, 54323, parse_limits("64Mi", "t"))
+    assert mounted_at(folder)
+    assert (folder / "sub" / "notes.txt").read_text() == "mine"
+    assert os.readlink(folder / "shadow") == "/etc/shadow"
+    assert os.stat(folder / "sub" / "notes.txt").st_uid == 54323
+    assert not (images.storage_root / ".wmla-before-quota" / "cid").exists()
