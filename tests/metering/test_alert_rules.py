@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "hub_config" / "prometheus" / "wmla-alerts.yml"
 RULE_TESTS = REPO / "hub_config" / "prometheus" / "wmla-alerts.test.yml"
 METERING = REPO / "extension" / "metering"
+STORAGE = REPO / "extension" / "storage"  # the storage quotas' families
 PROMTOOL = shutil.which("promtool")
 ALERTS = {
     "WmlaMetricsUnreachable",
@@ -28,6 +29,7 @@ ALERTS = {
     "WmlaPreemptionStorm",
     "WmlaGpusIdleWhileJobsWait",
     "WmlaGpuHeldIdle",
+    "WmlaStorageOverSoftLimit",
 }
 
 needs_promtool = pytest.mark.skipif(
@@ -72,7 +74,7 @@ def test_each_alert_fires_on_its_case_and_none_in_a_healthy_run() -> None:
 def test_the_rules_read_only_metrics_the_service_exports() -> None:
     rules = _rules()
     assert {r["alert"] for r in rules} == ALERTS
-    exported = "\n".join(p.read_text() for p in METERING.glob("*.py"))
+    exported = "\n".join(p.read_text() for p in [*METERING.glob("*.py"), *STORAGE.glob("*.py")])
     for rule in rules:
         for name in set(re.findall(r"\bwmla_[a-z_]+", rule["expr"])):
             # counters are declared without _total, histograms without _bucket

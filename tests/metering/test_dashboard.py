@@ -4,8 +4,10 @@ the measured-utilization sampler reads real processes."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,6 +19,10 @@ from extension.metering.meter import Metering
 from extension.metering.utilization import UtilizationSampler
 from extension.scheduler import UNLIMITED, PlanFigures, Resources
 from extension.service.store import Store
+from extension.storage.images import UserImages
+from extension.storage.limits import QuotaPolicy, StorageLimits
+from extension.storage.quotas import QuotaReport, QuotaState, StorageQuotas
+from extension.storage.web import StorageCollector
 
 GRAFANA = Path(__file__).resolve().parents[2] / "hub_config" / "grafana"
 
@@ -25,6 +31,18 @@ def _panels(panels: list[dict]):
     for panel in panels:
         yield panel
         yield from _panels(panel.get("panels", []))
+
+
+def _one_quota(folder: Path) -> StorageQuotas:
+    """Storage quotas with one user's last check (the collector reads only that)."""
+    limits = StorageLimits(2**30, 1000, 2**29, 1000)
+    quotas = StorageQuotas(
+        QuotaPolicy(limits, {}), UserImages(folder, folder), lambda user: [], logging.getLogger()
+    )
+    quotas.latest["u"] = QuotaReport(
+        "u", str(folder / "u"), 5, 1, limits, 2**30, 1000, None, QuotaState.UNDER
+    )
+    return quotas
 
 
 def _exposed(store_url: str) -> tuple[set[str], str]:
@@ -44,6 +62,7 @@ def _exposed(store_url: str) -> tuple[set[str], str]:
         )
         meter.on_cycle(type("Result", (), {"plans": {"/p": figures}})(), time.time(), 0.01)
         meter.sampler.sample({"job-1": ("/p/u", [os.getpid()])}, time.time())
+        meter.registry.register(StorageCollector(_one_quota(Path(tempfile.mkdtemp()))))
         text = generate_latest(meter.registry).decode()
     finally:
         store.close()
