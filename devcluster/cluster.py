@@ -518,10 +518,16 @@ class LocalCluster:
         private_tmp = self.var / "operator-tmp"
         private_tmp.mkdir(mode=0o700, exist_ok=True)
         binary = str(self.binary("training-operator"))
+        # its workers' init container waits for the master's name: ours runs the python image
+        # the real node holds (upstream's pulls alpine; KWOK pods never run it either way)
+        (private_tmp / "init-container.yaml").write_text(objects.PYTORCH_INIT_CONTAINER)
+        init_dir = Path("/tmp") if os.geteuid() == 0 else private_tmp
         argv = [
             binary,
             "--gang-scheduler-name=volcano",
             "--enable-scheme=pytorchjob",
+            f"--pytorch-init-container-image={realnode.images.PYTHON}",
+            f"--pytorch-init-container-template-file={init_dir / 'init-container.yaml'}",
             f"--metrics-bind-address=127.0.0.1:{ports.operator_metrics}",
             f"--health-probe-bind-address=127.0.0.1:{ports.operator_probe}",
             f"--webhook-server-port={ports.operator_webhook}",
@@ -669,7 +675,7 @@ class LocalCluster:
     def down(self, keep_data: bool = False) -> None:
         """Stop every component by PID (the last started first); the store goes too unless
         ``keep_data``."""
-        self.real_node().down()  # its pods first, while the API server still answers
+        self.real_node().down(keep_images=keep_data)  # first, while the API server answers
         names = [n for n in reversed(ORDER)] + [n for n in self.processes.names() if n not in ORDER]
         for name in names:
             self.processes.stop(name)

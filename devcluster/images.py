@@ -28,7 +28,8 @@ from pathlib import Path
 
 PAUSE = "wmla.local/pause:3.10"
 PYTHON = "wmla.local/python:3.11"
-RECIPE = "1"  # bump when what goes into an image changes
+# an image is built again when this file, its recipe, changes
+RECIPE = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 # Not needed in a pod, and most of the standard library's size.
 _STDLIB_SKIP = {
@@ -44,9 +45,10 @@ class ImageError(RuntimeError):
 class _Layer:
     """A reproducible layer tar: root-owned, mtime 0, each path once."""
 
-    def __init__(self) -> None:
-        self.buf = io.BytesIO()
-        self.tar = tarfile.open(fileobj=self.buf, mode="w", format=tarfile.PAX_FORMAT)
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.tar = tarfile.open(path, mode="w", format=tarfile.PAX_FORMAT)
         self.seen: set[str] = set()
 
     def _info(self, name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
@@ -100,14 +102,29 @@ class _Layer:
                 with open(current, "rb") as f:
                     self.tar.addfile(info, f)
 
-    def close(self) -> bytes:
+    def link(self, name: str, target: str) -> None:
+        name = name.strip("/")
+        if name in self.seen:
+            return
+        self.dir(os.path.dirname(name))
+        self.seen.add(name)
+        info = self._info(name, tarfile.SYMTYPE, 0o777)
+        info.linkname = target
+        self.tar.addfile(info)
+
+    def close(self) -> Path:
         self.tar.close()
-        return self.buf.getvalue()
+        return self.path
 
 
-def _archive(out: Path, tag: str, layer: bytes, config: dict) -> None:
-    """A docker-archive (``docker save`` format) of one layer, written atomically."""
-    diff_id = "sha256:" + hashlib.sha256(layer).hexdigest()
+def _archive(out: Path, tag: str, layer: Path, config: dict) -> None:
+    """A docker-archive (``docker save`` format) of one layer, written atomically; the layer's
+    file is removed."""
+    digest = hashlib.sha256()
+    with open(layer, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    diff_id = "sha256:" + digest.hexdigest()
     image_config = {
         "architecture": "amd64",
         "os": "linux",
@@ -120,14 +137,18 @@ def _archive(out: Path, tag: str, layer: bytes, config: dict) -> None:
     config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
     layer_name = diff_id.split(":")[1] + "/layer.tar"
     manifest = [{"Config": config_name, "RepoTags": [tag], "Layers": [layer_name]}]
-    outer = _Layer()
-    outer.data(config_name, config_bytes)
-    outer.data(layer_name, layer)
-    outer.data("manifest.json", json.dumps(manifest).encode())
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_bytes(outer.close())
+    outer = _Layer(tmp)
+    outer.data(config_name, config_bytes)
+    outer.dir(os.path.dirname(layer_name))
+    info = outer._info(layer_name, tarfile.REGTYPE, 0o644)
+    info.size = layer.stat().st_size
+    with open(layer, "rb") as f:
+        outer.tar.addfile(info, f)
+    outer.data("manifest.json", json.dumps(manifest).encode())
+    outer.close()
     os.replace(tmp, out)
+    layer.unlink()
 
 
 def _cached(cache: Path, name: str, key: str) -> Path | None:
@@ -158,7 +179,7 @@ def pause_image(cache: Path, kubernetes_dir: Path) -> Path:
         )
         if out.returncode != 0:
             raise ImageError(f"devcluster: gcc -static pause.c failed: {out.stderr.strip()[-300:]}")
-        layer = _Layer()
+        layer = _Layer(cache / "pause.layer")
         layer.data("pause", binary.read_bytes(), 0o755)
     _archive(cache / "pause.tar", PAUSE, layer.close(), {"Entrypoint": ["/pause"], "User": "0"})
     (cache / "pause.stamp").write_text(key)
@@ -177,8 +198,8 @@ def _needed_libraries(files: Iterable[str]) -> set[str]:
     return libs
 
 
-def python_image(cache: Path, python: str = "/usr/bin/python3") -> Path:
-    """This machine's python3, its libraries and standard library, as one layer."""
+def _python(python: str) -> tuple[str, Path]:
+    """The interpreter's real path and its standard library's folder."""
     real = os.path.realpath(python)
     version = subprocess.run(
         [real, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
@@ -188,16 +209,18 @@ def python_image(cache: Path, python: str = "/usr/bin/python3") -> Path:
     stdlib = Path(f"/usr/lib/python{version}")
     if not version or not (stdlib / "os.py").exists():
         raise ImageError(f"devcluster: {python} has no standard library at {stdlib}")
-    st = os.stat(real)
-    key = hashlib.sha256(f"{RECIPE} {real} {st.st_size} {st.st_mtime_ns}".encode()).hexdigest()
-    if found := _cached(cache, "python", key):
-        return found
+    return real, stdlib
+
+
+def _python_files(layer: _Layer, python: str) -> str:
+    """The interpreter, the libraries it and its extension modules load, its standard library
+    and a minimal /etc; the standard library's folder name (python3.11)."""
+    real, stdlib = _python(python)
     files: list[str] = []
     for root, dirs, names in os.walk(stdlib):
         dirs[:] = sorted(d for d in dirs if d not in _STDLIB_SKIP)
         files += [os.path.join(root, n) for n in sorted(names)]
     elf = [real] + [f for f in files if f.endswith(".so")]
-    layer = _Layer()
     for d, mode in (("tmp", 0o1777), ("etc", 0o755), ("root", 0o700)):
         layer.dir(d, mode)
     layer.data("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/sh\n")
@@ -205,23 +228,136 @@ def python_image(cache: Path, python: str = "/usr/bin/python3") -> Path:
     for path in sorted(_needed_libraries(elf)) + [python, real, *files]:
         layer.host(path)
     for alias in ("/usr/bin/python3", "/usr/bin/python"):
-        if alias.lstrip("/") not in layer.seen:
-            info = layer._info(alias, tarfile.SYMTYPE, 0o777)
-            info.linkname = os.path.basename(real)
-            layer.seen.add(alias.lstrip("/"))
-            layer.tar.addfile(info)
-    config = {
-        "Entrypoint": ["/usr/bin/python3"],
-        "Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE=1"],
-        "WorkingDir": "/",
-    }
-    _archive(cache / "python.tar", PYTHON, layer.close(), config)
+        layer.link(alias, os.path.basename(real))
+    return stdlib.name
+
+
+_CONFIG = {
+    "Entrypoint": ["/usr/bin/python3"],
+    "Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE=1"],
+    "WorkingDir": "/",
+}
+
+
+def python_image(cache: Path, python: str = "/usr/bin/python3") -> Path:
+    """This machine's python3, its libraries and standard library, as one layer."""
+    real, _ = _python(python)
+    st = os.stat(real)
+    key = hashlib.sha256(f"{RECIPE} {real} {st.st_size} {st.st_mtime_ns}".encode()).hexdigest()
+    if found := _cached(cache, "python", key):
+        return found
+    layer = _Layer(cache / "python.layer")
+    _python_files(layer, python)
+    _archive(cache / "python.tar", PYTHON, layer.close(), _CONFIG)
     (cache / "python.stamp").write_text(key)
     return cache / "python.tar"
 
 
-if __name__ == "__main__":  # python -m devcluster.images CACHE: build both, print their paths
+WORKER = "wmla.local/worker:dev"
+# What a training worker imports: the project's runtime, PyTorch and scikit-learn (the
+# example's digits). The venv's torch is a CUDA build, which loads its CUDA libraries (the
+# nvidia wheels) even on CPU: they come too, headers and static libraries left out; triton
+# (GPU kernels, imported lazily) stays out.
+WORKER_DISTRIBUTIONS = ("torch", "scikit-learn", "psutil", "cloudpickle")
+_WORKER_SKIP_DISTS = ("triton", "setuptools")
+_WORKER_SKIP_FILES = ("torch/include/", "torch/share/cmake/", "torch/test/")
+
+
+def _closure(names: Iterable[str]) -> list:
+    """The installed distributions ``names`` need (their non-extra requirements), by name."""
+    import importlib.metadata as md
+
+    from packaging.markers import Marker
+
+    seen: dict[str, md.Distribution] = {}
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        if key in seen or key.startswith(_WORKER_SKIP_DISTS):
+            continue
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            raise ImageError(f"devcluster: worker image: {name} is not installed") from None
+        seen[key] = dist
+        for req in dist.requires or []:
+            spec, _, marker = req.partition(";")
+            if marker and not Marker(marker).evaluate({"extra": ""}):
+                continue
+            match = re.match(r"[A-Za-z0-9_.-]+", spec.strip())
+            if match:
+                todo.append(match[0])
+    return [seen[k] for k in sorted(seen)]
+
+
+def worker_image(cache: Path, project: Path, python: str = "/usr/bin/python3") -> Path:
+    """A training worker: the python image's files, the worker's distributions from this
+    interpreter's environment (``sys.prefix``, the project's venv) and the project's
+    ``extension`` package from ``project``, all in /usr/local/lib/python3.X/dist-packages."""
+    dists = _closure(WORKER_DISTRIBUTIONS)
+    ext = project / "extension"
+    sources = sorted(p for p in ext.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    digest = hashlib.sha256(RECIPE.encode())
+    for dist in dists:
+        digest.update(f"{dist.metadata['Name']}=={dist.version};".encode())
+    for path in sources:
+        digest.update(f"{path.relative_to(project)}:".encode() + path.read_bytes())
+    key = digest.hexdigest()
+    if found := _cached(cache, "worker", key):
+        return found
+    layer = _Layer(cache / "worker.layer")
+    stdlib_name = _python_files(layer, python)
+    site = f"usr/local/lib/{stdlib_name}/dist-packages"
+    elf: list[str] = []
+    for dist in dists:
+        for f in dist.files or []:
+            rel = str(f)
+            if rel.startswith(("..", "/")) or rel.startswith(_WORKER_SKIP_FILES):
+                continue
+            if "__pycache__" in rel or rel.endswith(".a") or "/include/" in rel:
+                continue
+            src = Path(str(f.locate()))
+            if not src.is_file():
+                continue
+            _add_file(layer, f"{site}/{rel}", src)
+            if ".so" in src.name:
+                elf.append(str(src))
+    # the nvidia wheels torch names through extras (cuda-toolkit[cudart], ...): whole
+    venv_site = Path(str(dists[0].locate_file("")))
+    for tree in ("nvidia",):
+        for src in sorted((venv_site / tree).rglob("*")):
+            rel = src.relative_to(venv_site).as_posix()
+            if src.is_file() and "/include/" not in rel and not rel.endswith(".a"):
+                _add_file(layer, f"{site}/{rel}", src)
+                if ".so" in src.name:
+                    elf.append(str(src))
+    for path in sources:
+        _add_file(layer, f"{site}/{path.relative_to(project)}", path)
+    venv = str(Path(sys.prefix).resolve())
+    for lib in sorted(_needed_libraries(elf)):
+        if not os.path.realpath(lib).startswith(venv + "/"):
+            layer.host(lib)  # a system library a wheel links (libstdc++, libgcc_s, ...)
+    _archive(cache / "worker.tar", WORKER, layer.close(), _CONFIG)
+    (cache / "worker.stamp").write_text(key)
+    return cache / "worker.tar"
+
+
+def _add_file(layer: _Layer, name: str, src: Path) -> None:
+    name = name.strip("/")
+    if name in layer.seen:
+        return
+    layer.dir(os.path.dirname(name))
+    layer.seen.add(name)
+    st = src.stat()
+    info = layer._info(name, tarfile.REGTYPE, stat.S_IMODE(st.st_mode) | 0o444)
+    info.size = st.st_size
+    with open(src, "rb") as f:
+        layer.tar.addfile(info, f)
+
+
+if __name__ == "__main__":  # python -m devcluster.images [CACHE]: the worker image's path
     from .build import DEFAULT_CACHE
 
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_CACHE / "images"
-    print(python_image(target))
+    print(worker_image(target, Path(__file__).resolve().parent.parent))

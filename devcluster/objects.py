@@ -295,3 +295,34 @@ def spawner_rbac(namespace: str, account: str = SPAWNER_ACCOUNT) -> list[dict[st
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
         },
     ]
+
+
+# The training operator's init container for PyTorchJob workers (its
+# --pytorch-init-container-template-file): upstream's waits with `nslookup` in alpine; this one
+# with the python image, same resources, so a worker on the real node starts only once the
+# master's service name resolves.
+PYTORCH_INIT_CONTAINER = """- name: init-pytorch
+  image: {{.InitContainerImage}}
+  imagePullPolicy: IfNotPresent
+  resources:
+    limits:
+      cpu: 100m
+      memory: 20Mi
+    requests:
+      cpu: 50m
+      memory: 10Mi
+  command:
+  - /usr/bin/python3
+  - -S
+  - -c
+  - |
+    import socket, sys, time
+    for i in range({{.MaxTries}}):
+        try:
+            socket.getaddrinfo("{{.MasterAddr}}", None, socket.AF_INET)
+            sys.exit(0)
+        except OSError:
+            print("waiting for master", flush=True)
+            time.sleep(2)
+    sys.exit(1)
+"""

@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,6 +42,7 @@ NODE_NAME = "wmla-real-node"
 NODE_LABEL = "wmla.jupyter.org/real-node"
 TAINT = {"key": NODE_LABEL, "value": "true", "effect": "NoSchedule"}
 GPUS = 4
+REPO = Path(__file__).resolve().parent.parent  # devcluster's parent: nodedns runs from here
 CNI_BIN = Path("/usr/lib/cni")
 SHIM = "containerd-shim-runc-v2"
 CGROUP_BASE = Path("/sys/fs/cgroup")
@@ -137,13 +139,10 @@ class RealNode:
         self._write_cni(subnet)
         node_ip = self._make_bridge(subnet)
         self._serving_cert(node_ip)
+        self._start_dns(node_ip, deadline)
         self._start_containerd(deadline)
         for tar in image_tars:
-            out = self._ctr("images", "import", str(tar))
-            if out.returncode != 0:
-                raise self._fail(
-                    "containerd", f"ctr images import {tar.name}: {out.stderr.strip()[-300:]}"
-                )
+            self.import_image(tar)
         self._start_kubelet(kubelet, ports, node_ip, deadline)
         self._advertise_gpus(deadline)
         print(
@@ -257,6 +256,44 @@ class RealNode:
         except RuntimeError as err:
             raise self._fail("kubelet certificate", str(err)) from None
 
+    def _start_dns(self, node_ip: str, deadline: float) -> None:
+        """The cluster DNS the pods' resolv.conf names (devcluster/nodedns.py)."""
+        p = self.cluster.pki
+        self.processes.start(
+            "node-dns",
+            [
+                sys.executable, "-m", "devcluster.nodedns", f"--listen={node_ip}",
+                f"--server={self.cluster.server()}", f"--ca={p.ca_crt}",
+                f"--cert={p.admin_crt}", f"--key={p.admin_key}",
+            ],
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": str(REPO)},
+            cwd=REPO,
+            binary=sys.executable,
+        )  # fmt: skip
+
+        def serving() -> bool:
+            return "serving" in self.processes.log("node-dns").read_text()
+
+        self._wait("the DNS", serving, deadline, "node-dns")
+
+    def import_image(self, tar: Path, timeout: float = 600) -> None:
+        """Import a docker-archive into the node's containerd (``RealNodeError`` if not)."""
+        out = self._ctr("images", "import", str(tar), timeout=timeout)
+        if out.returncode != 0:
+            raise self._fail(
+                "containerd", f"ctr images import {tar.name}: {out.stderr.strip()[-300:]}"
+            )
+
+    def worker_image(self) -> str:
+        """The training worker image (devcluster/images.py), built if its inputs changed and
+        imported into this node; its tag."""
+        try:
+            tar = images.worker_image(self.cluster.builder.cache / "images", REPO)
+        except (images.ImageError, OSError) as err:
+            raise self._fail("worker image", str(err)) from None
+        self.import_image(tar)
+        return images.WORKER
+
     def _containerd_config(self) -> str:
         d = self.dir / "containerd"
         cri = 'plugins."io.containerd.grpc.v1.cri"'
@@ -342,7 +379,9 @@ state = "{d / "state"}"
                 "x509": {"clientCAFile": str(p.ca_crt)},
             },
             "authorization": {"mode": "AlwaysAllow"},
-            "resolvConf": "",
+            "resolvConf": "",  # nothing of this machine's: the pods' only DNS is nodedns
+            "clusterDNS": [node_ip],
+            "clusterDomain": "cluster.local",
             "registerWithTaints": [TAINT],
             # the images are imported once and never pulled: GC must keep them
             "imageGCHighThresholdPercent": 100,
@@ -431,8 +470,9 @@ state = "{d / "state"}"
             time.sleep(0.3)
 
     # -- down --------------------------------------------------------------------------------
-    def down(self) -> None:
-        """Stop everything of the node and leave nothing of it on the machine."""
+    def down(self, keep_images: bool = True) -> None:
+        """Stop everything of the node and leave nothing of it on the machine; the imported
+        images (containerd's root) stay unless ``keep_images`` is false."""
         if not self.dir.is_dir():
             return  # never started here
         self.processes.stop("kubelet")
@@ -441,6 +481,7 @@ state = "{d / "state"}"
             netns = self._kill_containers()
         self._forget_cni_results()
         self.processes.stop("containerd")
+        self.processes.stop("node-dns")
         for pid in self._shims():
             netns |= _netns_of_children(pid)
             with contextlib.suppress(ProcessLookupError):
@@ -451,6 +492,9 @@ state = "{d / "state"}"
         self._unmount_under(self.dir)
         self._remove_cgroups()
         shutil.rmtree(self.dir / "cni" / "ipam", ignore_errors=True)  # the pods' addresses
+        shutil.rmtree(self.dir / "containerd" / "state", ignore_errors=True)
+        if not keep_images:  # gigabytes (the worker image): a temporary cluster's go
+            shutil.rmtree(self.dir / "containerd" / "root", ignore_errors=True)
 
     def _kill_containers(self) -> set[int]:
         """Kill and delete every task and container of this containerd; the network

@@ -22,6 +22,10 @@ import pytest
 from devcluster import images, realnode
 from devcluster.cluster import LocalCluster
 from devcluster.realnode import RealNode, RealNodeError
+from extension.backends.base import EventKind, JobSpec
+from extension.scheduler import UNLIMITED, Plan, PlanTree, Resources
+
+from .conftest import GiB, Recorder, Tenant, until
 
 NAMESPACE = "real"
 
@@ -156,6 +160,57 @@ def test_pod_with_its_users_subpath_sees_nothing_of_another_user(
     assert live["status"]["phase"] == "Succeeded", live["status"]
     seen = json.loads(live["log"].strip().splitlines()[-1])
     assert seen == {"mine": ["alice-secret.txt"], "found": ["/home/alice/alice-secret.txt"]}
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pytorch_mnist" / "main.py"
+
+
+async def test_a_two_worker_pytorchjob_trains_on_the_real_node(
+    kube: LocalCluster, node: RealNode, tenant: Tenant
+) -> None:
+    """examples/pytorch_mnist through the KubernetesBackend: a PyTorchJob of a Master and a
+    Worker in the worker image (this venv's torch and the project's runtime), gloo on CPU, the
+    master found through the node's DNS; it reaches the example's stated accuracy."""
+    image = node.worker_image()
+    events = Recorder()
+    backend = await tenant.backend(
+        events,
+        image=image,
+        image_pull_policy="IfNotPresent",
+        node_selector={realnode.NODE_LABEL: "true"},
+        tolerations=[{"key": realnode.NODE_LABEL, "operator": "Exists"}],
+    )
+    plans = [Plan("/project1"), Plan("/project1/dev-team", 1, Resources(4, UNLIMITED, UNLIMITED))]
+    await backend.sync_queues(PlanTree(plans))
+    job_dir = kube.var / "user-data" / tenant.namespace / "alice" / "jobs" / "mnist"
+    job_dir.mkdir(parents=True)
+    (job_dir / "main.py").write_text(EXAMPLE.read_text())
+    spec = JobSpec(
+        id="mnist",
+        user="alice",
+        leaf="/project1/dev-team/alice",
+        per_worker=Resources(1, 800, 2 * GiB),
+        command=["python", "main.py", "--epochs", "3", "--target-accuracy", "0.9"],
+        workdir="/gpfs/myresultfs/alice/jobs/mnist",
+        min_workers=2,
+        max_workers=2,
+    )
+    await backend.start(spec, (realnode.NODE_NAME,) * 2)
+    try:
+        await until(lambda: EventKind.FINISHED in events.kinds("mnist"), "the job finished", 420)
+    except AssertionError:
+        pods = tenant.kubectl("get", "pods", "-o", "wide")
+        raise AssertionError(
+            f"{events.kinds('mnist')}; pods:\n{pods}\nlog:\n{backend.logs('mnist')[-3000:]}"
+        ) from None
+    finished = next(e for e in events.events if e.kind == EventKind.FINISHED)
+    assert finished.exit_code in (0, None), backend.logs("mnist")[-3000:]
+    running = next(e for e in events.events if e.kind == EventKind.RUNNING)
+    assert running.placement == (realnode.NODE_NAME,) * 2
+    result = json.loads((job_dir / "result.json").read_text())
+    assert result["world_size"] == 2, result
+    assert result["test_accuracy"] >= 0.9, result
+    assert (job_dir / "model.pt").stat().st_size > 0
 
 
 def test_a_node_that_cannot_start_fails_naming_the_component(
