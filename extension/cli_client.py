@@ -47,10 +47,10 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
-from urllib.parse import quote
 
 from extension.client import WmlaClient, WmlaError
 from extension.clientconfig import api_url, save_config
+from extension.logon_token import DEFAULT_DAYS, expiry_text, request_token
 from extension.magics.options import (
     OptionsError,
     inside_folder,
@@ -143,13 +143,7 @@ def dlicmd_argv(argv: Sequence[str] | None) -> list[str]:
 
 def add_commands(sub: Any) -> None:
     """Register the client subcommands on ``build_parser``'s subparsers."""
-    logon = sub.add_parser("logon", help="remember the hub's address and your token")
-    logon.add_argument("--url", help="the hub's address, e.g. http://127.0.0.1:8000")
-    logon.add_argument("--username", help="hub user name (asks for the password)")
-    logon.add_argument("--password", help="password (prompted when left out)")
-    logon.add_argument("--token", help="an existing hub API token instead of a password")
-    logon.add_argument("--json", action="store_true")
-
+    logon = _add_logon(sub)
     start = sub.add_parser(
         "exec-start",
         help="submit a training job: exec-start PyTorch --consumer PLAN --workerDeviceNum N "
@@ -233,6 +227,23 @@ def _step(text: str) -> float:
             f"give the seconds between points, at least 1, e.g. --step 300; got {text!r}"
         )
     return step
+
+
+def _add_logon(sub: Any) -> argparse.ArgumentParser:
+    logon = sub.add_parser("logon", help="remember the hub's address and your token")
+    logon.add_argument("--url", help="the hub's address, e.g. http://127.0.0.1:8000")
+    logon.add_argument("--username", help="hub user name (asks for the password)")
+    logon.add_argument("--password", help="password (prompted when left out)")
+    logon.add_argument("--token", help="an existing hub API token instead of a password")
+    logon.add_argument(
+        "--days",
+        type=float,
+        default=DEFAULT_DAYS,
+        help=f"the new token expires after this many days (default {DEFAULT_DAYS:g}; a hub "
+        "with a shorter maximum gives its maximum; 0: as long as the hub allows)",
+    )
+    logon.add_argument("--json", action="store_true")
+    return logon
 
 
 def _add_exec_get(sub: Any) -> argparse.ArgumentParser:
@@ -355,39 +366,29 @@ def _emit(out: TextIO, as_json: bool, data: Any, text: Any) -> None:
 
 # -- commands ----------------------------------------------------------------------------------
 def _logon(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    import requests
-
     url = args.url or os.environ.get("WMLA_URL")
     if not url:
         raise OptionsError("--url is required: the hub's address, e.g. http://127.0.0.1:8000")
     api = api_url(url)
     hub = api.split("/services/", 1)[0]
-    token = args.token
+    token, expiry, expires_at = args.token, "", None
     if not token:
         if not args.username:
             raise OptionsError("give --username NAME (and --password, or type it) or --token")
+        if args.days < 0:
+            raise OptionsError("--days takes a number of days, 0 or more")
         password = args.password if args.password is not None else getpass.getpass()
-        try:
-            r = requests.post(
-                f"{hub}/hub/api/users/{quote(args.username, safe='')}/tokens",
-                json={
-                    "auth": {"username": args.username, "password": password},
-                    "note": "wmla logon",
-                },
-                timeout=30,
-            )
-        except requests.RequestException:
-            raise WmlaError(f"cannot reach the hub at {hub}; check --url") from None
-        if r.status_code == 403:
-            raise WmlaError(f"the hub at {hub} refused user {args.username!r} or the password")
-        if r.status_code != 201:
-            raise WmlaError(f"the hub at {hub} answered {r.status_code}: {r.text[:200]}")
-        token = r.json()["token"]
+        made = request_token(hub, args.username, password, args.days)
+        token, expires_at = made.token, made.expires_at
+        expiry = f"; the token {expiry_text(expires_at)}"
     client = client_for("logon", err, args.retry_seconds, url=api, token=token)
     me = client.whoami()  # check before writing anything
     path = save_config({"url": api, "token": token, "user": me["name"]})
     info = {"user": me["name"], "url": api, "config": str(path), "plans": me.get("plans", [])}
-    _emit(out, args.json, info, lambda: f"logged on as {me['name']} at {api} (saved in {path})")
+    if expires_at is not None:  # a token made here (one given with --token: not known)
+        info["expires_at"] = expires_at
+    text = f"logged on as {me['name']} at {api} (saved in {path}{expiry})"
+    _emit(out, args.json, info, lambda: text)
     return 0
 
 
