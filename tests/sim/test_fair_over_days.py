@@ -4,8 +4,9 @@ then three teams asking for LOAD times the capacity for two days) on 4 x 8 GPUs 
 one-minute tick (the benchmark's is 5 s), history off against ``7d`` with ``max_gang_wait``
 the runtime limit. The benchmark's goals (docs/simulate.md "Fairness over days benchmark"):
 the cumulative deviation at most half of off's, preemptions no more than off's + 10 %,
-utilization at most 0.01 lower. At three times the capacity (8 x 8 GPUs on Philly's days)
-the deviation falls by 46 %, not half: pinned as measured, so a change that loses it shows.
+utilization at most 0.01 lower. This workload at three times the capacity (the 3x case;
+the benchmark's own, Philly on 8 x 8 GPUs, takes minutes and halves it: 0.024 against 0.106)
+loses 46 % of its deviation, not half: pinned as measured, so a change that loses it shows.
 """
 
 from __future__ import annotations
