@@ -609,6 +609,8 @@ class WmlaService(Application):
         backend = self.make_backend(self.scheduler.emit)
         if isinstance(backend, LocalBackend):  # a job that failed of its quota says so
             backend.accounts.storage_reason = self.storage.reason
+            backend.accounts.job_tmp = self.storage.job_tmp  # and its /tmp is in the quota
+            backend.accounts.drop_job_tmp = self.storage.drop_job_tmp
         await self.scheduler.start(backend)
         for warning in self.security_report()["warnings"]:
             self.log.warning("\n!!! wmla: %s", warning)

@@ -9,10 +9,14 @@ space a user frees while over a lowered limit.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
 import os
+import re
+import shutil
+import stat
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -24,6 +28,7 @@ from extension.tables import size_text
 from .images import Sidecar, StorageError, UserImages, mounted_at, tools_missing
 from .limits import QuotaPolicy, StorageLimits
 
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 WARN_AT = 0.9
 NEAR_FULL = 4 * 2**20  # the spawn page and the widget warn from 90 % of a limit
 
@@ -125,6 +130,11 @@ class StorageQuotas:
         self.grace = GraceBook(images.quota_dir / "grace.json")
         self.problem = self._problem()
         self.latest: dict[str, QuotaReport] = {}  # the last check's, for the metrics
+        # a job's /tmp is bound over the machine's: a storage root under it would be hidden
+        root = os.path.realpath(images.storage_root)
+        self.private_tmp = not any(root.startswith(t + "/") for t in ("/tmp", "/var/tmp"))
+        if self.enforced and not self.private_tmp:
+            log.warning("the storage root %s is under /tmp: jobs keep the machine's /tmp", root)
 
     def _problem(self) -> str:
         """Why quotas cannot be held here ("" when they can)."""
@@ -251,6 +261,31 @@ class StorageQuotas:
             return (f"made more than its {rep.held_files} files allowed in {rep.folder}; "
                     "delete some or ask for more")  # fmt: skip
         return None
+
+    def job_tmp(self, user: str, job_id: str) -> str | None:
+        """A private /tmp for ``job_id``: a folder of the user's inside their image (root's
+        ``tmp/``), or None where their folder has no quota (the job gets the machine's)."""
+        if not (self.enforced and self.private_tmp) or not _JOB_ID.match(job_id):
+            return None
+        side = Sidecar.read(self.images.image(user).with_suffix(".json"))
+        if side is None or not mounted_at(self.images.mount_point(user)):
+            return None
+        folder = self.images.tmp_dir(user) / job_id
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+        info = os.lstat(folder)  # root's tmp/ has only what root made in it
+        if not stat.S_ISDIR(info.st_mode):
+            raise StorageError(f"{folder} is not a folder")
+        os.chown(folder, side.uid, side.gid, follow_symlinks=False)
+        return str(folder)
+
+    def drop_job_tmp(self, user: str, job_id: str) -> None:
+        """The job's /tmp, gone with it (by descriptors: a link in it is removed, not followed)."""
+        if not self.enforced or not _JOB_ID.match(job_id):
+            return
+        folder = self.images.tmp_dir(user) / job_id
+        if os.path.lexists(folder):
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _unenforced(
         self, user: str, folder: str, why: str, limits: StorageLimits | None = None

@@ -159,7 +159,10 @@ def cgroups_of(job_id: str) -> list[str]:
 def test_the_instance_says_what_holds_the_grants(hub: Hub) -> None:
     security = hub.clients["user1"].get("/instance").json()["security"]
     enforced = security["enforced"]
-    assert set(enforced) == {"cpu", "memory", "pids", "devices"}
+    assert set(enforced) == {"cpu", "memory", "pids", "devices", "storage"}
+    # no quota configured here: said, with how to have one (tests/security/test_storage_quota.py)
+    assert not enforced["storage"]["enforced"]
+    assert "default_storage_quota" in enforced["storage"]["how"]
     assert all(enforced[c]["enforced"] for c in ("cpu", "memory", "pids")), enforced
     assert security["grants_enforced_by"].startswith("cgroup v")
     if V1:

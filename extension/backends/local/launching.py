@@ -309,6 +309,9 @@ class Launcher:
         if account is not None:  # its groups as the helpers get them (read again when they change)
             groups = list(identity(account)[3])
             launch.update(uid=account.uid, gid=account.gid, groups=groups)
+        tmp = self.accounts.job_tmp(spec.user, spec.id)
+        if tmp is not None:  # bound on /tmp and /var/tmp in the worker's own mount namespace
+            launch["tmp"] = tmp
         group = self.cgroups.create(spec, launch_id, rank, tuple(devices))
         cgroup = group.name if group is not None else ""
         try:

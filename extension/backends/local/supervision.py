@@ -344,6 +344,7 @@ class Supervisor:
         if outcome is not None:
             self.records.write(gang, outcome)
         self.cgroups.remove(gang.cgroups)
+        self.accounts.drop_job_tmp(gang.user, gang.job_id)
         if outcome is None:
             self.records.remove(gang.job_id)
 

@@ -57,6 +57,10 @@ class UserAccounts:
         # why a user's failed job may have failed of storage (their folder at its quota):
         # the service's storage quotas set it (extension/storage/quotas.py)
         self.storage_reason: Callable[[str], str | None] = _no_reason
+        # a job's private /tmp inside its user's quota (user, job id -> folder, or None for the
+        # machine's /tmp), and its removal when the job ends; set by the same
+        self.job_tmp: Callable[[str, str], str | None] = _no_tmp
+        self.drop_job_tmp: Callable[[str, str], None] = _nothing
 
     def note(self, job_id: str, owner: JobOwner, replace: bool = True) -> None:
         """Remember whose ``job_id`` is (a start replaces, a re-adoption only fills in)."""
@@ -128,4 +132,12 @@ class UserAccounts:
 
 
 def _no_reason(user: str) -> str | None:
+    return None
+
+
+def _no_tmp(user: str, job_id: str) -> str | None:
+    return None
+
+
+def _nothing(user: str, job_id: str) -> None:
     return None
