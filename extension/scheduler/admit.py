@@ -20,6 +20,7 @@ from operator import attrgetter
 
 from . import messages
 from .deserved import within_deserved
+from .history import over_used
 from .index import PlanNode
 from .kept import SortedKept
 from .ledger import EPS
@@ -376,7 +377,8 @@ def starved_gang(state: CycleState) -> tuple[Job, PlanNode] | None:
                 if since > latest or (best is not None and (since, job.id) >= best[:2]):
                     continue
                 if standing and first is None:
-                    first = not over_used(standing, plan) or keeps_within(state, plan, job)
+                    over = over_used(standing, (p.path for p in plan.chain))
+                    first = not over or keeps_within(state, plan, job)
                 if first is False:
                     # usage history on: a gang of a plan that used more than its share, whose
                     # start would make it borrow, waits its turn in the fair order; by age
@@ -386,16 +388,6 @@ def starved_gang(state: CycleState) -> tuple[Job, PlanNode] | None:
                 if overtaken_by_smaller(state, w, n) and not held_back(state, plan):
                     best = (since, job.id, job, plan)
     return None if best is None else (best[2], best[3])
-
-
-def over_used(standing: dict, plan: PlanNode) -> bool:
-    """A plan on ``plan``'s path used more than its share among its siblings (``U/S`` above 1,
-    Deserved share 2)."""
-    for p in plan.chain:
-        got = standing.get(p.path)
-        if got is not None and got.usage_over_share > 1.0:
-            return True
-    return False
 
 
 def overtaken_by_smaller(state: CycleState, w: tuple, n: int) -> bool:

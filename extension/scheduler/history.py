@@ -212,3 +212,13 @@ def tree_standings(bottom_up: list, leaf_usage: Mapping[str, float]) -> dict[str
     raw = subtree_usage((p.path for p in bottom_up), leaf_usage)
     children = {p.path: [(c.path, c.share) for c in p.children] for p in bottom_up if p.children}
     return standings(children, raw)
+
+
+def over_used(standing: Mapping[str, PlanStanding], paths: Iterable[str]) -> bool:
+    """Some plan of ``paths`` (a plan's path up the tree) used more than its share among its
+    siblings: ``U/S`` above 1 (Admission 6 passes its borrowing gangs over, issue 41)."""
+    for path in paths:
+        got = standing.get(path)
+        if got is not None and got.usage_over_share > 1.0:
+            return True
+    return False
