@@ -382,9 +382,12 @@ class WmlaSpawnerMixin(LoggingConfigurable):
         return await self.wmla_collaborators().plans.spawn_form(profiles)
 
     def wmla_options_form(
-        self, plans: list[str] | None = None, profiles: list[dict] | None = None
+        self,
+        plans: list[str] | None = None,
+        profiles: list[dict] | None = None,
+        usage: Mapping[str, str] | None = None,
     ) -> str:
-        return self.wmla_collaborators().plans.options_form(plans, profiles)
+        return self.wmla_collaborators().plans.options_form(plans, profiles, usage)
 
     def wmla_options_from_form(self, formdata: Mapping[str, list]) -> dict:
         return PlanChooser.options_from_form(formdata)

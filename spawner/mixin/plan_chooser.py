@@ -133,17 +133,41 @@ class PlanChooser:
         """The spawn page: the profiles, and the plans the user may use when more than one
         (a service that cannot be asked leaves the plan choice out, never the spawn)."""
         plans: list[str] = []
+        usage: dict[str, str] = {}
         if self.settings.plan_choice:
             try:
                 plans = await self.usable_plans()
             except (WmlaError, AdmissionError) as err:
                 self.log.warning("no plan choice on the spawn page: %s", err)
-        return self.options_form(plans, profiles)
+        if len(plans) > 1:
+            usage = await self.plans_in_use()
+        return self.options_form(plans, profiles, usage)
 
-    def options_form(self, plans: list[str] | None, profiles: list[dict] | None) -> str:
+    async def plans_in_use(self) -> dict[str, str]:
+        """``plan path -> "1 of 2 GPUs in use, 3 jobs waiting"`` from the service's plan tree
+        (empty when it cannot be asked: the choice is shown without it)."""
+        try:
+            tree = await self.service.call("GET", "plans", what="the plans' figures")
+        except (WmlaError, AdmissionError) as err:
+            self.log.warning("the spawn page's plans without their figures: %s", err)
+            return {}
+        nodes = tree.get("plans") if isinstance(tree, Mapping) else None
+        return {
+            n["path"]: usage_line(n)
+            for n in nodes or []
+            if isinstance(n, Mapping) and isinstance(n.get("path"), str)
+        }
+
+    def options_form(
+        self,
+        plans: list[str] | None,
+        profiles: list[dict] | None,
+        usage: Mapping[str, str] | None = None,
+    ) -> str:
         """The form's HTML: the profiles as KubeSpawner's form names them (a radio group
         ``profile``, a select ``profile-option-<slug>--<option>`` per option), and a radio
-        group of ``plans`` when there are two or more (the mapped plan checked)."""
+        group of ``plans`` when there are two or more (the mapped plan checked), each with its
+        configured description and ``usage`` line beside it."""
         form = profile_shapes.form_html(profiles or [], self.user_options)
         if plans and len(plans) > 1:
             mapped = self.mapped_plan()
@@ -152,15 +176,16 @@ class PlanChooser:
                 f'<label class="form-check"><input class="form-check-input" type="radio" '
                 f'name="plan" value="{html.escape(p, quote=True)}"'
                 f"{' checked' if p == chosen else ''}> {html.escape(p)}"
-                f"{self._description(p)}</label>"
+                f"{self._description(p, (usage or {}).get(p, ''))}</label>"
                 for p in plans
             ]
             form += "<fieldset><legend>Plan</legend>" + "\n".join(rows) + "</fieldset>"
         return form
 
-    def _description(self, plan: str) -> str:
-        """The configured line beside ``plan``, marked up as a profile's description is."""
-        text = self.settings.descriptions.get(plan)
+    def _description(self, plan: str, usage: str) -> str:
+        """The configured line beside ``plan`` and what it holds now, marked up as a
+        profile's description is."""
+        text = " — ".join(t for t in (self.settings.descriptions.get(plan, ""), usage) if t)
         return f' <span class="text-muted">{html.escape(text)}</span>' if text else ""
 
     @staticmethod
@@ -168,3 +193,29 @@ class PlanChooser:
         """KubeSpawner's user_options from the form (``profile`` and its options) and the
         picked ``plan``."""
         return profile_shapes.options_from_form(formdata, extra=("plan",))
+
+
+def usage_line(node: Mapping[str, Any]) -> str:
+    """``1 of 2 GPUs in use, 3 jobs waiting`` (``1 GPU in use`` without a GPU limit) from a
+    plan of the service's tree (``GET plans``: ``allocated``, ``limit``, ``pending``); a field
+    missing or of the wrong type reads as none."""
+    used = _number(_field(node, "allocated").get("gpu")) or 0.0
+    limit = _number(_field(node, "limit").get("gpu"))  # absent: no GPU limit
+    if limit is not None:
+        text = f"{used:g} of {limit:g} GPU{'' if limit == 1 else 's'} in use"
+    else:
+        text = f"{used:g} GPU{'' if used == 1 else 's'} in use"
+    waiting = node.get("pending")
+    if isinstance(waiting, int) and not isinstance(waiting, bool) and waiting > 0:
+        text += f", {waiting} job{'' if waiting == 1 else 's'} waiting"
+    return text
+
+
+def _field(node: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = node.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if ok else None

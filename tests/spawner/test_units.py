@@ -159,6 +159,33 @@ def test_each_plan_on_the_spawn_page_has_its_description_beside_it() -> None:
     assert research.endswith("> /project2/research")  # none configured: the path alone
 
 
+async def test_the_spawn_pages_plans_say_what_they_hold_now() -> None:
+    """Beside each plan: its configured description, then the service's figures of it."""
+
+    class Service:  # the service as the spawner asks it: the user's plans, then the tree
+        async def call(self, method, path, body=None, what="", retry=5.0):
+            if path.startswith("?"):
+                return {"plans": ["/project1/dev-team", "/project2/research"]}
+            assert (method, path) == ("GET", "plans")
+            return {
+                "plans": [
+                    {"path": "/project1/dev-team", "allocated": {"gpu": 1},
+                     "limit": {"gpu": 2}, "pending": 3},
+                    {"path": "/project2/research", "allocated": {"gpu": 1}, "limit": {},
+                     "pending": 0},
+                ]
+            }  # fmt: skip
+
+    spawner = make("carol", plan_descriptions={"/project1/dev-team": "dev team"}, **MAPPING)
+    spawner.wmla_service_client = lambda: Service()
+    form = await spawner.wmla_spawn_form()
+    assert (
+        '/project1/dev-team <span class="text-muted">dev team — 1 of 2 GPUs in use, 3 jobs '
+        "waiting</span>" in form
+    )
+    assert '/project2/research <span class="text-muted">1 GPU in use</span>' in form
+
+
 def test_the_spawn_page_offers_the_users_plans_and_reads_the_pick() -> None:
     spawner = make("carol", **MAPPING)  # mapped to /project2/research
     plans = ["/project1/dev-team", "/project2/research", "/sample-project/notebooks"]
