@@ -10,6 +10,7 @@ folders in var/storage); the hub runs with umask 0077 and the state files are ma
 var/wmla 0700) at every start, see docs/service.md "State files".
 """
 
+import json
 import os
 import shutil
 import sys
@@ -113,8 +114,9 @@ if os.environ.get("WMLA_DEVICE_LAYOUT"):
 # each user's folder its own filesystem, its size held by the kernel (docs/security.md
 # "Storage quotas"); as root, 10 GiB unless $WMLA_STORAGE_QUOTA says otherwise ("" turns it off)
 STORAGE_QUOTA = os.environ.get("WMLA_STORAGE_QUOTA", "10Gi" if os.geteuid() == 0 else "")
-if STORAGE_QUOTA:
-    service_config["default_storage_quota"] = STORAGE_QUOTA
+if STORAGE_QUOTA:  # "50Gi", or JSON: {"storage": "50Gi", "soft_storage": "40Gi", "grace": "7d"}
+    quota = json.loads(STORAGE_QUOTA) if STORAGE_QUOTA.lstrip().startswith("{") else STORAGE_QUOTA
+    service_config["default_storage_quota"] = quota
 service_env: dict[str, str] = {}
 if os.environ.get("WMLA_BACKEND"):
     # "kubernetes": the local cluster of `make k8s-up` (hub_config/kubernetes.py)

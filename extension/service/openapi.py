@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from extension.metering.openapi import metering_paths
+from extension.storage.openapi import storage_paths, storage_schemas
 
 from . import runtime_limits as rt
 from .paging import DEFAULT_LIMIT, MAX_LIMIT
@@ -94,7 +95,7 @@ def openapi_document(prefix: str = "/services/wmla/") -> dict[str, Any]:
             "securitySchemes": {
                 "hubToken": {"type": "apiKey", "in": "header", "name": "Authorization"}
             },
-            "schemas": {**_schemas(), **shares_schemas()},
+            "schemas": {**_schemas(), **shares_schemas(), **storage_schemas()},
         },
         "security": [{"hubToken": []}],
         "paths": {
@@ -103,6 +104,7 @@ def openapi_document(prefix: str = "/services/wmla/") -> dict[str, Any]:
             **_job_paths(job_ref),
             **metering_paths(),  # /usage (extension/metering/openapi.py)
             **shares_paths(),  # /shares (shares_openapi.py)
+            **storage_paths(),  # /storage (extension/storage/openapi.py)
         },
     }
 
