@@ -9,7 +9,6 @@ or on the command line (``--WmlaService.x=...``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import gc
 import json
@@ -19,17 +18,19 @@ import os
 import signal
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-from tornado.httpserver import HTTPServer
 from traitlets import Bool, Dict, Float, Int, TraitError, Unicode, Union, default, validate
 from traitlets.config import Application, Config
 
 from extension.backends.local import LocalBackend
-from extension.scheduler import UNLIMITED, Resources, SchedulerConfig
-from extension.storage.images import UserImages
-from extension.storage.limits import LimitError, QuotaPolicy
-from extension.storage.quotas import StorageQuotas
+from extension.scheduler import SchedulerConfig
+from extension.storage.settings import (
+    StorageSettings,
+    build_quotas,
+    check_forever,
+    storage_security,
+    wire_local_accounts,
+)
 from extension.storage.web import StorageCollector
 from extension.userfs.files import off_loop
 from extension.userfs.pool import close_helpers
@@ -51,7 +52,7 @@ from .records import InstanceBounds
 from .scheduling import Scheduler
 from .store import Store, sqlite_url
 from .submission import LimitRange, user_root
-from .web import listen, web_application
+from .web import serve
 
 # the plans of a first start (an empty store): /sample-project with training, inference and
 # notebooks, open to every hub user
@@ -63,7 +64,7 @@ DEFAULT_PLANS: dict[str, dict] = {
 }
 
 
-class WmlaService(Application):
+class WmlaService(Application, StorageSettings):
     name = "wmla-service"
     description = "Resource plans, gang scheduling and metering for JupyterHub (hub service)."
 
@@ -114,49 +115,6 @@ class WmlaService(Application):
     def _storage_root(self) -> str:
         return os.environ.get("WMLA_STORAGE_ROOT") or str(Path("var/storage").resolve())
 
-    default_storage_quota = Union(
-        [Unicode(), Dict()],
-        config=True,
-        help="""Each user folder's storage quota, held by the kernel (docs/security.md,
-        "Storage quotas"): a hard byte limit ("50Gi"), or {"storage": "50Gi", "files": 100000,
-        "soft_storage": "40Gi", "soft_files": 80000, "grace": "7d"}. Empty: no quota, except
-        where storage_quotas names the user's plans. Needs the service to run as root.
-        $WMLA_STORAGE_QUOTA sets it.
-
-        c.WmlaService.default_storage_quota = "50Gi"
-        """,
-    )
-
-    @default("default_storage_quota")
-    def _default_storage_quota(self) -> str:
-        return os.environ.get("WMLA_STORAGE_QUOTA", "")
-
-    storage_quotas = Dict(
-        config=True,
-        help="""Storage quotas by plan: the limits (as default_storage_quota's) of every user
-        leaf under each plan; a user with leaves under several plans gets the most generous.
-
-        c.WmlaService.storage_quotas = {"/research": {"storage": "200Gi", "files": 1000000}}
-        """,
-    )
-    storage_quota_dir = Unicode(
-        config=True,
-        help="""Where the users' storage images live and are mounted (root's alone); on a
-        filesystem other than the store's, if the images are not to share its space.
-
-        c.WmlaService.storage_quota_dir = "/var/lib/wmla-storage"
-        """,
-    )
-
-    @default("storage_quota_dir")
-    def _storage_quota_dir(self) -> str:
-        return os.environ.get("WMLA_STORAGE_QUOTA_DIR") or str(Path(self.state_dir) / "storage")
-
-    storage_check_seconds = Float(
-        10.0,
-        config=True,
-        help="""How often the storage quotas' soft limits and grace periods are checked.""",
-    )
     backend_class = Unicode(
         "extension.backends.local.LocalBackend",
         config=True,
@@ -486,26 +444,11 @@ class WmlaService(Application):
             self._limit_range_obj = LimitRange.from_config(self.limit_range)
         except ValueError as err:
             raise SystemExit(f"wmla: c.WmlaService.limit_range: {err}") from None
-        quota = {k: v for k, v in self.quota.items() if k != "jobs"}
         try:
-            self._quota = Resources.from_mapping(quota, UNLIMITED, where="quota")
+            self._bounds = InstanceBounds.from_config(self.quota)
         except ValueError as err:
-            raise SystemExit(f"wmla: c.WmlaService.quota: {err}") from None
-        self._max_jobs = self.quota.get("jobs")
-        if self._max_jobs is not None and (
-            isinstance(self._max_jobs, bool) or not isinstance(self._max_jobs, int)
-            or self._max_jobs < 1
-        ):  # fmt: skip
-            raise SystemExit(
-                "wmla: c.WmlaService.quota jobs must be a whole number >= 1, "
-                f"got {self._max_jobs!r}"
-            )
-        try:
-            self._quota_policy = QuotaPolicy.from_config(
-                self.default_storage_quota, self.storage_quotas
-            )
-        except LimitError as err:
-            raise SystemExit(f"wmla: {err}") from None
+            raise SystemExit(f"wmla: c.WmlaService.{err}") from None
+        self._quota_policy = self.quota_policy()
         self.prepare_folders()
 
     def prepare_folders(self) -> None:
@@ -518,7 +461,7 @@ class WmlaService(Application):
         # the store holds every job's environment: other accounts must not read a byte of it,
         # whatever mode an older version or an admin's cp left behind
         # the storage images' mounts hold users' files: never walked either
-        quota_mounts = Path(self.storage_quota_dir) / "mnt"
+        quota_mounts = self.quota_dir(self.state_dir) / "mnt"
         fix = privatize_tree(self.state_dir, keep_out=[self.storage_root, quota_mounts])
         for warning in fix.warnings(self.state_dir):
             self.log.warning(warning)
@@ -527,26 +470,19 @@ class WmlaService(Application):
         """How well this machine keeps users apart (privacy.security_report)."""
         backend = getattr(getattr(self, "scheduler", None), "backend", None)
         report = security_report(self.state_dir, self.storage_root, backend)
-        storage = getattr(self, "storage", None)
-        if storage is not None:
-            held = {"enforced": storage.enforced, "how": "an ext4 image per user folder"}
-            if not storage.enforced:
-                held["how"] = storage.problem
-                if storage.policy.enabled:
-                    report["warnings"].append(f"storage quotas are not held: {storage.problem}")
-            report["enforced"]["storage"] = held
-        return report
+        return storage_security(getattr(self, "storage", None), report)
 
-    def make_storage(self) -> StorageQuotas:
-        """The users' storage quotas (extension/storage), over the plans' user leaves."""
-        images = UserImages(self.storage_quota_dir, self.storage_root)
+    async def start_storage(self) -> None:
+        """The users' storage quotas (extension/storage): images mounted again, seen by the
+        scheduler's submissions and by /metrics."""
         sched = self.scheduler  # its plan tree is replaced at each change: read it each time
-        return StorageQuotas(
-            self._quota_policy,
-            images,
-            lambda user: [p.path for p in sched.plans if p.user_leaf and p.name == user],
-            self.log,
+        quota_dir = self.quota_dir(self.state_dir)
+        self.storage = build_quotas(
+            self._quota_policy, quota_dir, self.storage_root, lambda: sched.plans, self.log
         )
+        await off_loop(self.storage.start)
+        sched.storage = self.storage
+        self.meter.registry.register(StorageCollector(self.storage))
 
     def make_backend(self, emit: Any) -> Any:
         return build_backend(
@@ -563,7 +499,7 @@ class WmlaService(Application):
         self.store = Store.open(url)
         self.scheduler = Scheduler(
             self.store,
-            InstanceBounds(self._quota, self._max_jobs),
+            self._bounds,
             SchedulerConfig(
                 grace=self.grace,
                 min_runtime=self.min_runtime,
@@ -602,28 +538,15 @@ class WmlaService(Application):
         self.meter.attach(self.scheduler)
         # the C heap's free pages back to the system now and then (heap.py; issue 31)
         self.scheduler.cycle_hooks.append(HeapTrim(self.log).after_cycle)
-        self.storage = self.make_storage()
-        await off_loop(self.storage.start)
-        self.scheduler.storage = self.storage
-        self.meter.registry.register(StorageCollector(self.storage))
+        await self.start_storage()
         backend = self.make_backend(self.scheduler.emit)
-        if isinstance(backend, LocalBackend):  # a job that failed of its quota says so
-            backend.accounts.storage_reason = self.storage.reason
-            backend.accounts.job_tmp = self.storage.job_tmp  # and its /tmp is in the quota
-            backend.accounts.drop_job_tmp = self.storage.drop_job_tmp
+        if isinstance(backend, LocalBackend):  # a failed job's quota, a job's private /tmp
+            wire_local_accounts(self.storage, backend.accounts)
         await self.scheduler.start(backend)
         for warning in self.security_report()["warnings"]:
             self.log.warning("\n!!! wmla: %s", warning)
-        prefix = self.prefix if self.prefix.endswith("/") else self.prefix + "/"
-        app = web_application(self, prefix)
-        service_url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
-        ip = self.ip or service_url.hostname or "127.0.0.1"
-        port = self.port or service_url.port or 10101
-        # read bodies up to 16 MiB so that one over the API's 1 MiB gets a JSON 413 naming the
-        # limit (tornado would drop the connection, and the proxy answer 503 HTML)
-        self.http = HTTPServer(app, xheaders=True, max_body_size=16 * 1024 * 1024)
-        await listen(self.http, port, ip)
-        self.log.info("wmla service at http://%s:%i%s (store %s)", ip, port, prefix, url)
+        self.http = await serve(self, self.ip, self.port, self.prefix)
+        self.log.info("store %s", url)
         inst = self.scheduler.instance
         self.log.info("capacity: %s on %i node(s)", inst.capacity.describe(), len(inst.nodes))
 
@@ -647,7 +570,9 @@ class WmlaService(Application):
                 self.scheduler, hub_fetch(*hub), self.reconcile_seconds, self.reconcile_grace, stop
             )
             asyncio.ensure_future(reconciler)
-        checks = asyncio.ensure_future(self.check_storage(stop))
+        checks = asyncio.ensure_future(
+            check_forever(self.storage, stop, self.storage_check_seconds, self.log)
+        )
         await stop.wait()
         checks.cancel()
         self.log.info("wmla service stopping")
@@ -657,18 +582,6 @@ class WmlaService(Application):
         watcher.cancel()
         self.lease.release()
         self.store.close()
-
-    async def check_storage(self, stop: asyncio.Event) -> None:
-        """Soft limits, grace periods and changed limits, every storage_check_seconds."""
-        if not self.storage.enforced:
-            return
-        while not stop.is_set():
-            try:
-                await off_loop(self.storage.check)
-            except Exception:  # a check must not end the checks
-                self.log.exception("storage quota check failed")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.storage_check_seconds)
 
     def start(self) -> None:
         asyncio.run(self.run())

@@ -9,7 +9,7 @@ from enum import Enum
 from typing import Any
 
 from extension.metering.transitions import Transition
-from extension.scheduler import Resources
+from extension.scheduler import UNLIMITED, Resources
 
 
 class JobKind(str, Enum):
@@ -41,3 +41,14 @@ class InstanceBounds:
 
     quota: Resources
     max_jobs: int | None = None
+
+    @classmethod
+    def from_config(cls, quota: dict[str, Any]) -> InstanceBounds:
+        """From ``c.WmlaService.quota`` (``{"gpu": 4, ..., "jobs": 100}``); ValueError saying
+        what is wrong."""
+        resources = {k: v for k, v in quota.items() if k != "jobs"}
+        bound = Resources.from_mapping(resources, UNLIMITED, where="quota")
+        jobs = quota.get("jobs")
+        if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+            raise ValueError(f"quota jobs must be a whole number >= 1, got {jobs!r}")
+        return cls(bound, jobs)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import secrets
 from typing import Any
+from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler
 from tornado import web
@@ -83,3 +85,19 @@ async def listen(http: HTTPServer, port: int, ip: str, wait: float = 10.0) -> No
                     f"has the port: stop it, or set the service's url/port"
                 ) from None
         await asyncio.sleep(0.25)
+
+
+async def serve(service: Any, ip: str, port: int, prefix: str) -> HTTPServer:
+    """The service's HTTP server, listening (and said in the log): at ``ip``/``port`` or where
+    the hub says the service is ($JUPYTERHUB_SERVICE_URL)."""
+    prefix = prefix if prefix.endswith("/") else prefix + "/"
+    app = web_application(service, prefix)
+    service_url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
+    ip = ip or service_url.hostname or "127.0.0.1"
+    port = port or service_url.port or 10101
+    # read bodies up to 16 MiB so that one over the API's 1 MiB gets a JSON 413 naming the
+    # limit (tornado would drop the connection, and the proxy answer 503 HTML)
+    http = HTTPServer(app, xheaders=True, max_body_size=16 * 1024 * 1024)
+    await listen(http, port, ip)
+    service.log.info("wmla service at http://%s:%i%s", ip, port, prefix)
+    return http

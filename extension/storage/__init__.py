@@ -1,0 +1,1 @@
+"""Per-user storage quotas held by the kernel, GPFS style (docs/security.md "Storage quotas")."""

@@ -179,6 +179,11 @@ def test_the_soft_limit_holds_after_its_grace_and_lets_go_once_under(hub: Hub) -
     mine = storage_of(user2)
     assert mine["state"] == "over soft limit, grace expired", mine
     assert mine["held_bytes"] == 40 * MiB
+    auth = {"Authorization": f"token {hub.user_token('admin')}"}
+    page = requests.get(f"{hub.url}/services/wmla/admin/instance", headers=auth, timeout=30)
+    assert page.status_code == 200, page.text
+    assert '<tr class="quota over" data-user="user2">' in page.text  # the admin sees who is over
+    assert '<tr class="quota" data-user="user1">' in page.text
     job, _ = run(user2, body("bytes", "4"))  # room under the hard limit, none now
     assert job["state"] == "FAILED" and "40 MiB storage quota" in job["reason"], job
     # no job starts now (its folder cannot be made): the user deletes from their terminal

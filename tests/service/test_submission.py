@@ -10,6 +10,7 @@ import pytest
 
 from extension.scheduler import UNLIMITED, Resources
 from extension.service.app import DEFAULT_PLANS, WmlaService
+from extension.service.records import InstanceBounds
 from extension.service.submission import (
     LimitRange,
     SubmissionError,
@@ -138,7 +139,7 @@ def test_service_traits_quota_and_limit_range(tmp_path: Path, monkeypatch) -> No
     app = WmlaService()
     app.initialize(["--WmlaService.tick=2"])
     assert app.tick == 2  # the command line over $WMLA_SERVICE_CONFIG
-    assert app._quota == Resources(4, 2000, 2 * Gi) and app._max_jobs == 3
+    assert app._bounds == InstanceBounds(Resources(4, 2000, 2 * Gi), 3)
     assert app.limit_range_obj.default_request == {"cpu": 200, "memory": 200 * Mi}
     assert (tmp_path / "storage").is_dir()
     WmlaService.clear_instance()

@@ -2,7 +2,8 @@
 first spawn makes their folder its own filesystem (the service does, when it admits the
 server), the server runs as the user's account on it, and a save past the hard limit is
 refused by the kernel: JupyterLab's contents API answers with an error, which is what the user
-sees on save, and the files saved before are whole. The account is created by the spawn itself, as on a fresh install."""
+sees on save, and the files saved before are whole. The account is created by the spawn
+itself, as on a fresh install."""
 
 from __future__ import annotations
 

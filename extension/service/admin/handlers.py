@@ -22,6 +22,7 @@ from tornado import web
 
 from extension.scheduler import PlanError, QuantityError
 from extension.scheduler.plans import ROOT
+from extension.userfs.files import off_loop
 from extension.webapi import ADMIN_SCOPE, APIError, BaseHandler, Caller, Throttled
 
 from ..handlers import parse_plan
@@ -367,14 +368,18 @@ class InstancePage(AdminBase):
     """``GET admin/instance``: capacity, quota, limit-range defaults, nodes and free devices."""
 
     @web.authenticated
-    def get(self) -> None:
+    async def get(self) -> None:
         self.admin()
         service = self.settings["wmla_service"]
+        storage = getattr(service, "storage", None)  # None: a service not started (tests)
+        reports = await off_loop(storage.reports) if storage is not None else []
         self.render_page(
             "instance.html",
             page="instance",
             inst=views.instance_view(self.sched, service.limit_range_obj.to_dict()),
             backend=service.backend_class,
+            storage=storage,
+            quotas=[views.quota_row(r, storage.clock()) for r in reports],
         )
 
 

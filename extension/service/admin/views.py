@@ -25,6 +25,8 @@ from extension.scheduler import (
 )
 from extension.scheduler.plans import ROOT, parent_of, split_path
 from extension.scheduler.resources import RESOURCES, format_amount
+from extension.storage.quotas import QuotaReport, QuotaState
+from extension.tables import format_seconds, size_text
 
 from ..actions import plans_after
 from ..scheduling import Scheduler
@@ -361,4 +363,22 @@ def instance_view(sched: Scheduler, limit_range: Mapping[str, Any]) -> dict:
         "demand": vector(root.demand if root else None),
         "running": root.running if root else 0,
         "pending": root.pending if root else 0,
+    }
+
+
+def quota_row(report: QuotaReport, now: float) -> dict[str, Any]:
+    """One user folder's storage for the instance page: figures as text, and whether it is over
+    a limit (the row is marked)."""
+    left = report.grace_left(now)
+    return {
+        "user": report.user,
+        "enforced": report.enforced,
+        "reason": report.reason,
+        "used": size_text(report.used_bytes),
+        "soft": size_text(report.limits.bytes_soft),
+        "hard": size_text(report.limits.bytes_hard),
+        "files": f"{report.used_files} / {report.limits.files_hard}",
+        "grace": "-" if left is None else ("expired" if left <= 0 else format_seconds(left)),
+        "state": report.state.value,
+        "over": report.state not in (QuotaState.UNDER, QuotaState.NEAR),
     }
