@@ -293,11 +293,15 @@ def _closure(names: Iterable[str]) -> list:
 
 def worker_image(cache: Path, project: Path, python: str = "/usr/bin/python3") -> Path:
     """A training worker: the python image's files, the worker's distributions from this
-    interpreter's environment (``sys.prefix``, the project's venv) and the project's
-    ``extension`` package from ``project``, all in /usr/local/lib/python3.X/dist-packages."""
+    interpreter's environment (``sys.prefix``, the project's venv) and the project's runtime
+    (``extension.runtime``) from ``project``, all in /usr/local/lib/python3.X/dist-packages."""
     dists = _closure(WORKER_DISTRIBUTIONS)
+    # the runtime alone (it imports nothing else of the project): the image changes when it
+    # does, not with every edit of the service
     ext = project / "extension"
-    sources = sorted(p for p in ext.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    sources = [ext / "__init__.py"] + sorted(
+        p for p in (ext / "runtime").rglob("*") if p.is_file() and "__pycache__" not in p.parts
+    )
     digest = hashlib.sha256(RECIPE.encode())
     for dist in dists:
         digest.update(f"{dist.metadata['Name']}=={dist.version};".encode())

@@ -130,6 +130,10 @@ class RealNode:
             image_tars = [images.pause_image(cache, kube_dir), images.python_image(cache)]
         except (images.ImageError, BuildError, OSError) as err:
             raise self._fail("images", str(err)) from None
+        try:  # the training worker too, when this environment has what it holds (torch)
+            image_tars.append(images.worker_image(cache, REPO))
+        except (images.ImageError, OSError) as err:
+            print(f"devcluster: real node without the worker image: {err}", file=self.cluster.log)
         for sub in ("containerd", "kubelet", "pod-logs", "cni/net.d", "cni/ipam", "runc"):
             (self.dir / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
         ports = {"kubelet": _free_port(), "healthz": _free_port()}
@@ -140,9 +144,12 @@ class RealNode:
         node_ip = self._make_bridge(subnet)
         self._serving_cert(node_ip)
         self._start_dns(node_ip, deadline)
+        seeded = self._plant_seed(image_tars)
+        deadline = time.monotonic() + timeout  # a first seed can take minutes
         self._start_containerd(deadline)
-        for tar in image_tars:
-            self.import_image(tar)
+        if not seeded:
+            for tar in image_tars:
+                self.import_image(tar)
         self._start_kubelet(kubelet, ports, node_ip, deadline)
         self._advertise_gpus(deadline)
         print(
@@ -276,6 +283,101 @@ class RealNode:
 
         self._wait("the DNS", serving, deadline, "node-dns")
 
+    # -- images: a seed of containerd's root, hard-linked into each node ----------------------
+    def _seed_config(self, where: Path) -> str:
+        return f"""version = 2
+root = "{where / "root"}"
+state = "{where / "state"}"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "{where / "c.sock"}"
+[ttrpc]
+  address = "{where / "t.sock"}"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{where / "opt"}"
+"""
+
+    def _seed(self, tars: list[Path]) -> Path:
+        """A containerd root with these images imported and unpacked, made once per set of
+        images in ``.cache/k8s/containerd-seed/``: importing the 4 GB worker image takes
+        minutes, hard-linking its files into a node's root a second."""
+        digest = hashlib.sha256()
+        for tar in tars:
+            digest.update(tar.name.encode() + tar.with_suffix(".stamp").read_bytes())
+        key = digest.hexdigest()[:16]
+        base = self.cluster.builder.cache / "containerd-seed"
+        seed = base / key
+        if (seed / "done").exists():
+            return seed / "root"
+        tmp = base / f"tmp-{key}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(mode=0o700, parents=True)
+        (tmp / "config.toml").write_text(self._seed_config(tmp))
+        print(f"devcluster: importing {len(tars)} images into a containerd seed ...",
+              file=self.cluster.log, flush=True)  # fmt: skip
+        started = time.monotonic()
+        self.processes.start(
+            "containerd-seed",
+            [shutil.which("containerd") or "containerd", f"--config={tmp / 'config.toml'}"],
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"},
+            cwd=tmp,
+        )
+        ctr = [shutil.which("ctr") or "ctr", f"--address={tmp / 'c.sock'}", "-n", "k8s.io"]
+        try:
+            deadline = time.monotonic() + 60
+            while subprocess.run([*ctr, "version"], capture_output=True).returncode != 0:
+                if time.monotonic() > deadline or not self.processes.alive("containerd-seed"):
+                    raise self._fail("containerd", "the seed's containerd did not start",
+                                     self.processes.log("containerd-seed"))  # fmt: skip
+                time.sleep(0.3)
+            for tar in tars:
+                out = subprocess.run(
+                    [*ctr, "images", "import", str(tar)], capture_output=True, text=True,
+                    timeout=1200,
+                )  # fmt: skip
+                if out.returncode != 0:
+                    raise self._fail("containerd", f"ctr images import {tar.name}: "
+                                     f"{out.stderr.strip()[-300:]}")  # fmt: skip
+        finally:
+            self.processes.stop("containerd-seed")
+        self._unmount_under(tmp)
+        shutil.rmtree(tmp / "state", ignore_errors=True)
+        (tmp / "done").write_text(f"{time.monotonic() - started:.0f} s\n")
+        try:
+            os.rename(tmp, seed)
+        except OSError:  # another session made it meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+        for old in base.iterdir():  # seeds of images that changed since: gigabytes
+            if old.name != key and not old.name.startswith("tmp-"):
+                shutil.rmtree(old, ignore_errors=True)
+        print(f"devcluster: containerd seed made in {time.monotonic() - started:.0f} s",
+              file=self.cluster.log, flush=True)  # fmt: skip
+        return seed / "root"
+
+    def _plant_seed(self, tars: list[Path]) -> bool:
+        """The node's containerd root as hard links to the seed's files (its databases
+        copied); False (import instead) when that cannot be done."""
+        root = self.dir / "containerd" / "root"
+        try:
+            seed = self._seed(tars)
+        except RealNodeError:
+            raise
+        except (OSError, subprocess.SubprocessError) as err:
+            print(f"devcluster: no containerd seed ({err}); importing", file=self.cluster.log)
+            return False
+        shutil.rmtree(root, ignore_errors=True)
+        out = subprocess.run(["cp", "-al", str(seed), str(root)], capture_output=True, text=True)
+        if out.returncode != 0:  # another filesystem: no hard links
+            shutil.rmtree(root, ignore_errors=True)
+            print(f"devcluster: cannot link the seed ({out.stderr.strip()}); importing",
+                  file=self.cluster.log)  # fmt: skip
+            return False
+        for db in root.rglob("*.db"):  # written by this containerd: its own copies
+            data = db.read_bytes()
+            db.unlink()
+            db.write_bytes(data)
+        return True
+
     def import_image(self, tar: Path, timeout: float = 600) -> None:
         """Import a docker-archive into the node's containerd (``RealNodeError`` if not)."""
         out = self._ctr("images", "import", str(tar), timeout=timeout)
@@ -291,7 +393,9 @@ class RealNode:
             tar = images.worker_image(self.cluster.builder.cache / "images", REPO)
         except (images.ImageError, OSError) as err:
             raise self._fail("worker image", str(err)) from None
-        self.import_image(tar)
+        listed = self._ctr("images", "ls", "-q", timeout=30).stdout.split()
+        if images.WORKER not in listed:  # in the seed, unless it could not be built then
+            self.import_image(tar)
         return images.WORKER
 
     def _containerd_config(self) -> str:
