@@ -348,7 +348,11 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         except OSError:  # another session made it meanwhile
             shutil.rmtree(tmp, ignore_errors=True)
         for old in base.iterdir():  # seeds of images that changed since: gigabytes
-            if old.name != key and not old.name.startswith("tmp-"):
+            if old.name.startswith("tmp-"):  # one being made, unless its maker is gone
+                maker = old.name.rsplit("-", 1)[-1]
+                if not maker.isdigit() or Path(f"/proc/{maker}").exists():
+                    continue
+            if old.name != key:
                 shutil.rmtree(old, ignore_errors=True)
         print(f"devcluster: containerd seed made in {time.monotonic() - started:.0f} s",
               file=self.cluster.log, flush=True)  # fmt: skip
