@@ -14,6 +14,8 @@ from typing import Any
 
 import ipywidgets as w
 
+from extension.storage.warning import quota_warning
+
 from . import figures
 from .plotly_widget import figure_widget, update
 
@@ -70,6 +72,7 @@ class UsageWidget(w.VBox):
         self.refresh_seconds = refresh_seconds
         self.refresh_button = w.Button(description="Refresh", icon="refresh")
         self.message = w.HTML("")
+        self.quota = w.HTML("")  # the user's storage quota, from 90 % of a limit on
         self.table = w.HTML("")
         self.chart = figure_widget(figures.usage_figure(figures.normalise_usage({})))
         self.refresh_button.on_click(lambda _b: self.refresh())
@@ -80,6 +83,7 @@ class UsageWidget(w.VBox):
             w.HBox([self.plan, self.range]),
             w.HBox([self.auto, self.refresh_button]),
             self.message,
+            self.quota,
         ]
         if self.chart is not None:
             rows.append(self.chart)
@@ -122,7 +126,17 @@ class UsageWidget(w.VBox):
             fig = figures.usage_figure(self.usage, title=f"{self.plan.value}{who}")
             update(self.chart, fig)
             self.table.value = figures.hours_table_html(self.usage)
+            self.quota.value = self._quota_html()
             return self.usage
+
+    def _quota_html(self) -> str:
+        """The storage quota's warning (``extension.storage.warning``), or nothing."""
+        try:
+            rows = self.client.storage().get("users") or []
+        except Exception:  # a nicety: the chart is what the widget is for
+            return ""
+        text = quota_warning(rows[0]) if rows else None
+        return f'<span style="color:#b45309">{html.escape(text)}</span>' if text else ""
 
     def _on_auto(self, change: dict) -> None:
         if change["new"]:

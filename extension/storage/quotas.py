@@ -30,7 +30,9 @@ from .limits import QuotaPolicy, StorageLimits
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 WARN_AT = 0.9
-NEAR_FULL = 4 * 2**20  # the spawn page and the widget warn from 90 % of a limit
+NEAR_FULL = 4 * 2**20  # a failed job's folder this near its limit: the limit is named
+# ext4 refuses the last megabyte or so (room for delayed allocations' metadata): "full" within
+FULL_MARGIN = 5 * 2**18  # the spawn page and the widget warn from 90 % of a limit
 
 
 class QuotaState(enum.Enum):
@@ -299,7 +301,7 @@ def _state(
 ) -> QuotaState:
     if expired:
         return QuotaState.GRACE_EXPIRED
-    if used >= held - max(NEAR_FULL, held // 200) or files >= limits.files_hard:
+    if used >= held - max(FULL_MARGIN, held // 1000) or files >= limits.files_hard:
         return QuotaState.HARD
     if since is not None:
         return QuotaState.SOFT

@@ -53,6 +53,7 @@ from .request import NotebookRequest
 from .service_client import ServiceCalls, ServiceClient, ServiceLocation
 from .spawn_log import SpawnLog
 from .state import forget_job, load_state, save_state
+from .storage_note import storage_note
 from .user_options import check_user_options
 
 __all__ = [
@@ -425,6 +426,10 @@ class WmlaSpawnerMixin(LoggingConfigurable):
             request = self.wmla_request()
             body = request.job_body(plan=plan, user=self.user.name, server=self.name)
             await parts.admission.submit(spawn, request, body, self.admission_poll_interval)
+            # the folder is there now (made for the notebook job): warn from 90 % of its quota
+            note = await storage_note(self.wmla_service_client(), self.user.name, self.wmla_log())
+            if note:
+                self.wmla_note(note)
             return plan
         finally:
             spawn.waiting = False

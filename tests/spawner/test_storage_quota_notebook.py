@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import os
+import pwd
 import secrets
 import shutil
 import subprocess
@@ -20,8 +21,8 @@ import requests
 
 from extension.storage.images import UserImages, mounted_at
 from tests.service.hub import PROXY, Client, Hub
-from tests.spawner.helpers import hub_request, server_model
-from tests.spawner.test_local import accounts_can_run_servers, wait_ready
+from tests.spawner.helpers import hub_request, server_model, wait_for
+from tests.spawner.test_local import accounts_can_run_servers, progress_events, stop, wait_ready
 
 AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("useradd") is not None
 pytestmark = [
@@ -36,11 +37,20 @@ c.JupyterHub.spawner_class = "wmla-local"
 c.WmlaLocalSpawner.storage_root = {storage!r}
 c.WmlaLocalSpawner.system_user_template = {template!r}
 c.WmlaLocalSpawner.create_system_users = True
+c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}  # the spawn's events can be read
 c.WmlaLocalSpawner.notebook_cpu = "100m"
 c.WmlaLocalSpawner.notebook_memory = "256Mi"
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 90
 """
+
+
+def account_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +88,7 @@ def hub():
 def test_a_notebook_save_past_the_quota_is_refused_with_the_kernels_error(hub: Hub) -> None:
     r = hub_request(hub, "POST", "/users/user1/server", "user1", json={})
     assert r.status_code in (201, 202), r.text
+    wait_for(lambda: account_exists(PREFIX + "user1"), "the spawn to create the account", 60)
     if not accounts_can_run_servers(PREFIX + "user1"):
         pytest.skip("no Python the accounts can run here")
     wait_ready(hub, "user1")
@@ -102,3 +113,24 @@ def test_a_notebook_save_past_the_quota_is_refused_with_the_kernels_error(hub: H
     mine = hub.clients["user1"].get("/storage").json()["users"][0]
     assert mine["storage"] == 32 * MiB and mine["used_bytes"] <= 32 * MiB, mine
     assert server_model(hub, "user1")["ready"]  # the server goes on
+
+
+def test_the_spawn_page_warns_from_ninety_percent_of_the_quota(hub: Hub) -> None:
+    if server_model(hub, "user1") is None:
+        pytest.skip("the first test's server did not start")
+    folder = hub.storage / "user1"
+    uid = os.stat(folder).st_uid
+    for name in os.listdir(folder):  # as the user would, from the terminal
+        if name.endswith(".bin"):
+            os.unlink(folder / name)
+    fill = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                           "sh", "-c", f"head -c 30M /dev/zero > {folder}/data"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert fill.returncode == 0, fill.stderr
+    stop(hub, "user1")
+    r = hub_request(hub, "POST", "/users/user1/server", "user1", json={})
+    assert r.status_code in (201, 202), r.text
+    lines = [e.get("message", "") for e in progress_events(hub, "user1")]
+    warning = [line for line in lines if "quota" in line]
+    assert warning and "of its 32 MiB quota" in warning[0], lines
+    wait_ready(hub, "user1")

@@ -66,6 +66,9 @@ class CannedClient:
     def plans(self) -> dict:
         return {"plans": [{"path": "/p"}, {"path": "/p/alice"}]}
 
+    def storage(self) -> dict:
+        return {"enforced": False, "users": [{"enforced": False}]}
+
     def usage(self, **params) -> dict:
         self.usage_calls.append(params)
         return {
@@ -126,6 +129,20 @@ def test_usage_widget_charts_the_plan_and_refreshes_on_a_new_range() -> None:
     assert "2.000 GPU-hours" in widget.message.value
     widget.range.value = "last 24 hours"  # observe -> refresh with the new window
     assert client.usage_calls[-1]["start"] == 7200.0 - 86400 and len(client.usage_calls) == 2
+    assert widget.quota.value == ""  # the canned client's service holds no quota
+
+
+def test_usage_widget_warns_from_ninety_percent_of_the_storage_quota() -> None:
+    client = CannedClient()
+    mine = {"enforced": True, "folder": "/s/alice", "used_bytes": 95 * 2**20, "used_files": 9,
+            "storage": 100 * 2**20, "soft_storage": 100 * 2**20, "files": 900,
+            "soft_files": 900, "held_bytes": 100 * 2**20, "held_files": 900, "state": "near",
+            "grace_left": None}  # fmt: skip
+    client.storage = lambda: {"users": [mine]}
+    widget = UsageWidget(client, plan="/p", now=lambda: 7200.0, time_range="last hour")
+    widget.refresh()
+    assert "holds 95 MiB of its 100 MiB quota" in widget.quota.value
+    assert "(95%)" in widget.quota.value
 
 
 # -- the live chart ------------------------------------------------------------------------------
