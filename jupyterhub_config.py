@@ -117,6 +117,10 @@ STORAGE_QUOTA = os.environ.get("WMLA_STORAGE_QUOTA", "10Gi" if os.geteuid() == 0
 if STORAGE_QUOTA:  # "50Gi", or JSON: {"storage": "50Gi", "soft_storage": "40Gi", "grace": "7d"}
     quota = json.loads(STORAGE_QUOTA) if STORAGE_QUOTA.lstrip().startswith("{") else STORAGE_QUOTA
     service_config["default_storage_quota"] = quota
+    # each notebook server's /tmp inside its user's image too (extension/storage/images.py)
+    c.WmlaLocalSpawner.private_tmp_template = str(
+        VAR / "wmla" / "storage" / "mnt" / "{username}" / "tmp"
+    )
 service_env: dict[str, str] = {}
 if os.environ.get("WMLA_BACKEND"):
     # "kubernetes": the local cluster of `make k8s-up` (hub_config/kubernetes.py)

@@ -34,7 +34,7 @@ from traitlets import (
 from traitlets import Callable as CallableTrait
 
 from extension.adoption import Adoption, check_adoption
-from extension.backends.local.worker_launcher import reset_signals
+from extension.backends.local.worker_launcher import bind_private_tmp, reset_signals
 from extension.confine import DEFAULT_GPU_TEMPLATE, DEFAULT_PIDS, check_template, enter
 from extension.userfs.accounts import Account, AccountError, create_account, find_account, is_root
 from extension.userfs.errors import UserFileError
@@ -45,6 +45,7 @@ from .confining import ServerCgroup, server_gpus, server_grant
 from .getting_started import MARKER, starter_files
 from .kernel import install_startup
 from .mixin import WmlaSpawnerMixin
+from .private_tmp import LIBC, ServerTmp
 from .profile_overrides import TraitOverrides
 from .server_python import ServerCommand, server_command
 from .storage import ensure_folder, user_folder
@@ -173,6 +174,17 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         """,
     ).tag(config=True)
 
+    private_tmp_template = Unicode(
+        "",
+        config=True,
+        help="""A root-only folder per user ({username}) in which each server gets a folder
+        bound on its /tmp and /var/tmp (docs/security.md "Storage quotas"); empty, or a
+        folder that is not there: the machine's /tmp. jupyterhub_config.py sets it to the
+        storage quotas' tmp/ of each user's image.
+
+        c.WmlaLocalSpawner.private_tmp_template = "/var/lib/wmla/storage/mnt/{username}/tmp"
+        """,
+    )
     gpu_device_template = Unicode(
         DEFAULT_GPU_TEMPLATE,
         help="""The device node of GPU ``{index}``: a server's cgroup may open GPU nodes only
@@ -207,6 +219,7 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
     )
     _wmla_account = None
     _wmla_cgroup: ServerCgroup | None = None
+    _wmla_tmp: ServerTmp | None = None  # its /tmp inside the user's quota (private_tmp.py)
     _wmla_warned = False
     _wmla_cmd: list | None = None  # the configured cmd (start() may swap the interpreter)
 
@@ -299,6 +312,11 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
             folder, self._wmla_account = await asyncio.to_thread(self.wmla_prepare)
             self.wmla_note(f"your folder: {folder}", 30)
             self._wmla_cgroup = await asyncio.to_thread(self._wmla_confine)
+            if self._wmla_account is not None:
+                self._wmla_tmp = await asyncio.to_thread(
+                    ServerTmp.create, self.private_tmp_template, self.user.name,
+                    self.wmla_job_id or self.name or "default", self._wmla_account, folder,
+                )  # fmt: skip
             return await super().start()
         except BaseException:
             await asyncio.to_thread(self._wmla_unconfine)
@@ -321,6 +339,9 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         if self._wmla_cgroup is not None:
             self._wmla_cgroup.remove()
             self._wmla_cgroup = None
+        if self._wmla_tmp is not None:
+            self._wmla_tmp.remove()
+            self._wmla_tmp = None
 
     async def poll(self) -> int | None:
         status = await super().poll()
@@ -353,11 +374,14 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         account = self._wmla_account
         become = set_user_setuid(account.name, chdir=False) if account else None
         cgroup = self._wmla_cgroup.enter_files() if self._wmla_cgroup is not None else ()
+        tmp = str(self._wmla_tmp.path) if self._wmla_tmp is not None else ""
 
         def preexec() -> None:  # runs in the child between fork and exec
             reset_signals()  # none the hub inherited ignored reaches the server
             if cgroup:  # as root, before the user's code: no window outside the grant
                 enter(cgroup)
+            if tmp:  # still root: its own /tmp, inside its user's quota
+                bind_private_tmp(tmp, LIBC)
             if become is not None:
                 become()
             os.chdir(folder)

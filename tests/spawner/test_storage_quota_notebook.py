@@ -13,16 +13,22 @@ import pwd
 import secrets
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 import requests
 
 from extension.storage.images import UserImages, mounted_at
+from tests.security.test_storage_quota import outside_tmp
 from tests.service.hub import PROXY, Client, Hub
 from tests.spawner.helpers import hub_request, server_model, wait_for
-from tests.spawner.test_local import accounts_can_run_servers, progress_events, stop, wait_ready
+from tests.spawner.test_local import (
+    accounts_can_run_servers,
+    progress_events,
+    run_in_terminal,
+    stop,
+    wait_ready,
+)
 
 AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("useradd") is not None
 pytestmark = [
@@ -40,6 +46,7 @@ c.WmlaLocalSpawner.create_system_users = True
 c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}  # the spawn's events can be read
 c.WmlaLocalSpawner.notebook_cpu = "100m"
 c.WmlaLocalSpawner.notebook_memory = "256Mi"
+c.WmlaLocalSpawner.private_tmp_template = {tmps!r}
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 90
 """
@@ -55,9 +62,9 @@ def account_exists(name: str) -> bool:
 
 @pytest.fixture(scope="module")
 def hub():
-    tmp = Path(tempfile.mkdtemp(prefix="wmla-quota-nb-"))
+    tmp = outside_tmp("wmla-quota-nb-")
     os.chmod(tmp, 0o711)
-    storage = Path(tempfile.mkdtemp(prefix="wmla-quota-nb-storage-"))
+    storage = outside_tmp("wmla-quota-nb-storage-")
     os.chmod(storage, 0o711)
     traits = {"tick": 1, "grace": 1, "device_layout": "1x4", "cpu_oversubscription": 4}
     traits["backend_options"] = {"account_template": PREFIX + "{username}"}
@@ -65,8 +72,10 @@ def hub():
     hub = Hub(tmp, traits)
     hub.env["WMLA_STORAGE_ROOT"] = str(storage)
     hub.storage = storage
+    tmps = str(hub.var / "wmla" / "storage" / "mnt" / "{username}" / "tmp")
     with open(hub.config, "a") as f:
-        f.write(SPAWNER_CONFIG.format(template=PREFIX + "{username}", storage=str(storage)))
+        f.write(SPAWNER_CONFIG.format(template=PREFIX + "{username}", storage=str(storage),
+                                      tmps=tmps))  # fmt: skip
     images = UserImages(hub.var / "wmla" / "storage", storage)
     try:
         hub.start()
@@ -113,6 +122,17 @@ def test_a_notebook_save_past_the_quota_is_refused_with_the_kernels_error(hub: H
     mine = hub.clients["user1"].get("/storage").json()["users"][0]
     assert mine["storage"] == 32 * MiB and mine["used_bytes"] <= 32 * MiB, mine
     assert server_model(hub, "user1")["ready"]  # the server goes on
+
+
+async def test_a_terminal_writes_its_tmp_inside_the_users_quota(hub: Hub) -> None:
+    if server_model(hub, "user1") is None:
+        pytest.skip("the first test's server did not start")
+    marker = f"wmla-{secrets.token_hex(4)}"
+    out = await run_in_terminal(hub, "user1", f"touch /tmp/{marker} && ls /tmp /var/tmp")
+    assert marker in out, out
+    assert not Path(f"/tmp/{marker}").exists()  # not the machine's /tmp
+    tmps = list((hub.var / "wmla" / "storage" / "mnt" / "user1" / "tmp").glob(f"*/{marker}"))
+    assert len(tmps) == 1, tmps  # the server's folder in the user's image
 
 
 def test_the_spawn_page_warns_from_ninety_percent_of_the_quota(hub: Hub) -> None:

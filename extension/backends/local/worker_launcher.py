@@ -133,14 +133,18 @@ MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 
 
 def private_tmp(spec: dict) -> None:
-    """Still root: a mount namespace of the worker's own where ``/tmp`` and ``/var/tmp`` are
-    ``spec["tmp"]``, a folder root made for the job inside its user's storage quota (so a job
-    cannot fill the machine's /tmp). The folder's path is root's alone (nothing of it is the
-    user's to swap); its content is the user's."""
-    tmp = spec.get("tmp")
-    if not tmp:
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
+    """Still root: ``/tmp`` and ``/var/tmp`` of the worker's own, ``spec["tmp"]``, a folder root
+    made for the job inside its user's storage quota (so a job cannot fill the machine's
+    /tmp)."""
+    if spec.get("tmp"):
+        bind_private_tmp(spec["tmp"], ctypes.CDLL(None, use_errno=True))
+
+
+def bind_private_tmp(tmp: str, libc: ctypes.CDLL) -> None:
+    """In a new mount namespace of this process (still root): ``tmp`` bound on ``/tmp`` and
+    ``/var/tmp``. ``tmp``'s path is root's alone (nothing of it is a user's to swap); it is
+    bound by its descriptor, as its path may run through /tmp, which the first bind covers.
+    Also the spawner's, for notebook servers (``libc`` loaded before the fork there)."""
 
     def check(result: int, what: str) -> None:
         if result != 0:
@@ -149,7 +153,6 @@ def private_tmp(spec: dict) -> None:
 
     check(libc.unshare(CLONE_NEWNS), "unshare")
     check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "making / private")
-    # by its descriptor: its path may run through /tmp, which the first bind covers
     source = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         for target in ("/tmp", "/var/tmp"):
