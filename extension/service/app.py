@@ -28,6 +28,7 @@ from extension.storage.settings import (
     StorageSettings,
     build_quotas,
     check_forever,
+    load_plan_limits,
     storage_security,
     wire_local_accounts,
 )
@@ -480,6 +481,7 @@ class WmlaService(Application, StorageSettings):
         self.storage = build_quotas(
             self._quota_policy, quota_dir, self.storage_root, lambda: sched.plans, self.log
         )
+        self.plan_limits = await load_plan_limits(self.storage, sched.db, self.store)
         await off_loop(self.storage.start)
         sched.storage = self.storage
         self.meter.registry.register(StorageCollector(self.storage))

@@ -120,6 +120,13 @@ class QuotaPolicy:
             )
         return cls(base, plans)
 
+    def with_plan(self, path: str, limits: StorageLimits | None) -> QuotaPolicy:
+        """This policy with ``path``'s limits set (None: removed)."""
+        plans = {k: v for k, v in self.by_plan.items() if k != path}
+        if limits is not None:
+            plans[path] = limits
+        return QuotaPolicy(self.default, plans)
+
     @property
     def enabled(self) -> bool:
         return self.default is not None or bool(self.by_plan)

@@ -68,5 +68,29 @@ def storage_paths() -> dict[str, Any]:
                             "content": {"application/json": {"schema": error}}},
                 },
             }
-        }
+        },
+        "/storage/plans": {
+            "get": {
+                "summary": "the plans with storage limits (their user leaves' limits), from "
+                           "the configuration or set by a plan admin",
+                "responses": {"200": {"description": "{plans: [{plan, source, storage, ...}]}"}},
+            }
+        },
+        "/storage/plans/{path}": {
+            "parameters": [{"name": "path", "in": "path", "required": True,
+                            "schema": {"type": "string", "example": "/research"}}],
+            "put": {
+                "summary": "set a plan's storage limits (plan admins), held at once where the "
+                           "users' images have room: {storage, files, soft_storage, "
+                           "soft_files, grace}",
+                "responses": {"200": {"description": "the plans with limits"},
+                              "400": {"description": "a limit that cannot be held"},
+                              "403": {"description": "not a plan admin"},
+                              "404": {"description": "no such plan"}},
+            },
+            "delete": {
+                "summary": "remove a plan admin's limits (back to the configured ones)",
+                "responses": {"200": {"description": "the plans with limits"}},
+            },
+        },
     }  # fmt: skip

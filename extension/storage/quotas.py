@@ -130,26 +130,21 @@ class StorageQuotas:
         self.log = log
         self.clock = clock
         self.grace = GraceBook(images.quota_dir / "grace.json")
-        self.problem = self._problem()
+        self.machine_problem = _machine_problem()
         self.latest: dict[str, QuotaReport] = {}  # the last check's, for the metrics
         # a job's /tmp is bound over the machine's: a storage root under it would be hidden
         root = os.path.realpath(images.storage_root)
         self.private_tmp = not any(root.startswith(t + "/") for t in ("/tmp", "/var/tmp"))
-        if self.enforced and not self.private_tmp:
+        if not self.private_tmp:
             log.warning("the storage root %s is under /tmp: jobs keep the machine's /tmp", root)
 
-    def _problem(self) -> str:
-        """Why quotas cannot be held here ("" when they can)."""
+    @property
+    def problem(self) -> str:
+        """Why quotas are not held here ("" when they are): nothing configured (an admin may
+        set a plan's later), or what this machine lacks."""
         if not self.policy.enabled:
             return "no storage quota is configured (c.WmlaService.default_storage_quota)"
-        if os.geteuid() != 0:
-            return "the service does not run as root: it cannot mount the users' images"
-        missing = tools_missing()
-        if missing:
-            return f"{', '.join(missing)} missing (Debian packages e2fsprogs, util-linux, mount)"
-        if not os.path.exists("/dev/loop-control"):
-            return "no loop devices here (/dev/loop-control is missing)"
-        return ""
+        return self.machine_problem
 
     @property
     def enforced(self) -> bool:
@@ -294,6 +289,18 @@ class StorageQuotas:
     ) -> QuotaReport:
         limits = limits or StorageLimits(0, 0, 0, 0, 0.0)
         return QuotaReport(user, folder, 0, 0, limits, 0, 0, None, QuotaState.UNDER, False, why)
+
+
+def _machine_problem() -> str:
+    """Why this machine cannot hold quotas ("" when it can)."""
+    if os.geteuid() != 0:
+        return "the service does not run as root: it cannot mount the users' images"
+    missing = tools_missing()
+    if missing:
+        return f"{', '.join(missing)} missing (Debian packages e2fsprogs, util-linux, mount)"
+    if not os.path.exists("/dev/loop-control"):
+        return "no loop devices here (/dev/loop-control is missing)"
+    return ""
 
 
 def _state(

@@ -18,6 +18,8 @@ from extension.userfs.files import off_loop
 
 from .images import UserImages
 from .limits import LimitError, QuotaPolicy
+from .plan_limits import META_KEY as PLAN_LIMITS_KEY
+from .plan_limits import PlanLimits
 from .quotas import StorageQuotas
 
 
@@ -102,6 +104,13 @@ def build_quotas(
     )
 
 
+async def load_plan_limits(storage: StorageQuotas, db: Any, store: Any) -> PlanLimits:
+    """The admins' plan limits as stored (``db``: the service's StoreCalls over ``store``)."""
+    limits = PlanLimits(storage, lambda text: db.write(store.set_meta, PLAN_LIMITS_KEY, text))
+    limits.load(await db.read(store.get_meta, PLAN_LIMITS_KEY))
+    return limits
+
+
 def wire_local_accounts(storage: StorageQuotas, accounts: Any) -> None:
     """The local backend's accounts learn from the quotas why a job failed of its folder's
     limit, and where its private /tmp is (``UserAccounts``' hooks)."""
@@ -126,12 +135,12 @@ def storage_security(storage: StorageQuotas | None, report: dict[str, Any]) -> d
 async def check_forever(
     storage: StorageQuotas, stop: asyncio.Event, every: float, log: logging.Logger
 ) -> None:
-    """Soft limits, grace periods and changed limits, every ``every`` seconds until ``stop``."""
-    if not storage.enforced:
-        return
+    """Soft limits, grace periods and changed limits, every ``every`` seconds until ``stop``
+    (nothing to do while quotas are not held: an admin may set a plan's later)."""
     while not stop.is_set():
         try:
-            await off_loop(storage.check)
+            if storage.enforced:
+                await off_loop(storage.check)
         except Exception:  # a check must not end the checks
             log.exception("storage quota check failed")
         with contextlib.suppress(asyncio.TimeoutError):

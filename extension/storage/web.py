@@ -11,6 +11,7 @@ from prometheus_client.core import GaugeMetricFamily
 from extension.userfs.files import off_loop
 from extension.webapi import APIError, APIHandler
 
+from .limits import LimitError
 from .quotas import QuotaReport, StorageQuotas
 
 
@@ -36,8 +37,40 @@ class StorageHandler(APIHandler):
         )
 
 
+class PlanStorageHandler(APIHandler):
+    """``GET storage/plans``: the plans with storage limits; ``PUT``/``DELETE
+    storage/plans/<path>``: a plan admin sets or removes a plan's (its user leaves' limits)."""
+
+    async def get(self, path: str = "") -> None:
+        self.caller()
+        self.reply({"plans": self.service.plan_limits.rows()})
+
+    async def put(self, path: str = "") -> None:
+        await self._change(path, self.body())
+
+    async def delete(self, path: str = "") -> None:
+        await self._change(path, None)
+
+    async def _change(self, path: str, spec: Any) -> None:
+        self.admin_caller()
+        plans = self.sched.plans
+        if not path or path not in plans:
+            raise APIError(404, f"there is no plan {path!r}")
+        if plans.get(path).user_leaf:
+            raise APIError(400, f"{path} is a user leaf: set the limits on its plan")
+        try:
+            await self.service.plan_limits.put(path, spec)
+        except LimitError as err:
+            raise APIError(400, str(err)) from None
+        self.reply({"plans": self.service.plan_limits.rows()})
+
+
 def storage_routes(prefix: str) -> list[tuple]:
-    return [(prefix + r"api/v1/storage/?", StorageHandler)]
+    return [
+        (prefix + r"api/v1/storage/?", StorageHandler),
+        (prefix + r"api/v1/storage/plans/?", PlanStorageHandler),
+        (prefix + r"api/v1/storage/plans(/.+?)/?", PlanStorageHandler),
+    ]
 
 
 class StorageCollector:

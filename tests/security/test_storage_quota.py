@@ -237,6 +237,30 @@ def test_quota_and_the_api_agree_with_du_and_the_kernel(hub: Hub) -> None:
     assert 'wmla_storage_used_bytes{user="user1"}' in metrics.text
 
 
+def test_a_plan_admin_sets_a_plans_limits_at_once_and_they_outlive_a_restart(hub: Hub) -> None:
+    admin, user1 = hub.clients["admin"], hub.clients["user1"]
+    path = "/storage/plans/sample-project/training"
+    body = {"storage": "128Mi", "files": 600}
+    assert user1.put(path, json=body).status_code == 403  # only plan admins
+    bad = admin.put(path, json={"storage": "128Mi", "soft_storage": "1Gi"})
+    assert bad.status_code == 400 and "a soft limit above its hard limit" in bad.text
+    assert admin.put("/storage/plans/nowhere", json=body).status_code == 404
+    assert storage_of(user1)["storage"] == 64 * MiB  # the refused ones changed nothing
+    r = admin.put(path, json=body)
+    assert r.status_code == 200, r.text
+    assert {"plan": "/sample-project/training", "source": "admin"}.items() <= r.json()["plans"][
+        0
+    ].items()
+    mine = storage_of(user1)  # at once: the image had room to grow into
+    assert mine["storage"] == 128 * MiB and mine["files"] == 600, mine
+    vfs = os.statvfs(hub.storage / "user1")
+    assert vfs.f_bavail * vfs.f_frsize == 128 * MiB - mine["used_bytes"]
+    hub.restart()
+    assert storage_of(user1)["storage"] == 128 * MiB  # stored with the service's state
+    assert admin.delete(path).status_code == 200
+    assert storage_of(user1)["storage"] == 64 * MiB  # back to the default
+
+
 def test_a_restart_keeps_the_folders_their_files_and_their_limits(hub: Hub) -> None:
     before = storage_of(hub.clients["user1"])
     hub.restart()

@@ -255,6 +255,9 @@ class Client:
     def patch(self, path: str, **kwargs) -> requests.Response:
         return self("PATCH", path, **kwargs)
 
+    def put(self, path: str, **kwargs) -> requests.Response:
+        return self("PUT", path, **kwargs)
+
     def delete(self, path: str, **kwargs) -> requests.Response:
         return self("DELETE", path, **kwargs)
 
