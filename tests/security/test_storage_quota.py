@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -239,14 +240,16 @@ def test_quota_and_the_api_agree_with_du_and_the_kernel(hub: Hub) -> None:
 
 def test_a_plan_admin_sets_a_plans_limits_at_once_and_they_outlive_a_restart(hub: Hub) -> None:
     admin, user1 = hub.clients["admin"], hub.clients["user1"]
+    job, _ = run(user1, body("bytes", "0"))  # user1's leaf under the plan, as a first job makes
+    assert job["state"] == "FINISHED", job
     path = "/storage/plans/sample-project/training"
-    body = {"storage": "128Mi", "files": 600}
-    assert user1.put(path, json=body).status_code == 403  # only plan admins
+    limits = {"storage": "128Mi", "files": 600}
+    assert user1.put(path, json=limits).status_code == 403  # only plan admins
     bad = admin.put(path, json={"storage": "128Mi", "soft_storage": "1Gi"})
     assert bad.status_code == 400 and "a soft limit above its hard limit" in bad.text
-    assert admin.put("/storage/plans/nowhere", json=body).status_code == 404
+    assert admin.put("/storage/plans/nowhere", json=limits).status_code == 404
     assert storage_of(user1)["storage"] == 64 * MiB  # the refused ones changed nothing
-    r = admin.put(path, json=body)
+    r = admin.put(path, json=limits)
     assert r.status_code == 200, r.text
     assert {"plan": "/sample-project/training", "source": "admin"}.items() <= r.json()["plans"][
         0
@@ -259,6 +262,27 @@ def test_a_plan_admin_sets_a_plans_limits_at_once_and_they_outlive_a_restart(hub
     assert storage_of(user1)["storage"] == 128 * MiB  # stored with the service's state
     assert admin.delete(path).status_code == 200
     assert storage_of(user1)["storage"] == 64 * MiB  # back to the default
+
+
+def test_the_admin_page_sets_a_plans_limits_and_refuses_a_bad_one(hub: Hub) -> None:
+    web = requests.Session()
+    web.headers["Authorization"] = f"token {hub.user_token('admin')}"
+    page = f"{hub.url}/services/wmla/admin/instance"
+    text = web.get(page, timeout=30).text
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', text).group(1)
+    form = {"_xsrf": xsrf, "plan": "/sample-project/training", "storage": "96Mi"}
+    done = web.post(f"{hub.url}/services/wmla/admin/storage", data=form, timeout=30)
+    assert done.status_code == 200 and "/sample-project/training: storage limits set" in done.text
+    assert '<tr data-plan="/sample-project/training">' in done.text
+    assert storage_of(hub.clients["user1"])["storage"] == 96 * MiB
+    bad = web.post(f"{hub.url}/services/wmla/admin/storage", timeout=30,
+                   data={**form, "storage": "lots"})  # fmt: skip
+    assert "refused: " in bad.text and "is not a quantity" in bad.text
+    assert storage_of(hub.clients["user1"])["storage"] == 96 * MiB  # unchanged
+    remove = {"_xsrf": xsrf, "plan": "/sample-project/training", "remove": "1"}
+    gone = web.post(f"{hub.url}/services/wmla/admin/storage", data=remove, timeout=30)
+    assert "storage limits removed" in gone.text
+    assert storage_of(hub.clients["user1"])["storage"] == 64 * MiB
 
 
 def test_a_restart_keeps_the_folders_their_files_and_their_limits(hub: Hub) -> None:

@@ -22,6 +22,7 @@ from tornado import web
 
 from extension.scheduler import PlanError, QuantityError
 from extension.scheduler.plans import ROOT
+from extension.storage.limits import LimitError
 from extension.userfs.files import off_loop
 from extension.webapi import ADMIN_SCOPE, APIError, BaseHandler, Caller, Throttled
 
@@ -380,7 +381,41 @@ class InstancePage(AdminBase):
             backend=service.backend_class,
             storage=storage,
             quotas=[views.quota_row(r, storage.clock()) for r in reports],
+            plan_limits=service.plan_limits.rows() if storage is not None else [],
+            plans=[p.path for p in self.sched.plans if not p.user_leaf],
+            done=self.get_argument("done", ""),
         )
+
+
+class StorageFormHandler(AdminBase):
+    """``POST admin/storage``: set (or, with ``remove``, drop) a plan's storage limits, as
+    ``PUT api/v1/storage/plans/<path>``; then back to the Instance page, which says what
+    happened (or, refused, why: nothing is changed then)."""
+
+    def check_xsrf_cookie(self) -> None:
+        if not (self.get_body_argument("_xsrf", None) or self.request.headers.get("X-XSRFToken")):
+            raise web.HTTPError(403, "the form has no _xsrf field; reload the page and retry")
+        super().check_xsrf_cookie()
+
+    def prepare(self) -> None:
+        self.check_xsrf_cookie()
+
+    @web.authenticated
+    async def post(self) -> None:
+        self.admin()
+        form = {k: self.get_body_argument(k, "").strip() for k in self.request.body_arguments}
+        plan = form.get("plan", "")
+        plans = self.sched.plans
+        spec = None if form.get("remove") else views.storage_spec(form)
+        if plan not in plans or plans.get(plan).user_leaf:
+            done = f"refused: {plan!r} is not a plan (a user leaf takes its plan's limits)"
+        else:
+            try:
+                await self.settings["wmla_service"].plan_limits.put(plan, spec)
+                done = f"{plan}: storage limits {'removed' if spec is None else 'set'}"
+            except LimitError as err:
+                done = f"refused: {err}"
+        self.redirect(f"{self.prefix}admin/instance?{urlencode({'done': done})}", status=303)
 
 
 class UsagePage(AdminBase):
@@ -439,6 +474,7 @@ def admin_routes(prefix: str) -> list[tuple]:
         (admin + r"/?", PlansPage),
         (admin + r"/plans", PlanFormHandler),
         (admin + r"/instance", InstancePage),
+        (admin + r"/storage", StorageFormHandler),
         (admin + r"/usage", UsagePage),
         (admin + r"/shares", SharesPage),
         (admin + r"/static/plotly/(plotly\.min\.js)", web.StaticFileHandler,

@@ -382,3 +382,16 @@ def quota_row(report: QuotaReport, now: float) -> dict[str, Any]:
         "state": report.state.value,
         "over": report.state not in (QuotaState.UNDER, QuotaState.NEAR),
     }
+
+
+def storage_spec(form: Mapping[str, str]) -> dict[str, Any]:
+    """A plan's storage limits from the Instance page's form: the filled fields, with files
+    counts as numbers (parse_limits says what is wrong with any of them)."""
+    spec: dict[str, Any] = {}
+    for key in ("storage", "soft_storage", "grace"):
+        if form.get(key):
+            spec[key] = form[key]
+    for key in ("files", "soft_files"):
+        if form.get(key):
+            spec[key] = int(form[key]) if form[key].isdigit() else form[key]
+    return spec
