@@ -71,6 +71,16 @@ class JobSpec:
     max_workers: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
     kind: str = "train"  # "train" or "notebook"
+    # per worker, at least ``per_worker``: the ceiling (CPU quota, memory limit) where the
+    # request is what is charged and weighed, as a kubelet holds a container; None: the request
+    limits: Resources | None = None
+
+    @property
+    def ceiling(self) -> Resources:
+        """What one worker is held to: its limits, never below its request."""
+        if self.limits is None:
+            return self.per_worker
+        return Resources(*(max(lim, req) for lim, req in zip(self.limits, self.per_worker)))
 
 
 @dataclass(frozen=True)

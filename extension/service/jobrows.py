@@ -42,4 +42,14 @@ def job_spec(row: JobRow) -> JobSpec:
         max_workers=row.max_workers,
         env=dict(row.env or {}),
         kind=row.kind,
+        limits=_limits(row),
     )
+
+
+def _limits(row: JobRow) -> Resources | None:
+    """The row's per-worker limits (stored as a dict of amounts; a missing one: the request)."""
+    stored = row.limits or {}
+    if not isinstance(stored, dict) or not stored:
+        return None
+    request = (row.gpu, row.cpu, row.memory)
+    return Resources(*(float(stored.get(n, r)) for n, r in zip(("gpu", "cpu", "memory"), request)))

@@ -58,18 +58,22 @@ def effective_pod(
     per_worker: Resources,
     limit_ranges: Iterable[Mapping],
     gpu_resource: str = m.DEFAULT_GPU_RESOURCE,
+    ceiling: Resources | None = None,
 ) -> PodAsk:
     """Requests and limits of one worker pod as the API server will see them.
 
-    The backend sets limits equal to requests for what the job asks; a resource the job leaves
-    at 0 is not written, so a LimitRange ``defaultRequest``/``default`` fills it in, and that is
-    what the quota charges.
+    The backend writes the job's requests, and its limits (``ceiling``; the requests where
+    none); a resource the job leaves at 0 is not written, so a LimitRange
+    ``defaultRequest``/``default`` fills it in, and that is what the quota charges.
     """
     requests: dict[str, float] = {}
     limits: dict[str, float] = {}
-    for name, amount in (("cpu", per_worker.cpu), ("memory", per_worker.memory)):
+    top = ceiling or per_worker
+    for name, amount, most in (("cpu", per_worker.cpu, top.cpu),
+                               ("memory", per_worker.memory, top.memory)):  # fmt: skip
         if amount:
-            requests[name] = limits[name] = float(amount)
+            requests[name] = float(amount)
+            limits[name] = float(max(amount, most))
     if per_worker.gpu:
         requests[gpu_resource] = limits[gpu_resource] = float(per_worker.gpu)
     for lr in limit_ranges:
@@ -235,12 +239,17 @@ class Admission:
         return self.cache.all(LIMIT_RANGES)
 
     def problem(
-        self, per_worker: Resources, workers: int, new_object: bool = True
+        self,
+        per_worker: Resources,
+        workers: int,
+        new_object: bool = True,
+        ceiling: Resources | None = None,
     ) -> AdmissionProblem | None:
         """Would the quota or a LimitRange refuse a pod of this gang?
 
-        ``new_object`` false for a grow: the job object exists, only pods are added."""
-        ask = effective_pod(per_worker, self.cache.all(LIMIT_RANGES), self.gpu_resource)
+        ``new_object`` false for a grow: the job object exists, only pods are added;
+        ``ceiling``: the pods' limits (the requests where None)."""
+        ask = effective_pod(per_worker, self.cache.all(LIMIT_RANGES), self.gpu_resource, ceiling)
         problem = limit_range_problem(ask, self.cache.all(LIMIT_RANGES), self.gpu_resource)
         if problem:
             return AdmissionProblem(problem, True)
@@ -262,8 +271,9 @@ class Admission:
             missing = tracked.workers - len(self.cache.pods_of(tracked.name))
             if missing <= 0:
                 continue
+            spec = tracked.spec
             ask = effective_pod(
-                tracked.spec.per_worker, self.cache.all(LIMIT_RANGES), self.gpu_resource
+                spec.per_worker, self.cache.all(LIMIT_RANGES), self.gpu_resource, spec.ceiling
             )
             out["pods"] = out.get("pods", 0) + missing
             for name, value in ask.requests.items():

@@ -75,6 +75,7 @@ class JobBuilder:
             image=o.image,
             command=self._worker_command(spec, user, mount),
             per_worker=spec.per_worker,
+            limits=spec.ceiling,
             workdir=workdir,
             env=env,
             volume_mounts=[volume_mount],

@@ -83,7 +83,7 @@ class JobRunner:
         """
         workers = len(placement)
         body = self.builder.build(spec, workers)
-        problem = self.admission.problem(spec.per_worker, workers)
+        problem = self.admission.problem(spec.per_worker, workers, ceiling=spec.ceiling)
         if problem:
             raise AdmissionRefused(f"job {spec.id}: {problem.message}", permanent=problem.permanent)
         self.tracking.track(
@@ -148,7 +148,9 @@ class JobRunner:
             )
         added = workers - tracked.workers
         if added > 0:
-            problem = self.admission.problem(spec.per_worker, added, new_object=False)
+            problem = self.admission.problem(
+                spec.per_worker, added, new_object=False, ceiling=spec.ceiling
+            )
             if problem:
                 raise AdmissionRefused(
                     f"job {spec.id}: {problem.message}", permanent=problem.permanent

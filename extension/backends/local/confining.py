@@ -88,12 +88,16 @@ class WorkerCgroups:
         ConfineError when it cannot be made."""
         if not self.enforce:
             return None
+        # as a kubelet: the CPU quota and the memory limit are the limits, the weight the
+        # request (what the scheduler charged)
+        ceiling = spec.ceiling
         grant = gpu_grant(
-            int(spec.per_worker.cpu),
-            int(spec.per_worker.memory),
+            int(ceiling.cpu),
+            int(ceiling.memory),
             self.pids_limit,
             self.gpu_device_template,
             tuple(devices),
+            cpu_weight_millicores=int(spec.per_worker.cpu),
         )
         with self._lock:
             group = self.confinement.create(self.name(spec.id, launch, rank), grant)

@@ -73,18 +73,21 @@ def make_container(
     volume_mounts: Sequence[dict] = (),
     gpu_resource: str = DEFAULT_GPU_RESOURCE,
     image_pull_policy: str | None = None,
+    limits: Resources | None = None,
 ) -> dict:
-    """One container; limits equal requests (so LimitRange ratios hold and QoS is Guaranteed)."""
+    """One container: its requests, and its limits (the requests where none are given: then
+    LimitRange ratios hold and QoS is Guaranteed)."""
     if not command:
         raise ManifestError("a worker needs a command, e.g. ['python', 'main.py']")
     requests = resource_list(per_worker, gpu_resource)
+    ceiling = resource_list(limits, gpu_resource) if limits is not None else requests
     container: dict[str, Any] = {"name": name, "image": image, "command": list(command)}
     if workdir:
         container["workingDir"] = workdir
     if env:
         container["env"] = [{"name": k, "value": str(v)} for k, v in sorted(env.items())]
     if requests:
-        container["resources"] = {"requests": dict(requests), "limits": dict(requests)}
+        container["resources"] = {"requests": dict(requests), "limits": dict(ceiling)}
     if volume_mounts:
         container["volumeMounts"] = [dict(m) for m in volume_mounts]
     if image_pull_policy:
