@@ -21,7 +21,7 @@ from extension.scheduler.plans import ROOT
 from extension.userfs.accounts import AccountError
 from extension.userfs.errors import UserFileError
 from extension.userfs.files import off_loop
-from extension.webapi import APIError, APIHandler, BaseHandler, Caller
+from extension.webapi import APIError, APIHandler, Caller
 
 from . import runtime_limits
 from .actions import Forbidden, KeyReused, NotFound
@@ -116,24 +116,6 @@ class WhoAmIHandler(APIHandler):
             if not MEMBER.match(name):
                 raise APIError(400, f"{name!r} is not a hub user or group name")
         return Caller(user, frozenset(groups), admin=False)
-
-
-class IndexHandler(BaseHandler):
-    @web.authenticated
-    def get(self) -> None:
-        user = self.current_user
-        prefix = self.settings["wmla_prefix"]
-        _ = self.xsrf_token  # sets the _xsrf cookie that the page's own API calls send back
-        self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.finish(
-            "<!doctype html><title>wmla</title><h1>wmla</h1>"
-            f"<p>Signed in as {web.escape.xhtml_escape(user['name'])}.</p><ul>"
-            f'<li><a href="{prefix}api/v1/plans">plans</a></li>'
-            f'<li><a href="{prefix}api/v1/jobs">your jobs</a></li>'
-            f'<li><a href="{prefix}api/v1/instance">instance</a></li>'
-            f'<li><a href="{prefix}api/v1/openapi.json">OpenAPI document</a></li>'
-            f'<li><a href="{prefix}admin">plan admin page</a> (plan admins)</li></ul>'
-        )
 
 
 # -- plans ---------------------------------------------------------------------------------------

@@ -17,10 +17,11 @@ from tornado.httpserver import HTTPServer
 
 from extension.metering.handlers import metering_routes
 from extension.service.admin import admin_routes
+from extension.service.admin.handlers import HomePage
 from extension.storage.web import storage_routes
 from extension.webapi import APIError, APIHandler
 
-from .handlers import IndexHandler, routes
+from .handlers import routes
 from .request_rate import RequestRate
 from .shares import share_routes
 
@@ -51,7 +52,7 @@ def web_application(service: Any, prefix: str) -> web.Application:
     return web.Application(
         [
             (prefix + "oauth_callback", HubOAuthCallbackHandler),
-            (prefix + "?", IndexHandler),
+            (prefix + "?", HomePage),  # the user's jobs and storage (admin/handlers.py)
             *routes(prefix),
             *share_routes(prefix),  # fair share: GET shares, shares/history, POST shares/reset
             *metering_routes(prefix),

@@ -231,6 +231,10 @@ def test_quota_and_the_api_agree_with_du_and_the_kernel(hub: Hub) -> None:
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("user1 ")]
     assert "64 MiB" in line and "40 MiB" in line and " 300 " in line, done.stdout
     assert hub.clients["user1"].get("/storage", params={"user": "user2"}).status_code == 403
+    home = requests.get(f"{hub.url}/services/wmla/", timeout=30,
+                        headers={"Authorization": f"token {hub.user_token('user1')}"})  # fmt: skip
+    assert home.status_code == 200 and 'id="jobs-table"' in home.text  # a page, not JSON
+    assert "of 64 MiB used" in home.text and job["id"] in home.text
     everyone = hub.clients["admin"].get("/storage").json()["users"]
     assert {r["user"] for r in everyone} >= set(USERS)
     auth = {"Authorization": f"token {hub.user_token('admin')}"}

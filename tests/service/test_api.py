@@ -470,7 +470,8 @@ def test_browser_login_reaches_the_service_through_oauth(hub: Hub, user, plan_ad
         timeout=30,
     )
     assert r.status_code == 200 and r.url.endswith("/services/wmla/"), (r.url, r.text[:300])
-    assert f"Signed in as {user}" in r.text
+    assert f'<span class="who">{user}</span>' in r.text and 'id="jobs"' in r.text
+    assert ('id="nav-admin"' in r.text) is plan_admin  # a page, with the admin's link for admins
     me = session.get(f"{hub.api}/", timeout=30).json()  # the OAuth cookie works for the API
     assert me["name"] == user and me["plan_admin"] is plan_admin
     # a cookie-authenticated change needs the _xsrf value: no cross-site submissions

@@ -23,6 +23,7 @@ from tornado import web
 from extension.scheduler import PlanError, QuantityError
 from extension.scheduler.plans import ROOT
 from extension.storage.limits import LimitError
+from extension.storage.warning import quota_warning
 from extension.userfs.files import off_loop
 from extension.webapi import ADMIN_SCOPE, APIError, BaseHandler, Caller, Throttled
 
@@ -122,6 +123,31 @@ class AdminBase(BaseHandler):
                 hub_home=self.hub_auth.hub_prefix + "home",
                 **ns,
             )
+        )
+
+
+class HomePage(AdminBase):
+    """``GET /services/wmla/``: the signed-in user's latest jobs, their folder and its quota,
+    the plans they may use, and the API's links (a page, not raw JSON)."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        model = self.current_user
+        caller = Caller(model["name"], frozenset(model.get("groups") or ()), False)
+        rows = await self.sched.db.read(self.sched.store.jobs, user=caller.name, limit=20)
+        service = self.settings["wmla_service"]
+        storage = getattr(service, "storage", None)
+        report = await off_loop(storage.report, caller.name) if storage is not None else None
+        row = report.to_dict(storage.clock()) if report is not None else {}
+        self.render_page(
+            "home.html",
+            page="home",
+            jobs=[views.home_job(r) for r in rows],
+            folder=str(service.user_folder(caller.name)),
+            quota=views.quota_line(row),
+            warning=quota_warning(row) if row else None,
+            plans=self.sched.usable_plans(caller),
+            is_admin=bool(model.get("admin")) or ADMIN_SCOPE in (model.get("scopes") or []),
         )
 
 

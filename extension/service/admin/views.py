@@ -8,6 +8,7 @@ copy of the tree and the current jobs, the records of a move, and the instance v
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -395,3 +396,24 @@ def storage_spec(form: Mapping[str, str]) -> dict[str, Any]:
         if form.get(key):
             spec[key] = int(form[key]) if form[key].isdigit() else form[key]
     return spec
+
+
+def home_job(row: Any) -> dict[str, str]:
+    """One of a user's jobs on their home page: the reason cut to a line."""
+    reason = (row.reason or "").strip().splitlines()
+    return {
+        "id": row.id,
+        "name": row.name or "",
+        "plan": row.plan,
+        "state": row.state,
+        "submitted": time.strftime("%Y-%m-%d %H:%M", time.localtime(row.submitted)),
+        "reason": (reason[0][:160] if reason else ""),
+    }
+
+
+def quota_line(row: Mapping[str, Any]) -> str:
+    """``3.2 GiB of 10 GiB used, 1200 files of 655360`` (nothing where no quota is held)."""
+    if not row or not row.get("enforced"):
+        return ""
+    return (f"{size_text(row['used_bytes'])} of {size_text(row['held_bytes'])} used, "
+            f"{row['used_files']} files of {row['held_files']}")  # fmt: skip
