@@ -367,6 +367,27 @@ class FakeKube:
         pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
         self._store(PODS, "MODIFIED", pod)
 
+    def fail_pod(
+        self, pod_name: str, exit_code: int, reason: str, namespace: str = "default"
+    ) -> None:
+        """One pod's container ends with ``exit_code`` and the kubelet's ``reason``."""
+        pod = copy.deepcopy(self.objects[PODS][(namespace, pod_name)])
+        terminated = {"exitCode": exit_code, "reason": reason}
+        pod["status"] = {"phase": "Failed", "containerStatuses": [
+            {"name": "pytorch", "state": {"terminated": terminated}}]}  # fmt: skip
+        self._store(PODS, "MODIFIED", pod)
+
+    def delete_pods(self, job_name: str, namespace: str = "default") -> None:
+        """The training operator's cleanup of a job's pods (gone at once)."""
+        for pod in self.pods_of(job_name, namespace):
+            self._remove(PODS, pod)
+
+    def set_job_failed(self, job_name: str, namespace: str = "default") -> None:
+        """A PyTorchJob's Failed condition alone (its pods may be gone already)."""
+        job = copy.deepcopy(self.objects[PYTORCHJOBS][(namespace, job_name)])
+        job["status"] = {"conditions": [{"type": "Failed", "status": "True", "message": "failed"}]}
+        self._store(PYTORCHJOBS, "MODIFIED", job)
+
     def finish_job(
         self,
         job_name: str,

@@ -224,6 +224,28 @@ async def test_a_failed_worker_fails_the_job_with_its_exit_code_and_log_tail(set
     assert "CUDA out of memory" in failed.message
 
 
+async def test_a_failure_keeps_its_exit_code_reason_and_log_after_the_operator_deletes_pods(
+    setup,
+):
+    """The training operator (v1.9) deletes a failed job's pods about a second after they
+    end, often before the job's Failed condition is seen (found on a real node)."""
+    fake, backend, events = setup
+    name = job_object_name("job-1")
+    await backend.start(spec(workers=(2, 2)), ("gpu-1", "gpu-2"))
+    fake.make_pods(name, ["gpu-1", "gpu-2"], namespace=NS)
+    await until(lambda: events.kinds("job-1") == ["running"], "running")
+    fake.logs[f"{name}-worker-0"] = "allocating 1 GiB"
+    fake.fail_pod(f"{name}-worker-0", 137, "OOMKilled", namespace=NS)
+    await until(lambda: backend.logs("job-1", worker=1) == "allocating 1 GiB", "log kept")
+    fake.delete_pods(name, NS)  # the operator's cleanup, before the job's condition is seen
+    await until(lambda: not backend.cache.pods_of(name), "pods gone")
+    fake.set_job_failed(name, NS)
+    await until(lambda: "failed" in events.kinds("job-1"), "failed")
+    failed = events.last("job-1")
+    assert failed.exit_code == 137 and failed.placement == ("gpu-1", "gpu-2")
+    assert "OOMKilled (exit code 137)" in failed.message and "allocating 1 GiB" in failed.message
+
+
 async def test_a_pod_that_never_becomes_ready_keeps_the_job_pending_and_says_why(setup):
     fake, backend, events = setup
     name = job_object_name("job-1")

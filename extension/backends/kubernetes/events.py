@@ -17,13 +17,15 @@ from .objects import (
     condition_message,
     is_deleting,
     job_condition,
+    name_of,
+    pod_end_reason,
     pod_ended,
     pod_exit,
     pod_placement,
     pod_rank,
     pod_ready,
 )
-from .state import Cache, Phase, TrackedJob, Tracking
+from .state import Cache, FailedPod, Phase, TrackedJob, Tracking
 from .tasks import Background
 
 log = logging.getLogger("extension.backends.kubernetes")
@@ -81,6 +83,7 @@ class EventDeriver:
             return
         obj = self.cache.get(tracked.kind, tracked.name)
         pods = self.cache.pods_of(tracked.name)
+        self._keep_failed(job_id, tracked, pods)
         now = self.clock()
         if tracked.phase is Phase.STOPPING:
             if obj is None and not pods:
@@ -110,6 +113,21 @@ class EventDeriver:
             tracked.placement = pod_placement(ready)
             self.emit(BackendEvent(job_id, EventKind.RESIZED, now, placement=tracked.placement))
 
+    def _keep_failed(self, job_id: str, tracked: TrackedJob, pods: list[dict]) -> None:
+        """A pod seen with a failed container is kept (its status) and its log read now,
+        before the operator deletes it with its log."""
+        ordered = sorted(pods, key=pod_rank)
+        new = [FailedPod(rank, p) for rank, p in enumerate(ordered)
+               if pod_exit(p) and name_of(p) not in tracked.failed_pods]  # fmt: skip
+        for failed in new:
+            tracked.failed_pods[name_of(failed.pod)] = failed
+        if new:
+            self.background.spawn(self._read_logs(job_id))
+
+    async def _read_logs(self, job_id: str) -> None:
+        with contextlib.suppress(Exception):
+            await self.logs.fetch(job_id, tail=200)
+
     async def _finish(
         self, job_id: str, tracked: TrackedJob, obj: dict, pods: list[dict], failed: bool
     ) -> None:
@@ -128,11 +146,14 @@ class EventDeriver:
         if not failed:
             self.emit(BackendEvent(job_id, EventKind.FINISHED, now, placement=placement))
             return
-        ordered = sorted(pods, key=pod_rank)
-        bad = next((i for i, p in enumerate(ordered) if pod_exit(p)), None)
-        exit_code = pod_exit(ordered[bad]) if bad is not None else None
+        first = _first_failure(tracked, pods)
+        bad = first.rank if first is not None else None
+        exit_code = pod_exit(first.pod) if first is not None else None
         tail = self.logs.text(job_id, worker=bad, tail=20) if bad is not None else ""
         message = condition_message(obj)
+        why = pod_end_reason(first.pod) if first is not None else ""
+        if why:  # the kubelet's word for it, e.g. OOMKilled
+            message = f"worker {bad}: {why} (exit code {exit_code}); {message}".rstrip("; ")
         if tail:
             message = f"{message}\n{tail}" if message else tail
         self.emit(
@@ -156,3 +177,16 @@ class EventDeriver:
             if not await self.next_change(timeout=0.25):
                 break
         return pods
+
+
+def _first_failure(tracked: TrackedJob, pods: list[dict]) -> FailedPod | None:
+    """The failed worker of lowest rank: from the job's pods when they are all still there,
+    else from those kept when they failed (the operator may have deleted them since)."""
+    ordered = sorted(pods, key=pod_rank)
+    current = [FailedPod(rank, p) for rank, p in enumerate(ordered) if pod_exit(p)]
+    if current and len(ordered) >= tracked.workers:
+        return current[0]
+    kept = sorted(tracked.failed_pods.values(), key=lambda f: f.rank)
+    if kept:
+        return kept[0]
+    return current[0] if current else None

@@ -54,5 +54,6 @@ class WorkerLogs:
                         self.namespace, name_of(pod), None, tail
                     ),
                 )
-        self._logs[job_id] = out
-        return out
+        if out or job_id not in self._logs:  # pods gone since: keep what was read from them
+            self._logs[job_id] = out
+        return self._logs[job_id]

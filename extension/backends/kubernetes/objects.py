@@ -166,6 +166,15 @@ def pod_ended(pod: Mapping) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
+def pod_end_reason(pod: Mapping) -> str:
+    """The terminated container's reason (``OOMKilled``, ``Error``), or ""."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        terminated = (cs.get("state") or {}).get("terminated")
+        if terminated and terminated.get("exitCode"):
+            return str(terminated.get("reason") or "")
+    return ""
+
+
 def pod_exit(pod: Mapping) -> int | None:
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         terminated = (cs.get("state") or {}).get("terminated")

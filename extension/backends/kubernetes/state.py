@@ -4,7 +4,7 @@ it tracks (the phase it is in, the size asked for, where it runs)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from .. import manifests as m
@@ -60,6 +60,14 @@ class Phase(Enum):
     STOPPING = "stopping"
 
 
+@dataclass(frozen=True)
+class FailedPod:
+    """A worker pod seen with a failed container: its rank among the job's pods then."""
+
+    rank: int
+    pod: dict
+
+
 @dataclass
 class TrackedJob:
     """The backend's record of one job it carries out decisions on."""
@@ -72,6 +80,9 @@ class TrackedJob:
     seen: bool = False  # the job object has been in the cache
     reason: str = ""  # why it is being stopped
     placement: tuple[str, ...] = ()
+    # its pods as last seen with a failed container, by name: the training operator deletes a
+    # failed job's pods at once, and the job's failure still needs their exit code and rank
+    failed_pods: dict[str, FailedPod] = field(default_factory=dict)
 
 
 class Tracking:
