@@ -34,7 +34,7 @@ from traitlets import (
 from traitlets import Callable as CallableTrait
 
 from extension.adoption import Adoption, check_adoption
-from extension.backends.local.worker_launcher import bind_private_tmp, reset_signals
+from extension.backends.local.worker_launcher import private_mounts, reset_signals
 from extension.confine import DEFAULT_GPU_TEMPLATE, DEFAULT_PIDS, check_template, enter
 from extension.userfs.accounts import Account, AccountError, create_account, find_account, is_root
 from extension.userfs.errors import UserFileError
@@ -220,6 +220,7 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
     _wmla_account = None
     _wmla_cgroup: ServerCgroup | None = None
     _wmla_tmp: ServerTmp | None = None  # its /tmp inside the user's quota (private_tmp.py)
+    _wmla_memory = 0  # its grant's memory limit (bytes), 0: none
     _wmla_warned = False
     _wmla_cmd: list | None = None  # the configured cmd (start() may swap the interpreter)
 
@@ -330,6 +331,7 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         name = self.wmla_job_id or f"{account}-{self.name or 'default'}"
         grant = server_grant(self.wmla_granted, self.wmla_gpus, self.gpu_device_template,
                              self.pids_limit)  # fmt: skip
+        self._wmla_memory = grant.memory_bytes  # its /dev/shm's size too (make_preexec_fn)
         if self.wmla_gpus and not server_gpus(self.wmla_granted):
             self.log.warning("%s: the service holds no GPU indexes for this server (its backend "
                              "hands out none): it opens no GPU node", self._log_name)  # fmt: skip
@@ -375,13 +377,15 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
         become = set_user_setuid(account.name, chdir=False) if account else None
         cgroup = self._wmla_cgroup.enter_files() if self._wmla_cgroup is not None else ()
         tmp = str(self._wmla_tmp.path) if self._wmla_tmp is not None else ""
+        # its own /dev/shm, of its memory limit: the machine's would keep its files after it
+        shm = self._wmla_memory if self._wmla_account is not None else 0
 
         def preexec() -> None:  # runs in the child between fork and exec
             reset_signals()  # none the hub inherited ignored reaches the server
             if cgroup:  # as root, before the user's code: no window outside the grant
                 enter(cgroup)
-            if tmp:  # still root: its own /tmp, inside its user's quota
-                bind_private_tmp(tmp, LIBC)
+            if tmp or shm:  # still root: its own /tmp inside its user's quota, its /dev/shm
+                private_mounts(tmp, shm, LIBC)
             if become is not None:
                 become()
             os.chdir(folder)

@@ -85,6 +85,10 @@ elif mode == "devices":
         except OSError as err:
             out[str(index)] = errno.errorcode[err.errno]
     out["visible"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+elif mode == "shm":  # /dev/shm: its size, and a file left behind in it
+    open("/dev/shm/" + os.path.basename(job) + ".left", "w").close()
+    vfs = os.statvfs("/dev/shm")
+    out["shm_bytes"] = vfs.f_blocks * vfs.f_frsize
 elif mode == "sleep":
     open(os.path.join(job, "ready"), "w").close()
     time.sleep(float(sys.argv[2]))
@@ -189,6 +193,13 @@ def test_a_job_over_its_memory_is_killed_and_says_so_while_others_go_on(hub: Hub
     assert health["ok"], health
     assert user2.wait_state(neighbour, {"FINISHED", "FAILED"}, 60)["state"] == "FINISHED"
     assert not cgroups_of(job["id"]) and not cgroups_of(neighbour)
+
+
+def test_a_jobs_dev_shm_is_its_own_of_its_memory_and_gone_with_it(hub: Hub) -> None:
+    job, result = run(hub.clients["user1"], body("shm", memory="128Mi"))
+    assert job["state"] == "FINISHED", job
+    assert result["shm_bytes"] == 128 * 2**20, result  # not the machine's (half its memory)
+    assert not os.path.exists(f"/dev/shm/{job['id']}.left")  # its files and memory went with it
 
 
 def test_a_fork_flood_stops_at_the_pids_limit(hub: Hub) -> None:

@@ -128,9 +128,12 @@ async def test_a_terminal_writes_its_tmp_inside_the_users_quota(hub: Hub) -> Non
     if server_model(hub, "user1") is None:
         pytest.skip("the first test's server did not start")
     marker = f"wmla-{secrets.token_hex(4)}"
-    out = await run_in_terminal(hub, "user1", f"touch /tmp/{marker} && ls /tmp /var/tmp")
-    assert marker in out, out
+    out = await run_in_terminal(
+        hub, "user1", f"touch /tmp/{marker} /dev/shm/{marker} && ls /tmp /var/tmp /dev/shm"
+    )
+    assert out.count(marker) >= 4, out  # the command and the three listings
     assert not Path(f"/tmp/{marker}").exists()  # not the machine's /tmp
+    assert not Path(f"/dev/shm/{marker}").exists()  # nor its /dev/shm
     tmps = list((hub.var / "wmla" / "storage" / "mnt" / "user1" / "tmp").glob(f"*/{marker}"))
     assert len(tmps) == 1, tmps  # the server's folder in the user's image
 

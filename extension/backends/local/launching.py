@@ -312,6 +312,8 @@ class Launcher:
         tmp = self.accounts.job_tmp(spec.user, spec.id)
         if tmp is not None:  # bound on /tmp and /var/tmp in the worker's own mount namespace
             launch["tmp"] = tmp
+        if account is not None and spec.ceiling.memory > 0:  # and /dev/shm its own, its size
+            launch["shm_bytes"] = int(spec.ceiling.memory)
         group = self.cgroups.create(spec, launch_id, rank, tuple(devices))
         cgroup = group.name if group is not None else ""
         try:

@@ -129,39 +129,48 @@ def enter_cgroup(spec: dict) -> None:
 
 
 CLONE_NEWNS = 0x00020000
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
 
 
 def private_tmp(spec: dict) -> None:
-    """Still root: ``/tmp`` and ``/var/tmp`` of the worker's own, ``spec["tmp"]``, a folder root
-    made for the job inside its user's storage quota (so a job cannot fill the machine's
-    /tmp)."""
-    if spec.get("tmp"):
-        bind_private_tmp(spec["tmp"], ctypes.CDLL(None, use_errno=True))
+    """Still root: a mount namespace of the worker's own, where ``/tmp`` and ``/var/tmp`` are
+    ``spec["tmp"]`` (a folder root made for the job inside its user's storage quota, so a job
+    cannot fill the machine's /tmp) and ``/dev/shm`` a tmpfs of ``spec["shm_bytes"]`` of its own
+    (the machine's would keep a job's files, and their memory, after the job)."""
+    if spec.get("tmp") or spec.get("shm_bytes"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        private_mounts(spec.get("tmp") or "", int(spec.get("shm_bytes") or 0), libc)
 
 
-def bind_private_tmp(tmp: str, libc: ctypes.CDLL) -> None:
-    """In a new mount namespace of this process (still root): ``tmp`` bound on ``/tmp`` and
-    ``/var/tmp``. ``tmp``'s path is root's alone (nothing of it is a user's to swap); it is
-    bound by its descriptor, as its path may run through /tmp, which the first bind covers.
-    Also the spawner's, for notebook servers (``libc`` loaded before the fork there)."""
+def private_mounts(tmp: str, shm_bytes: int, libc: ctypes.CDLL) -> None:
+    """In a new mount namespace of this process (still root): ``tmp`` (when given) bound on
+    ``/tmp`` and ``/var/tmp``, and (``shm_bytes`` > 0) a new tmpfs of that size on
+    ``/dev/shm``, freed with the namespace. ``tmp``'s path is root's alone (nothing of it is a
+    user's to swap); it is bound by its descriptor, as its path may run through /tmp, which the
+    first bind covers. Also the spawner's, for notebook servers (``libc`` loaded before the
+    fork there)."""
 
     def check(result: int, what: str) -> None:
         if result != 0:
             err = ctypes.get_errno()
-            raise OSError(err, f"private /tmp: {what}: {os.strerror(err)}")
+            raise OSError(err, f"private mounts: {what}: {os.strerror(err)}")
 
     check(libc.unshare(CLONE_NEWNS), "unshare")
     check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "making / private")
-    source = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        for target in ("/tmp", "/var/tmp"):
-            if os.path.isdir(target):
-                bound = libc.mount(f"/proc/self/fd/{source}".encode(), target.encode(), None,
-                                   MS_BIND, None)  # fmt: skip
-                check(bound, target)
-    finally:
-        os.close(source)
+    if tmp:
+        source = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            for target in ("/tmp", "/var/tmp"):
+                if os.path.isdir(target):
+                    bound = libc.mount(f"/proc/self/fd/{source}".encode(), target.encode(),
+                                       None, MS_BIND, None)  # fmt: skip
+                    check(bound, target)
+        finally:
+            os.close(source)
+    if shm_bytes > 0 and os.path.isdir("/dev/shm"):
+        options = f"size={shm_bytes},mode=1777".encode()
+        check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, options),
+              "/dev/shm")  # fmt: skip
 
 
 def reset_signals() -> None:
