@@ -467,8 +467,9 @@ def main() -> int:
     args = parser.parse_args()
     args.commands = [c for c in args.commands.split(",") if c]
     if os.geteuid() != 0 or not shutil.which("useradd"):
-        print("bench_vs_slurm.py needs root and useradd (it runs wmla as root)", file=sys.stderr)
-        return 2
+        # as `make bench` runs it: said, not failed
+        print("bench_vs_slurm.py needs root and useradd (it runs wmla as root); nothing measured")
+        return 0
     if missing():
         print(f"Slurm is missing ({', '.join(missing())}): `{INSTALL}`; nothing measured")
         return 0
