@@ -61,6 +61,8 @@ bench: install
 	$(BIN)/python benchmarks/bench_overhead.py
 	$(BIN)/python benchmarks/bench_confine.py
 	$(BIN)/python benchmarks/bench_storage.py
+	$(BIN)/python benchmarks/bench_vs_slurm.py
+	$(BIN)/python benchmarks/bench_spawn.py
 	$(BIN)/python benchmarks/bench_trace.py
 	$(BIN)/python benchmarks/bench_service.py
 	$(BIN)/python benchmarks/bench_fairness.py

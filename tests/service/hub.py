@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import requests
 
+from extension.storage.images import UserImages
 from tests.backends.conftest import remove_cgroups_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -190,6 +191,13 @@ class Hub:
         self.proc = None
         if not keep_workers:
             self._remove_cgroups()
+            self._unmount_storage()
+
+    def _unmount_storage(self) -> None:
+        """The users' storage images the service mounted (a hub run as root with a quota;
+        the mounts outlive the service by design, not a test's hub)."""
+        if (self.var / "wmla" / "storage" / "images").is_dir():
+            UserImages(self.var / "wmla" / "storage", self.storage).unmount_all()
 
     def _remove_cgroups(self) -> None:
         """The cgroups of the workers killed above (a test's hub has no next service)."""
