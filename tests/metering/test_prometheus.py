@@ -486,6 +486,12 @@ def test_every_dashboard_query_agrees_with_the_rest_api(run) -> None:
                     for _, v in s["values"]:
                         assert float(v) in sampled, (what, v)
                         checked += 1
+            elif "wmla_storage_" in expr:
+                # this hub holds no storage quota (its jobs run as the service's account): the
+                # families are checked where quotas are held (tests/security/test_storage_quota)
+                assert series == [], (what, series)
+                empty[expr] = "no storage quota on this hub"
+                continue
             else:
                 raise AssertionError(f"a dashboard query this test does not check: {what}")
             if not series:
@@ -498,7 +504,7 @@ def test_the_alert_rules_load_and_stay_quiet_on_a_healthy_run(run) -> None:
     _, prometheus, _ = run
     groups = prometheus.api("rules", type="alert")["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    assert len(rules) == 7, rules
+    assert len(rules) == 8, rules  # hub_config/prometheus/wmla-alerts.yml
     for rule in rules:
         assert rule["health"] == "ok", rule
         assert rule["state"] != "firing", rule
