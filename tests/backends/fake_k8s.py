@@ -334,10 +334,16 @@ class FakeKube:
             labels = dict(template["metadata"]["labels"])
             labels["training.kubeflow.org/replica-type"] = role
             labels["training.kubeflow.org/replica-index"] = str(index)
+            owner = {"kind": kind, "name": job_name, "uid": job["metadata"].get("uid", "")}
             pod = {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": name, "namespace": namespace, "labels": labels},
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "labels": labels,
+                    "ownerReferences": [owner],
+                },  # fmt: skip
                 "spec": copy.deepcopy(template["spec"]),
                 "status": {"phase": "Pending"},
             }
@@ -376,6 +382,17 @@ class FakeKube:
         pod["status"] = {"phase": "Failed", "containerStatuses": [
             {"name": "pytorch", "state": {"terminated": terminated}}]}  # fmt: skip
         self._store(PODS, "MODIFIED", pod)
+
+    def delete_failed_pod(
+        self, pod_name: str, exit_code: int, reason: str, namespace: str = "default"
+    ) -> None:
+        """A pod whose end and deletion reach a watch as one DELETED event (its last status
+        in it): a watch that was behind sees no MODIFIED with the failure."""
+        pod = copy.deepcopy(self.objects[PODS][(namespace, pod_name)])
+        terminated = {"exitCode": exit_code, "reason": reason}
+        pod["status"] = {"phase": "Failed", "containerStatuses": [
+            {"name": "pytorch", "state": {"terminated": terminated}}]}  # fmt: skip
+        self._remove(PODS, pod)
 
     def delete_pods(self, job_name: str, namespace: str = "default") -> None:
         """The training operator's cleanup of a job's pods (gone at once)."""
@@ -476,6 +493,7 @@ class FakeKube:
     def _store(self, kind: str, event: str, obj: dict) -> None:
         self.version += 1
         meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", f"uid-{self.version}")  # as the API server gives each object
         meta["resourceVersion"] = str(self.version)
         key = self._key(kind, meta.get("namespace"), meta["name"])
         self.objects.setdefault(kind, {})[key] = obj

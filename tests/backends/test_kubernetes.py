@@ -246,6 +246,23 @@ async def test_a_failure_keeps_its_exit_code_reason_and_log_after_the_operator_d
     assert "OOMKilled (exit code 137)" in failed.message and "allocating 1 GiB" in failed.message
 
 
+async def test_a_failure_seen_only_in_its_pods_deletion_keeps_its_exit_code_and_reason(setup):
+    """On the real node the watch sometimes delivered the pod's failure and its deletion as one
+    change: the DELETED event's last status is where the exit code and reason are then."""
+    fake, backend, events = setup
+    name = job_object_name("job-1")
+    await backend.start(spec(workers=(2, 2)), ("gpu-1", "gpu-2"))
+    fake.make_pods(name, ["gpu-1", "gpu-2"], namespace=NS)
+    await until(lambda: events.kinds("job-1") == ["running"], "running")
+    fake.delete_failed_pod(f"{name}-worker-0", 137, "OOMKilled", namespace=NS)
+    fake.delete_pods(name, NS)
+    await until(lambda: not backend.cache.pods_of(name), "pods gone")
+    fake.set_job_failed(name, NS)
+    await until(lambda: "failed" in events.kinds("job-1"), "failed")
+    failed = events.last("job-1")
+    assert failed.exit_code == 137 and "worker 1: OOMKilled (exit code 137)" in failed.message
+
+
 async def test_a_pod_that_never_becomes_ready_keeps_the_job_pending_and_says_why(setup):
     fake, backend, events = setup
     name = job_object_name("job-1")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from ..base import BackendEvent, Emit, EventKind
 from .logs import WorkerLogs
@@ -17,6 +17,7 @@ from .objects import (
     condition_message,
     is_deleting,
     job_condition,
+    meta_of,
     name_of,
     pod_end_reason,
     pod_ended,
@@ -83,7 +84,12 @@ class EventDeriver:
             return
         obj = self.cache.get(tracked.kind, tracked.name)
         pods = self.cache.pods_of(tracked.name)
-        self._keep_failed(job_id, tracked, pods)
+        # with the pods deleted since: their deletion carries the last status, which a watch
+        # that delivered both changes at once never showed as a pod of the job (only this job
+        # object's: an earlier run of the job had pods of the same names)
+        uid = meta_of(obj).get("uid") if obj is not None else None
+        gone = [p for p in self.cache.gone_pods_of(tracked.name) if uid and _owned_by(p, uid)]
+        self._keep_failed(job_id, tracked, pods + gone)
         now = self.clock()
         if tracked.phase is Phase.STOPPING:
             if obj is None and not pods:
@@ -190,3 +196,7 @@ def _first_failure(tracked: TrackedJob, pods: list[dict]) -> FailedPod | None:
     if kept:
         return kept[0]
     return current[0] if current else None
+
+
+def _owned_by(pod: Mapping, uid: str) -> bool:
+    return any(ref.get("uid") == uid for ref in meta_of(pod).get("ownerReferences") or [])

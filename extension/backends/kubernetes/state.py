@@ -3,6 +3,7 @@ it tracks (the phase it is in, the size asked for, where it runs)."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -12,6 +13,8 @@ from ..base import JobSpec
 from .api import PODS, WatchEvent
 from .objects import labels_of, meta_of, name_of
 
+GONE_KEPT = 10_000  # deleted pods kept with their final status (a few KiB each)
+
 
 # -- the cache -----------------------------------------------------------------------------------
 class Cache:
@@ -20,6 +23,9 @@ class Cache:
     def __init__(self) -> None:
         self._objects: dict[str, dict[str, dict]] = {}
         self.resource_version: dict[str, str] = {}
+        # pods as their DELETED event last showed them (their final status), the latest
+        # GONE_KEPT: a failed job's pods may be deleted before the job's end is derived
+        self._gone: OrderedDict[str, dict] = OrderedDict()
 
     def replace(self, kind: str, items: Iterable[dict], resource_version: str) -> None:
         self._objects[kind] = {self._key(o): o for o in items}
@@ -29,6 +35,10 @@ class Cache:
         objects = self._objects.setdefault(kind, {})
         if event == WatchEvent.DELETED:
             objects.pop(self._key(obj), None)
+            if kind == PODS:
+                self._gone[self._key(obj)] = obj
+                while len(self._gone) > GONE_KEPT:
+                    self._gone.popitem(last=False)
         elif event in (WatchEvent.ADDED, WatchEvent.MODIFIED):
             objects[self._key(obj)] = obj
         version = meta_of(obj).get("resourceVersion")
@@ -44,6 +54,10 @@ class Cache:
     def pods_of(self, job_name: str) -> list[dict]:
         """The pods of one job object (by the job label every pod template carries)."""
         return [p for p in self.all(PODS) if labels_of(p).get(m.LABEL_JOB) == job_name]
+
+    def gone_pods_of(self, job_name: str) -> list[dict]:
+        """The job's pods deleted since, as their deletion showed them last."""
+        return [p for p in self._gone.values() if labels_of(p).get(m.LABEL_JOB) == job_name]
 
     @staticmethod
     def _key(obj: Mapping) -> str:
