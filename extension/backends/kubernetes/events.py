@@ -141,6 +141,9 @@ class EventDeriver:
         if failed:
             pods = await self._settled_pods(tracked, pods)
         bound = [p for p in pods if (p.get("spec") or {}).get("nodeName")]
+        if not bound:  # deleted already: where the failed ones ran (kept with their status)
+            kept = [f.pod for f in tracked.failed_pods.values()]
+            bound = [p for p in kept if (p.get("spec") or {}).get("nodeName")]
         placement = tracked.placement or pod_placement(bound)
         now = self.clock()
         if tracked.phase is Phase.STARTING and (bound or not failed):
