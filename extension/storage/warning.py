@@ -8,7 +8,7 @@ from typing import Any
 
 from extension.tables import format_seconds, size_text
 
-WARN_AT = 0.9  # as quotas.WARN_AT: a warning from 90 % of a limit
+from .quotas import WARN_AT  # the state's NEAR and this sentence start at the same figure
 
 
 def quota_warning(row: Mapping[str, Any]) -> str | None:

@@ -269,6 +269,8 @@ def test_a_plan_admin_sets_a_plans_limits_at_once_and_they_outlive_a_restart(hub
 
 
 def test_the_admin_page_sets_a_plans_limits_and_refuses_a_bad_one(hub: Hub) -> None:
+    job, _ = run(hub.clients["user1"], body("bytes", "0"))  # user1's leaf under the plan
+    assert job["state"] == "FINISHED", job
     web = requests.Session()
     web.headers["Authorization"] = f"token {hub.user_token('admin')}"
     page = f"{hub.url}/services/wmla/admin/instance"

@@ -76,6 +76,16 @@ class AdminBase(BaseHandler):
         )
         self.set_header("X-Content-Type-Options", "nosniff")
 
+    def check_xsrf_cookie(self) -> None:
+        # every form must carry _xsrf, whatever the hub's check would skip (e.g. a token)
+        if not (self.get_body_argument("_xsrf", None) or self.request.headers.get("X-XSRFToken")):
+            raise web.HTTPError(403, "the form has no _xsrf field; reload the page and retry")
+        super().check_xsrf_cookie()
+
+    def prepare(self) -> None:
+        if self.request.method not in ("GET", "HEAD"):  # the pages' forms (plans, storage)
+            self.check_xsrf_cookie()
+
     def admin(self) -> Caller:
         """The caller if a plan admin; 403 (an HTML page saying why) for everyone else."""
         model = self.current_user
@@ -195,15 +205,6 @@ class PlansPage(AdminBase):
 class PlanFormHandler(PlansPage):
     """``POST admin/plans``: one form action (create, update, move, delete, drain), or its
     preview (``preview=1``): the deserved shares before and after, nothing written."""
-
-    def check_xsrf_cookie(self) -> None:
-        # every form must carry _xsrf, whatever the hub's check would skip (e.g. a token)
-        if not (self.get_body_argument("_xsrf", None) or self.request.headers.get("X-XSRFToken")):
-            raise web.HTTPError(403, "the form has no _xsrf field; reload the page and retry")
-        super().check_xsrf_cookie()
-
-    def prepare(self) -> None:
-        self.check_xsrf_cookie()
 
     @web.authenticated
     async def post(self) -> None:
@@ -417,14 +418,6 @@ class StorageFormHandler(AdminBase):
     """``POST admin/storage``: set (or, with ``remove``, drop) a plan's storage limits, as
     ``PUT api/v1/storage/plans/<path>``; then back to the Instance page, which says what
     happened (or, refused, why: nothing is changed then)."""
-
-    def check_xsrf_cookie(self) -> None:
-        if not (self.get_body_argument("_xsrf", None) or self.request.headers.get("X-XSRFToken")):
-            raise web.HTTPError(403, "the form has no _xsrf field; reload the page and retry")
-        super().check_xsrf_cookie()
-
-    def prepare(self) -> None:
-        self.check_xsrf_cookie()
 
     @web.authenticated
     async def post(self) -> None:
