@@ -57,6 +57,9 @@ try:
                 f.write(b"x" * (1 << 20))
                 f.flush()
                 os.fsync(f.fileno())
+    elif mode == "link":  # a link in its /tmp to a folder of root's, left for the cleanup
+        os.symlink(sys.argv[3], "/tmp/escape")
+        os.symlink(sys.argv[3] + "/canary", "/tmp/canary-link")
     elif mode == "files":
         folder = os.path.join(job, "many")
         os.mkdir(folder)
@@ -211,6 +214,16 @@ def test_a_jobs_tmp_is_its_own_inside_the_quota_and_gone_with_it(hub: Hub) -> No
     assert not Path(f"/tmp/{job['id']}.marker").exists()  # the machine's /tmp never saw it
     assert not (hub.var / "wmla" / "storage" / "mnt" / "user2" / "tmp" / job["id"]).exists()
     assert storage_of(hub.clients["user2"])["used_bytes"] < 16 * MiB  # went with the job
+
+
+def test_removing_a_jobs_tmp_follows_none_of_its_links(hub: Hub) -> None:
+    canary = hub.var / "canary"  # root's; the job's tmp is removed by root after the job
+    canary.mkdir(mode=0o700, exist_ok=True)
+    (canary / "canary").write_text("root's")
+    job, _ = run(hub.clients["user1"], body("link", "0", str(canary)))
+    assert job["state"] == "FINISHED", job
+    assert not (hub.var / "wmla" / "storage" / "mnt" / "user1" / "tmp" / job["id"]).exists()
+    assert (canary / "canary").read_text() == "root's"  # the links went, not what they name
 
 
 def test_quota_and_the_api_agree_with_du_and_the_kernel(hub: Hub) -> None:
