@@ -130,16 +130,21 @@ def test_a_flooding_user_gets_its_burst_and_429s_while_another_goes_on(hub: Hub)
 
 
 def test_the_admin_page_says_429_in_html(hub: Hub) -> None:
+    """Sent at once (a page may take seconds to render on a loaded machine, and a token comes
+    back every two seconds, so requests one after another might never meet the limit)."""
     token = hub.user_token("padmin")
     headers = {"Authorization": f"token {token}"}
     url = f"{hub.url}/services/wmla/admin/instance"
-    codes = []
-    for _ in range(BURST + 3):
-        r = requests.get(url, headers=headers, timeout=30, allow_redirects=False)
-        codes.append(r.status_code)
-        if r.status_code == 429:
-            break
-    assert codes[-1] == 429, codes
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(
+            pool.map(
+                lambda _: requests.get(url, headers=headers, timeout=60, allow_redirects=False),
+                range(4 * BURST),
+            )
+        )
+    codes = [r.status_code for r in answers]
+    assert set(codes) <= {200, 429} and 429 in codes, codes
+    r = next(r for r in answers if r.status_code == 429)
     assert r.headers["Retry-After"].isdigit() and "text/html" in r.headers["Content-Type"]
     assert "padmin made more than 5 requests at once" in r.text
     assert "Traceback" not in hub.log()

@@ -82,7 +82,8 @@ class AdminBase(BaseHandler):
             raise web.HTTPError(403, "the form has no _xsrf field; reload the page and retry")
         super().check_xsrf_cookie()
 
-    def prepare(self) -> None:
+    async def prepare(self) -> None:
+        await super().prepare()  # who asks, and their request rate
         if self.request.method not in ("GET", "HEAD"):  # the pages' forms (plans, storage)
             self.check_xsrf_cookie()
 
