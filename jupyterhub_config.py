@@ -27,7 +27,12 @@ from hub_config import (
 )
 from hub_config.auth import configure_login
 from hub_config.culler import culler_services, culler_settings
-from hub_config.kubernetes import KUBERNETES_BACKEND, backend_class, configure_kubernetes
+from hub_config.kubernetes import (
+    KUBERNETES_BACKEND,
+    backend_class,
+    configure_kubernetes,
+    user_storage,
+)
 
 c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
 
@@ -38,7 +43,14 @@ ROOT = Path(__file__).resolve().parent
 VAR = Path(os.environ.get("WMLA_VAR", ROOT / "var")).resolve()
 # var/ 0711 (var/storage holds the users' folders), its state files 0600, var/wmla 0700
 private_hub_state(VAR)
-STORAGE = Path(os.environ.get("WMLA_STORAGE_ROOT", VAR / "storage")).resolve()
+K8S_VAR = Path(os.environ.get("WMLA_K8S_VAR", ROOT / "var" / "k8s")).resolve()
+# on Kubernetes the users' folders are the storage claim's (on `make k8s-up`'s cluster a host
+# folder), where the pods see them too
+ON_KUBERNETES = backend_class(os.environ.get("WMLA_BACKEND", "")) == KUBERNETES_BACKEND
+STORAGE = Path(
+    os.environ.get("WMLA_STORAGE_ROOT")
+    or (user_storage(K8S_VAR) if ON_KUBERNETES else VAR / "storage")
+).resolve()
 ADMINS = [u.strip() for u in os.environ.get("WMLA_ADMIN_USERS", "admin").split(",") if u.strip()]
 
 c.JupyterHub.ip = os.environ.get("WMLA_HUB_IP", "127.0.0.1")
@@ -92,6 +104,7 @@ c.WmlaLocalSpawner.profile_list = [
     {"display_name": "1 GPU", "slug": "gpu", "kubespawner_override": {"gpus": 1},
      "description": "stopped after 15 idle minutes, so the GPU goes back to the pool"},
 ]  # fmt: skip
+c.WmlaKubeSpawner.profile_list = c.WmlaLocalSpawner.profile_list  # the same list on Kubernetes
 c.Spawner.http_timeout = 60
 c.Spawner.server_token_scopes = server_token_scopes()
 # what the client in a notebook needs besides $JUPYTERHUB_API_TOKEN (see docs/service.md)
@@ -126,9 +139,9 @@ if os.environ.get("WMLA_BACKEND"):
     # "kubernetes": the local cluster of `make k8s-up` (hub_config/kubernetes.py)
     service_config["backend_class"] = backend_class(os.environ["WMLA_BACKEND"])
     if service_config["backend_class"] == KUBERNETES_BACKEND:
-        cluster_var = Path(os.environ.get("WMLA_K8S_VAR", ROOT / "var" / "k8s")).resolve()
-        service_env = configure_kubernetes(c, cluster_var, STORAGE)
-        service_config["backend_options"] = {}  # the options are the cluster's: service_env
+        kube = configure_kubernetes(c, K8S_VAR, STORAGE)
+        service_env = kube["environment"]
+        service_config["backend_options"] = kube["backend_options"]
 # the device node of GPU i, which a job's or notebook's cgroup may open when it holds GPU i
 # (docs/security.md "Grants held by the kernel"); default /dev/nvidia{index}
 GPU_DEVICE_TEMPLATE = os.environ.get("WMLA_GPU_DEVICE_TEMPLATE", "/dev/nvidia{index}")

@@ -101,8 +101,13 @@ class LocalCluster:
         builder: Builder | None = None,
         log: TextIO = sys.stderr,
         start_timeout: float = 90.0,
+        user_data: str | Path | None = None,
     ) -> None:
         self.var = Path(var_dir).resolve()
+        # the storage claims' host folders: beside var (0700, it holds the keys), as the wmla
+        # service running as root reaches users' folders as their uids (docs/security.md)
+        self.user_data = Path(user_data or self.var.with_name(f"{self.var.name}-user-data"))
+        self.user_data = self.user_data.resolve()
         self.layout = objects.Layout.parse(layout)
         self.builder = builder or Builder(log=log)
         self.log = log
@@ -163,8 +168,15 @@ class LocalCluster:
         os.chmod(self.var, 0o700)
         pki.ensure(self.pki.dir)
         ports = self._choose_ports()
+        self.user_data.mkdir(mode=0o711, parents=True, exist_ok=True)
         self._state_file.write_text(
-            json.dumps({"ports": asdict(ports), "layout": asdict(self.layout)})
+            json.dumps(
+                {
+                    "ports": asdict(ports),
+                    "layout": asdict(self.layout),
+                    "user_data": str(self.user_data),
+                }
+            )
         )
         deadline = time.monotonic() + self.start_timeout
         started = time.monotonic()
@@ -651,7 +663,8 @@ class LocalCluster:
         """The namespace's storage claim, bound to its volume before any pod needs it (Volcano
         places no pod whose claim is unbound). We bind them as the volume controller would,
         so the binding never waits for its resync."""
-        volume, claim = objects.user_storage(namespace, self.var / "user-data" / namespace)
+        volume, claim = objects.user_storage(namespace, self.user_data / namespace)
+        self._replace_moved_volume(volume, claim)
         self.apply([volume, claim])
         live = json.loads(self.kubectl("get", "pvc", "-n", namespace, claim["metadata"]["name"],
                                        "-o", "json"))  # fmt: skip
@@ -670,6 +683,26 @@ class LocalCluster:
         self.kubectl("patch", "pvc", "-n", namespace, claim["metadata"]["name"],
                      "--subresource=status", "--type=merge", "-p",
                      json.dumps({"status": status}))  # fmt: skip
+
+    def _replace_moved_volume(self, volume: dict, claim: dict) -> None:
+        """A volume kept from a cluster whose ``user_data`` was elsewhere: its hostPath cannot
+        be changed, so it and its claim go (their folder stays) and are made again."""
+        name = volume["metadata"]["name"]
+        out = self.kubectl("get", "pv", "--ignore-not-found", name, "-o", "json").strip()
+        if not out or json.loads(out)["spec"].get("hostPath") == volume["spec"]["hostPath"]:
+            return
+        namespace = claim["metadata"]["namespace"]
+        unfinalize = '{"metadata":{"finalizers":null}}'
+        for kind, where in (("pvc", ["-n", namespace]), ("pv", [])):
+            obj = name if kind == "pv" else claim["metadata"]["name"]
+            self.kubectl("delete", kind, *where, obj, "--ignore-not-found", "--wait=false")
+            with contextlib.suppress(ClusterError):  # gone already
+                self.kubectl("patch", kind, *where, obj, "--type=merge", "-p", unfinalize)
+            deadline = time.monotonic() + 30
+            while self.kubectl("get", kind, *where, obj, "--ignore-not-found", "-o", "name"):
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"the {kind} {obj} of an old user_data did not go")
+                time.sleep(0.2)
 
     # -- down --------------------------------------------------------------------------------------
     def down(self, keep_data: bool = False) -> None:

@@ -42,7 +42,7 @@ class ImageError(RuntimeError):
     """An image that could not be built; one line naming it and why."""
 
 
-class _Layer:
+class Layer:
     """A reproducible layer tar: root-owned, mtime 0, each path once."""
 
     def __init__(self, path: Path) -> None:
@@ -51,7 +51,7 @@ class _Layer:
         self.tar = tarfile.open(path, mode="w", format=tarfile.PAX_FORMAT)
         self.seen: set[str] = set()
 
-    def _info(self, name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
+    def entry(self, name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
         info = tarfile.TarInfo(name.lstrip("/"))
         info.type, info.mode, info.mtime, info.uid, info.gid = kind, mode, 0, 0, 0
         return info
@@ -62,15 +62,28 @@ class _Layer:
             return
         self.dir(os.path.dirname(name))
         self.seen.add(name)
-        self.tar.addfile(self._info(name, tarfile.DIRTYPE, mode))
+        self.tar.addfile(self.entry(name, tarfile.DIRTYPE, mode))
 
     def data(self, name: str, data: bytes, mode: int = 0o644) -> None:
         name = name.strip("/")
         self.dir(os.path.dirname(name))
         self.seen.add(name)
-        info = self._info(name, tarfile.REGTYPE, mode)
+        info = self.entry(name, tarfile.REGTYPE, mode)
         info.size = len(data)
         self.tar.addfile(info, io.BytesIO(data))
+
+    def file(self, name: str, src: Path) -> None:
+        """``src``'s bytes at ``name`` (once), readable by every uid."""
+        name = name.strip("/")
+        if name in self.seen:
+            return
+        self.dir(os.path.dirname(name))
+        self.seen.add(name)
+        st = src.stat()
+        info = self.entry(name, tarfile.REGTYPE, stat.S_IMODE(st.st_mode) | 0o444)
+        info.size = st.st_size
+        with open(src, "rb") as f:
+            self.tar.addfile(info, f)
 
     def host(self, path: str) -> None:
         """``path`` as it is on this machine: each symbolic link on the way to it kept a link,
@@ -86,7 +99,7 @@ class _Layer:
                 if name not in self.seen:
                     self.dir(os.path.dirname(name))
                     self.seen.add(name)
-                    info = self._info(name, tarfile.SYMTYPE, 0o777)
+                    info = self.entry(name, tarfile.SYMTYPE, 0o777)
                     info.linkname = target
                     self.tar.addfile(info)
                 rest = os.path.join(os.path.dirname(current), target, *parts[i + 1 :])
@@ -97,7 +110,7 @@ class _Layer:
             elif stat.S_ISREG(st.st_mode) and name not in self.seen:
                 self.dir(os.path.dirname(name))
                 self.seen.add(name)
-                info = self._info(name, tarfile.REGTYPE, stat.S_IMODE(st.st_mode))
+                info = self.entry(name, tarfile.REGTYPE, stat.S_IMODE(st.st_mode))
                 info.size = st.st_size
                 with open(current, "rb") as f:
                     self.tar.addfile(info, f)
@@ -108,7 +121,7 @@ class _Layer:
             return
         self.dir(os.path.dirname(name))
         self.seen.add(name)
-        info = self._info(name, tarfile.SYMTYPE, 0o777)
+        info = self.entry(name, tarfile.SYMTYPE, 0o777)
         info.linkname = target
         self.tar.addfile(info)
 
@@ -117,7 +130,7 @@ class _Layer:
         return self.path
 
 
-def _archive(out: Path, tag: str, layer: Path, config: dict) -> None:
+def archive(out: Path, tag: str, layer: Path, config: dict) -> None:
     """A docker-archive (``docker save`` format) of one layer, written atomically; the layer's
     file is removed."""
     digest = hashlib.sha256()
@@ -138,10 +151,10 @@ def _archive(out: Path, tag: str, layer: Path, config: dict) -> None:
     layer_name = diff_id.split(":")[1] + "/layer.tar"
     manifest = [{"Config": config_name, "RepoTags": [tag], "Layers": [layer_name]}]
     tmp = out.with_name(out.name + ".tmp")
-    outer = _Layer(tmp)
+    outer = Layer(tmp)
     outer.data(config_name, config_bytes)
     outer.dir(os.path.dirname(layer_name))
-    info = outer._info(layer_name, tarfile.REGTYPE, 0o644)
+    info = outer.entry(layer_name, tarfile.REGTYPE, 0o644)
     info.size = layer.stat().st_size
     with open(layer, "rb") as f:
         outer.tar.addfile(info, f)
@@ -151,7 +164,7 @@ def _archive(out: Path, tag: str, layer: Path, config: dict) -> None:
     layer.unlink()
 
 
-def _cached(cache: Path, name: str, key: str) -> Path | None:
+def cached(cache: Path, name: str, key: str) -> Path | None:
     out = cache / f"{name}.tar"
     stamp = cache / f"{name}.stamp"
     if out.exists() and stamp.exists() and stamp.read_text() == key:
@@ -165,7 +178,7 @@ def pause_image(cache: Path, kubernetes_dir: Path) -> Path:
     if not source.exists():
         raise ImageError(f"devcluster: no {source} in the Go module cache")
     key = hashlib.sha256(RECIPE.encode() + source.read_bytes()).hexdigest()
-    if found := _cached(cache, "pause", key):
+    if found := cached(cache, "pause", key):
         return found
     gcc = shutil.which("gcc")
     if not gcc:
@@ -179,14 +192,14 @@ def pause_image(cache: Path, kubernetes_dir: Path) -> Path:
         )
         if out.returncode != 0:
             raise ImageError(f"devcluster: gcc -static pause.c failed: {out.stderr.strip()[-300:]}")
-        layer = _Layer(cache / "pause.layer")
+        layer = Layer(cache / "pause.layer")
         layer.data("pause", binary.read_bytes(), 0o755)
-    _archive(cache / "pause.tar", PAUSE, layer.close(), {"Entrypoint": ["/pause"], "User": "0"})
+    archive(cache / "pause.tar", PAUSE, layer.close(), {"Entrypoint": ["/pause"], "User": "0"})
     (cache / "pause.stamp").write_text(key)
     return cache / "pause.tar"
 
 
-def _needed_libraries(files: Iterable[str]) -> set[str]:
+def needed_libraries(files: Iterable[str]) -> set[str]:
     """The shared libraries ``ldd`` says these ELF files load, the loader included."""
     libs: set[str] = set()
     for f in files:
@@ -212,7 +225,7 @@ def _python(python: str) -> tuple[str, Path]:
     return real, stdlib
 
 
-def _python_files(layer: _Layer, python: str) -> str:
+def python_files(layer: Layer, python: str) -> str:
     """The interpreter, the libraries it and its extension modules load, its standard library
     and a minimal /etc; the standard library's folder name (python3.11)."""
     real, stdlib = _python(python)
@@ -225,14 +238,14 @@ def _python_files(layer: _Layer, python: str) -> str:
         layer.dir(d, mode)
     layer.data("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/sh\n")
     layer.data("etc/group", b"root:x:0:\nnogroup:x:65534:\n")
-    for path in sorted(_needed_libraries(elf)) + [python, real, *files]:
+    for path in sorted(needed_libraries(elf)) + [python, real, *files]:
         layer.host(path)
     for alias in ("/usr/bin/python3", "/usr/bin/python"):
         layer.link(alias, os.path.basename(real))
     return stdlib.name
 
 
-_CONFIG = {
+PYTHON_CONFIG = {
     "Entrypoint": ["/usr/bin/python3"],
     "Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE=1"],
     "WorkingDir": "/",
@@ -244,11 +257,11 @@ def python_image(cache: Path, python: str = "/usr/bin/python3") -> Path:
     real, _ = _python(python)
     st = os.stat(real)
     key = hashlib.sha256(f"{RECIPE} {real} {st.st_size} {st.st_mtime_ns}".encode()).hexdigest()
-    if found := _cached(cache, "python", key):
+    if found := cached(cache, "python", key):
         return found
-    layer = _Layer(cache / "python.layer")
-    _python_files(layer, python)
-    _archive(cache / "python.tar", PYTHON, layer.close(), _CONFIG)
+    layer = Layer(cache / "python.layer")
+    python_files(layer, python)
+    archive(cache / "python.tar", PYTHON, layer.close(), PYTHON_CONFIG)
     (cache / "python.stamp").write_text(key)
     return cache / "python.tar"
 
@@ -263,8 +276,9 @@ _WORKER_SKIP_DISTS = ("triton", "setuptools")
 _WORKER_SKIP_FILES = ("torch/include/", "torch/share/cmake/", "torch/test/")
 
 
-def _closure(names: Iterable[str]) -> list:
-    """The installed distributions ``names`` need (their non-extra requirements), by name."""
+def closure(names: Iterable[str], skip: tuple[str, ...] = (), image: str = "worker") -> list:
+    """The installed distributions ``names`` need (their non-extra requirements), by name;
+    those whose names start with one of ``skip`` left out."""
     import importlib.metadata as md
 
     from packaging.markers import Marker
@@ -274,12 +288,12 @@ def _closure(names: Iterable[str]) -> list:
     while todo:
         name = todo.pop()
         key = re.sub(r"[-_.]+", "-", name).lower()
-        if key in seen or key.startswith(_WORKER_SKIP_DISTS):
+        if key in seen or key.startswith(skip):
             continue
         try:
             dist = md.distribution(name)
         except md.PackageNotFoundError:
-            raise ImageError(f"devcluster: worker image: {name} is not installed") from None
+            raise ImageError(f"devcluster: {image} image: {name} is not installed") from None
         seen[key] = dist
         for req in dist.requires or []:
             spec, _, marker = req.partition(";")
@@ -295,7 +309,7 @@ def worker_image(cache: Path, project: Path, python: str = "/usr/bin/python3") -
     """A training worker: the python image's files, the worker's distributions from this
     interpreter's environment (``sys.prefix``, the project's venv) and the project's runtime
     (``extension.runtime``) from ``project``, all in /usr/local/lib/python3.X/dist-packages."""
-    dists = _closure(WORKER_DISTRIBUTIONS)
+    dists = closure(WORKER_DISTRIBUTIONS, _WORKER_SKIP_DISTS)
     # the runtime alone (it imports nothing else of the project): the image changes when it
     # does, not with every edit of the service
     ext = project / "extension"
@@ -308,10 +322,10 @@ def worker_image(cache: Path, project: Path, python: str = "/usr/bin/python3") -
     for path in sources:
         digest.update(f"{path.relative_to(project)}:".encode() + path.read_bytes())
     key = digest.hexdigest()
-    if found := _cached(cache, "worker", key):
+    if found := cached(cache, "worker", key):
         return found
-    layer = _Layer(cache / "worker.layer")
-    stdlib_name = _python_files(layer, python)
+    layer = Layer(cache / "worker.layer")
+    stdlib_name = python_files(layer, python)
     site = f"usr/local/lib/{stdlib_name}/dist-packages"
     elf: list[str] = []
     for dist in dists:
@@ -324,7 +338,7 @@ def worker_image(cache: Path, project: Path, python: str = "/usr/bin/python3") -
             src = Path(str(f.locate()))
             if not src.is_file():
                 continue
-            _add_file(layer, f"{site}/{rel}", src)
+            layer.file(f"{site}/{rel}", src)
             if ".so" in src.name:
                 elf.append(str(src))
     # the nvidia wheels torch names through extras (cuda-toolkit[cudart], ...): whole
@@ -333,31 +347,18 @@ def worker_image(cache: Path, project: Path, python: str = "/usr/bin/python3") -
         for src in sorted((venv_site / tree).rglob("*")):
             rel = src.relative_to(venv_site).as_posix()
             if src.is_file() and "/include/" not in rel and not rel.endswith(".a"):
-                _add_file(layer, f"{site}/{rel}", src)
+                layer.file(f"{site}/{rel}", src)
                 if ".so" in src.name:
                     elf.append(str(src))
     for path in sources:
-        _add_file(layer, f"{site}/{path.relative_to(project)}", path)
+        layer.file(f"{site}/{path.relative_to(project)}", path)
     venv = str(Path(sys.prefix).resolve())
-    for lib in sorted(_needed_libraries(elf)):
+    for lib in sorted(needed_libraries(elf)):
         if not os.path.realpath(lib).startswith(venv + "/"):
             layer.host(lib)  # a system library a wheel links (libstdc++, libgcc_s, ...)
-    _archive(cache / "worker.tar", WORKER, layer.close(), _CONFIG)
+    archive(cache / "worker.tar", WORKER, layer.close(), PYTHON_CONFIG)
     (cache / "worker.stamp").write_text(key)
     return cache / "worker.tar"
-
-
-def _add_file(layer: _Layer, name: str, src: Path) -> None:
-    name = name.strip("/")
-    if name in layer.seen:
-        return
-    layer.dir(os.path.dirname(name))
-    layer.seen.add(name)
-    st = src.stat()
-    info = layer._info(name, tarfile.REGTYPE, stat.S_IMODE(st.st_mode) | 0o444)
-    info.size = st.st_size
-    with open(src, "rb") as f:
-        layer.tar.addfile(info, f)
 
 
 if __name__ == "__main__":  # python -m devcluster.images [CACHE]: the worker image's path

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from . import components as c
 from . import images, pki
 from .build import BuildError, module_dir
+from .notebook_image import NOTEBOOK, notebook_image
 
 if TYPE_CHECKING:
     from .cluster import LocalCluster
@@ -152,6 +153,15 @@ class RealNode:
                 self.import_image(tar)
         self._start_kubelet(kubelet, ports, node_ip, deadline)
         self._advertise_gpus(deadline)
+        state = {"ports": ports, "subnet": subnet, "node_ip": node_ip, "images": {}}
+        try:  # not seeded: it changes with the project's files, the seed with the venv
+            state["images"]["notebook"] = self.notebook_image()
+        except RealNodeError as err:
+            print(f"devcluster: real node without the notebook image: {err}",
+                  file=self.cluster.log)  # fmt: skip
+        if images.WORKER in self._ctr("images", "ls", "-q", timeout=30).stdout.split():
+            state["images"]["worker"] = images.WORKER
+        self.state_file.write_text(json.dumps(state))
         print(
             f"devcluster: real node {NODE_NAME} up in {time.monotonic() - started:.0f} s "
             f"(kubelet :{ports['kubelet']}, pods {subnet})",
@@ -401,6 +411,16 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         if images.WORKER not in listed:  # in the seed, unless it could not be built then
             self.import_image(tar)
         return images.WORKER
+
+    def notebook_image(self) -> str:
+        """The notebook image (devcluster/notebook_image.py), built if its inputs changed and
+        imported into this node (again: a tag already there may name older files); its tag."""
+        try:
+            tar = notebook_image(self.cluster.builder.cache / "images", REPO)
+        except (images.ImageError, OSError) as err:
+            raise self._fail("notebook image", str(err)) from None
+        self.import_image(tar)
+        return NOTEBOOK
 
     def _containerd_config(self) -> str:
         d = self.dir / "containerd"

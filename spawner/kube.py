@@ -2,7 +2,7 @@
 
 The pod mounts only the user's folder of a shared PVC (``subPath`` = the user name) at
 ``/gpfs/myresultfs/<user>``, carries the plan's labels and annotations, is scheduled by Volcano
-(``schedulerName``, the plan's queue) and limits ``nvidia.com/gpu`` to what the plan admitted.
+(``schedulerName``, its leaf's queue) and limits ``nvidia.com/gpu`` to what the plan admitted.
 The overlays are pure (``spawner/objects.py``); here they become KubeSpawner trait values in
 ``load_user_options`` (after profile_list overrides, before KubeSpawner builds the pod).
 """
@@ -20,7 +20,14 @@ from extension.scheduler.resources import parse_quantity
 from . import profiles as profile_shapes
 from .kernel import STARTUP_SCRIPT
 from .mixin import WmlaSpawnerMixin
-from .objects import DEFAULT_MOUNT_PATH, make_pod_overlay, mount_path, validate_username
+from .objects import (
+    DEFAULT_MOUNT_PATH,
+    OWN_FOLDER,
+    make_folder_owner,
+    make_pod_overlay,
+    mount_path,
+    validate_username,
+)
 
 
 class WmlaKubeSpawner(WmlaSpawnerMixin, KubeSpawner):
@@ -85,6 +92,17 @@ class WmlaKubeSpawner(WmlaSpawnerMixin, KubeSpawner):
         """,
     ).tag(config=True)
 
+    own_folder = Bool(
+        True,
+        help="""When the pod runs as a uid (``c.KubeSpawner.uid``), an init container (root,
+        only CAP_CHOWN) gives the user's folder (the mount's top, never what is inside) to that
+        uid and gid first: a claim's new folder is root's, and hostPath or NFS volumes take no
+        ``fsGroup``. Off when the storage sets owners itself.
+
+        c.WmlaKubeSpawner.own_folder = True
+        """,
+    ).tag(config=True)
+
     @default("scheduler_name")
     def _wmla_scheduler_default(self) -> str:
         return "volcano"
@@ -128,11 +146,7 @@ class WmlaKubeSpawner(WmlaSpawnerMixin, KubeSpawner):
         """Set KubeSpawner's traits from the pure overlay (kept: what config already had)."""
         folder = mount_path(self.user_mount_path, self.user.name)
         request = self.wmla_request()
-        # the pod asks the cluster for what the plan admitted
-        if "cpu" in request.resources:
-            self.cpu_guarantee = parse_quantity("cpu", request.resources["cpu"]) / 1000
-        if "memory" in request.resources:
-            self.mem_guarantee = parse_quantity("memory", request.resources["memory"])
+        self._hold_to_grant(request.resources)
         overlay = make_pod_overlay(
             user=self.user.name,
             plan=plan,
@@ -166,6 +180,36 @@ class WmlaKubeSpawner(WmlaSpawnerMixin, KubeSpawner):
             self.working_dir = overlay["working_dir"]
         if overlay["lifecycle_hooks"] and "postStart" not in (self.lifecycle_hooks or {}):
             self.lifecycle_hooks = {**(self.lifecycle_hooks or {}), **overlay["lifecycle_hooks"]}
+        if self.own_folder and self.uid is not None:
+            self.init_containers = [
+                c for c in _as_list(self.init_containers) if c.get("name") != OWN_FOLDER
+            ] + [self._folder_owner(folder, overlay["volume_mounts"][0])]
+
+    def _hold_to_grant(self, requested: dict) -> None:
+        """The pod asks the cluster for what the service granted (the request as its limit
+        range filled it in; what was asked when no answer is known) and is held to it: the
+        grant's limit, else a configured one (a profile's), else the grant itself, as the
+        local spawner's cgroup holds it."""
+        granted, limits = self.wmla_granted.resources or {}, self.wmla_granted.limits or {}
+        cpu = granted.get("cpu") or (
+            parse_quantity("cpu", requested["cpu"]) if "cpu" in requested else None
+        )
+        memory = granted.get("memory") or (
+            parse_quantity("memory", requested["memory"]) if "memory" in requested else None
+        )
+        if cpu:
+            self.cpu_guarantee = cpu / 1000
+            self.cpu_limit = (limits.get("cpu") or 0) / 1000 or self.cpu_limit or cpu / 1000
+        if memory:
+            self.mem_guarantee = memory
+            self.mem_limit = limits.get("memory") or self.mem_limit or memory
+
+    def _folder_owner(self, folder: str, mount: dict) -> dict:
+        uid = self.uid(self) if callable(self.uid) else self.uid
+        gid = self.gid(self) if callable(self.gid) else self.gid
+        return make_folder_owner(
+            image=self.image, folder=folder, mount=mount, uid=uid, gid=uid if gid is None else gid
+        )
 
     async def start(self) -> tuple[str, int]:
         self._wmla_admitted = False

@@ -3,8 +3,9 @@
 Each function takes keyword arguments and returns plain dicts (what KubeSpawner's traits accept:
 ``volumes``, ``volume_mounts``, ``extra_labels``, ``extra_annotations``,
 ``extra_resource_limits``, ``environment``). Names, labels and queues come from
-``extension.backends.manifests`` so a notebook pod carries the same labels as the plan's training
-pods and sits in the same Volcano queue.
+``extension.backends.manifests`` so a notebook pod carries the same labels as the user's
+training pods and sits in the same Volcano queue: the leaf's (``<plan>/<user>``), as Volcano's
+hierarchical queues take pods only in leaf queues.
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ def make_user_storage(
 
 
 def make_plan_labels(
-    *, instance: str, user: str, plan: str, queue_prefix: str = "wmla"
+    *, instance: str, user: str, leaf: str, queue_prefix: str = "wmla"
 ) -> dict[str, str]:
-    """Labels of a notebook pod: instance, user, the plan's queue, kind=notebook.
+    """Labels of a notebook pod: instance, user, its leaf's queue, kind=notebook.
 
     Not the backend's managed-by label: KubeSpawner manages the pod (and the backend, which
     re-adopts what it manages by that label, must leave notebook pods alone).
@@ -58,7 +59,7 @@ def make_plan_labels(
     labels = m.make_labels(
         instance=instance,
         user=user,
-        queue=m.queue_name(plan, queue_prefix),
+        queue=m.queue_name(leaf, queue_prefix),
         kind="notebook",
         prefix=queue_prefix,
     )
@@ -94,6 +95,32 @@ def make_magics_hook(*, ipython_dir: str, script: str) -> dict:
     return {"postStart": {"exec": {"command": ["sh", "-c", command]}}}
 
 
+OWN_FOLDER = "wmla-own-folder"
+# os.chown of the mount point: a folder runc made in the container, never a link; the kernel
+# resolves it to the volume's folder (kubelet opened the subPath without following links)
+_CHOWN = "import os, sys; os.chown(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))"
+
+
+def make_folder_owner(*, image: str, folder: str, mount: dict, uid: int, gid: int) -> dict:
+    """An init container that gives the mounted folder's top to ``uid``:``gid`` (no more)."""
+    return {
+        "name": OWN_FOLDER,
+        "image": image,
+        "command": ["python3", "-c", _CHOWN, folder, str(int(uid)), str(int(gid))],
+        "volumeMounts": [mount],
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsNonRoot": False,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]},
+        },
+        "resources": {
+            "requests": {"cpu": "10m", "memory": "32Mi"},
+            "limits": {"cpu": "100m", "memory": "64Mi"},
+        },
+    }
+
+
 def make_pod_overlay(
     *,
     user: str,
@@ -114,7 +141,7 @@ def make_pod_overlay(
     volume, mount = make_user_storage(
         claim_name=claim_name, user=user, mount_path_template=mount_path_template
     )
-    queue = m.queue_name(plan, queue_prefix)
+    queue = m.queue_name(leaf, queue_prefix)
     folder = mount["mountPath"]
     hooks = (
         make_magics_hook(ipython_dir=f"{folder}/.ipython", script=magics_script)
@@ -125,7 +152,7 @@ def make_pod_overlay(
         "volumes": [volume],
         "volume_mounts": [mount],
         "extra_labels": make_plan_labels(
-            instance=instance, user=user, plan=plan, queue_prefix=queue_prefix
+            instance=instance, user=user, leaf=leaf, queue_prefix=queue_prefix
         ),
         "extra_annotations": make_plan_annotations(
             plan=plan, leaf=leaf, job_id=job_id, queue=queue if volcano else None

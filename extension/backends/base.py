@@ -168,8 +168,9 @@ class ChecksAdmission(Protocol):
 @runtime_checkable
 class LocalAccounts(Protocol):
     def account_for(self, user: str, home: str | None = None) -> Any:
-        """The local account ``user``'s jobs run as (made when ``home`` is given and the
-        backend creates accounts)."""
+        """The account (uid, gid) ``user``'s jobs run as: a local one (made when ``home`` is
+        given and the backend creates accounts), or the uid of the user's pods; None: the
+        service's own."""
 
 
 @runtime_checkable

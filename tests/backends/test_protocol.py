@@ -33,8 +33,9 @@ def test_events_take_strings_of_the_protocol_and_refuse_others() -> None:
         ),
         (
             KubernetesBackend,
-            {base.Opens, base.HasQuota, base.SyncsQueues, base.ChecksAdmission},
-            {base.LocalAccounts, base.WorkerPids},
+            # its accounts: the uid of each user's pods (run_as_uid_base), None when unset
+            {base.Opens, base.HasQuota, base.SyncsQueues, base.ChecksAdmission, base.LocalAccounts},
+            {base.WorkerPids},
         ),
     ],
     ids=["local", "kubernetes"],

@@ -14,7 +14,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +37,13 @@ _serial = itertools.count(1)
 
 @pytest.fixture(scope="session")
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(tmp_path_factory.mktemp("k8s"), layout=LAYOUT, log=sys.stderr)
+    # the users' folders outside pytest's 0700 temp folders: the service reaches them as the
+    # users' uids (the real node's hub test)
+    users = Path(tempfile.mkdtemp(prefix="wmla-k8s-users-"))
+    os.chmod(users, 0o711)
+    cluster = LocalCluster(
+        tmp_path_factory.mktemp("k8s"), layout=LAYOUT, log=sys.stderr, user_data=users
+    )
     try:
         try:
             cluster.up()
@@ -43,6 +52,7 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield cluster
     finally:
         cluster.down()
+        shutil.rmtree(users, ignore_errors=True)
 
 
 class Recorder:

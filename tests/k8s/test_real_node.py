@@ -134,7 +134,7 @@ def test_pod_that_touches_more_than_its_memory_is_oom_killed(
 def test_pod_with_its_users_subpath_sees_nothing_of_another_user(
     kube: LocalCluster, node: RealNode
 ) -> None:
-    data = kube.var / "user-data" / NAMESPACE  # the claim's volume (objects.user_storage)
+    data = kube.user_data / NAMESPACE  # the claim's volume (objects.user_storage)
     for user in ("alice", "bob"):
         (data / user).mkdir(parents=True, exist_ok=True)
         (data / user / f"{user}-secret.txt").write_text(f"{user} only\n")
@@ -183,7 +183,7 @@ async def test_a_two_worker_pytorchjob_trains_on_the_real_node(
     )
     plans = [Plan("/project1"), Plan("/project1/dev-team", 1, Resources(4, UNLIMITED, UNLIMITED))]
     await backend.sync_queues(PlanTree(plans))
-    job_dir = kube.var / "user-data" / tenant.namespace / "alice" / "jobs" / "mnist"
+    job_dir = kube.user_data / tenant.namespace / "alice" / "jobs" / "mnist"
     job_dir.mkdir(parents=True)
     (job_dir / "main.py").write_text(EXAMPLE.read_text())
     spec = JobSpec(
@@ -234,7 +234,7 @@ async def test_a_job_over_its_memory_is_oom_killed_and_reported_failed(
     )
     plans = [Plan("/project1"), Plan("/project1/dev-team", 1, Resources(4, UNLIMITED, UNLIMITED))]
     await backend.sync_queues(PlanTree(plans))
-    home = tenant.cluster.var / "user-data" / tenant.namespace / "alice"
+    home = tenant.cluster.user_data / tenant.namespace / "alice"
     (home / "jobs" / "hog").mkdir(parents=True)
     code = "held = []\nfor i in range(16):\n    held.append(b'1' * (64 << 20))\n    print(i)"
     spec = JobSpec(

@@ -99,7 +99,11 @@ class Hub:
         # Workers run as the service's own account unless a test says otherwise: as root the
         # default would create a system account per test user (tests/security and
         # tests/spawner are the ones about accounts, with prefixed names they remove).
-        service_traits.setdefault("backend_options", {"run_as_user": False})
+        # backend_options None: the config's own (e.g. the Kubernetes backend's)
+        if "backend_options" in service_traits and service_traits["backend_options"] is None:
+            del service_traits["backend_options"]
+        else:
+            service_traits.setdefault("backend_options", {"run_as_user": False})
         self.config = tmp / "test_jupyterhub_config.py"
         self.config.write_text(
             TEST_CONFIG.format(

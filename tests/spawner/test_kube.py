@@ -31,7 +31,8 @@ users: [{name: u, user: {token: not-a-token}}]
 contexts: [{name: c, context: {cluster: c, user: u, namespace: wmla}}]
 current-context: c
 """
-QUEUE = "wmla-project1-dev-team-bb4fc412"  # manifests.queue_name("/project1/dev-team")
+# manifests.queue_name("/project1/dev-team/alice"): the leaf's queue, where the jobs go too
+QUEUE = "wmla-project1-dev-team-alice-20ae9e8b"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -71,7 +72,7 @@ async def pod_of(spawner: WmlaKubeSpawner, plan: str = "/project1/dev-team") -> 
     return spawner.api.api_client.sanitize_for_serialization(pod)
 
 
-async def test_the_pod_mounts_only_the_users_folder_in_the_plans_queue() -> None:
+async def test_the_pod_mounts_only_the_users_folder_in_its_leafs_queue() -> None:
     pod = await pod_of(make_spawner(gpus=1, notebook_cpu="500m", notebook_memory="2Gi"))
     spec = pod["spec"]
     (container,) = spec["containers"]
@@ -83,10 +84,12 @@ async def test_the_pod_mounts_only_the_users_folder_in_the_plans_queue() -> None
         {"name": "wmla-user-folder", "mountPath": "/gpfs/myresultfs/alice", "subPath": "alice"}
     ]
     assert container["workingDir"] == "/gpfs/myresultfs/alice"
+    # the grant is the limit too: no limit was configured
     assert container["resources"] == {
-        "limits": {"nvidia.com/gpu": "1"},
+        "limits": {"cpu": 0.5, "memory": 2 * 2**30, "nvidia.com/gpu": "1"},
         "requests": {"cpu": 0.5, "memory": 2 * 2**30},
     }
+    assert "initContainers" not in spec  # no uid set: the image's user, nothing to own
     labels = pod["metadata"]["labels"]
     assert {k: v for k, v in labels.items() if k.startswith("wmla.jupyter.org/")} == {
         "wmla.jupyter.org/instance": "wmla",
@@ -123,6 +126,26 @@ async def test_the_pod_mounts_only_the_users_folder_in_the_plans_queue() -> None
     assert (
         "/gpfs/myresultfs/alice/.ipython/profile_default/startup/00-wmla-magics.py" in (command[2])
     )
+    _validate(pod)
+
+
+async def test_a_pod_run_as_a_uid_owns_the_top_of_its_folder_first_and_keeps_a_set_limit() -> None:
+    spawner = make_spawner(
+        notebook_cpu="500m", notebook_memory="1Gi", uid=lambda s: 100000 + s.user.id
+    )
+    spawner.mem_limit = 4 * 2**30  # a profile's or the site's limit stays
+    pod = await pod_of(spawner)
+    spec = pod["spec"]
+    assert spec["containers"][0]["securityContext"]["runAsUser"] == 100007
+    (init,) = spec["initContainers"]
+    assert init["name"] == "wmla-own-folder" and init["image"] == spawner.image
+    assert init["command"][-3:] == ["/gpfs/myresultfs/alice", "100007", "100007"]
+    assert init["volumeMounts"] == spec["containers"][0]["volumeMounts"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    limits = spec["containers"][0]["resources"]["limits"]
+    assert limits == {"cpu": 0.5, "memory": 4 * 2**30}
+    spawner.apply_wmla_overlay("/project1/dev-team")  # a second start: still one
+    assert len(spawner.init_containers) == 1
     _validate(pod)
 
 
@@ -177,7 +200,7 @@ def test_the_pure_overlay() -> None:
         gpus=2,
         claim_name="gpfs",
     )
-    queue = "wmla-project1-qa-team-" + overlay["extra_labels"]["wmla.jupyter.org/queue"][-8:]
+    queue = "wmla-project1-qa-team-bob-" + overlay["extra_labels"]["wmla.jupyter.org/queue"][-8:]
     assert overlay == {
         "volumes": [{"name": "wmla-user-folder", "persistentVolumeClaim": {"claimName": "gpfs"}}],
         "volume_mounts": [

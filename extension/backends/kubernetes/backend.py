@@ -10,6 +10,7 @@ from typing import Any
 
 from extension.confine import Control, Enforced, Report
 from extension.scheduler import Instance, Node, Resources
+from extension.userfs.accounts import Account
 
 from .. import manifests as m
 from ..base import BackendEvent, Emit, JobSpec
@@ -77,6 +78,7 @@ class KubernetesBackend:
         node_selector: Mapping[str, str] | None = None,
         tolerations: Sequence[dict] = (),
         ttl_seconds_after_finished: int | None = 3600,
+        run_as_uid_base: int | None = None,
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
         retry_deadline: float = 120.0,
@@ -106,6 +108,7 @@ class KubernetesBackend:
             node_selector=node_selector,
             tolerations=tolerations,
             ttl_seconds_after_finished=ttl_seconds_after_finished,
+            run_as_uid_base=run_as_uid_base,
         )
         backoff = Backoff(backoff_initial, backoff_max, retry_deadline, sleep)
         self._assemble(ApiCalls(api_factory or default_api_factory, backoff), clock)
@@ -245,6 +248,17 @@ class KubernetesBackend:
         return self.admission.problem(per_worker, workers, new_object)
 
     # -- decisions ---------------------------------------------------------------------------------
+    def account_for(self, user: str, home: str | None = None) -> Account | None:
+        """The identity ``user``'s pods run as (``run_as_uid_base``), for the service to own the
+        user's folder with and to touch their files as; None when pods run as their image's
+        user. No local account: its name (``k8s:<user>``) is none a machine can have, so no
+        group of a local user of the same name comes with it."""
+        base = self.options.run_as_uid_base
+        if base is None:
+            return None
+        uid = m.pod_uid(m.validate_username(user), base)
+        return Account(f"k8s:{user}", uid, uid, home or "")
+
     def build_job(self, spec: JobSpec, workers: int) -> dict:
         """The job object for ``spec`` at ``workers`` workers (pure; errors before any call)."""
         return self.builder.build(spec, workers)

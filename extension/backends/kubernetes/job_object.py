@@ -70,6 +70,8 @@ class JobBuilder:
         )
         annotations = m.make_annotations(job_id=spec.id, plan=spec.leaf)
         env = {"WMLA_JOB_ID": spec.id, "WMLA_PLAN": spec.leaf, **spec.env}
+        if o.run_as_uid_base is not None:  # no passwd entry for the uid: HOME is the folder
+            env.setdefault("HOME", mount)
         container = m.make_container(
             name=m.PYTORCH_CONTAINER,
             image=o.image,
@@ -82,6 +84,13 @@ class JobBuilder:
             gpu_resource=o.gpu_resource,
             image_pull_policy=o.image_pull_policy,
         )
+        init: list[dict] = []
+        if o.run_as_uid_base is not None:
+            uid = m.pod_uid(user, o.run_as_uid_base)
+            container["securityContext"] = m.run_as(uid)
+            init.append(
+                m.make_workdir_init(image=o.image, workdir=workdir, mount=volume_mount, uid=uid)
+            )
         template = m.make_pod_template(
             containers=[container],
             labels=labels,
@@ -92,6 +101,7 @@ class JobBuilder:
             service_account=o.service_account,
             node_selector=o.node_selector,
             tolerations=o.tolerations,
+            init_containers=init,
         )
         return template, labels, annotations
 

@@ -34,6 +34,7 @@ class Options:
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict] = field(default_factory=list)
     ttl: int | None = 3600
+    run_as_uid_base: int | None = None  # pods as the user's uid (manifests.pod_uid); None: image's
 
 
 def resolve(
@@ -55,6 +56,7 @@ def resolve(
     node_selector: Mapping[str, str] | None = None,
     tolerations: Sequence[dict] = (),
     ttl_seconds_after_finished: int | None = 3600,
+    run_as_uid_base: int | None = None,
 ) -> Options:
     """The options, the constructor's names in, each left at None filled in from the
     environment, then from its default."""
@@ -79,6 +81,7 @@ def resolve(
         node_selector=dict(node_selector or {}),
         tolerations=list(tolerations),
         ttl=ttl_seconds_after_finished,
+        run_as_uid_base=_uid_base(run_as_uid_base),
     )
 
 
@@ -86,6 +89,22 @@ def _option(name: str, given: Any, default: Any) -> Any:
     if given is not None:
         return given
     return os.environ.get(f"WMLA_K8S_{name.upper()}", default) or default
+
+
+def _uid_base(given: int | None) -> int | None:
+    """``run_as_uid_base``: each user's pods run as ``manifests.pod_uid(user, base)``."""
+    value = _option("run_as_uid_base", given, None)
+    if value is None:
+        return None
+    try:
+        base = int(value)
+        m.pod_uid("check", base)
+    except (TypeError, ValueError, m.ManifestError):
+        raise ValueError(
+            f"run_as_uid_base {value!r} must be a whole number between 1 and {m.MAX_UID - 1}, "
+            "above the machine's own accounts (e.g. 200000)"
+        ) from None
+    return base
 
 
 def _job_kind(given: str | None) -> JobKind:

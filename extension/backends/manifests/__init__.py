@@ -14,10 +14,12 @@ The parts (import every name from here, ``from extension.backends import manifes
 - ``jobs``        PyTorchJob, Volcano Job, PodGroup
 - ``queues``      the plan tree as Volcano queues
 - ``policy``      ResourceQuota and LimitRange (examples and tests)
+- ``identity``    the uid a user's pods run as
 """
 
 from __future__ import annotations
 
+from .identity import MAX_UID, make_workdir_init, pod_uid, run_as
 from .jobs import make_podgroup, make_pytorchjob, make_volcano_job
 from .names import (
     ANNOTATION_JOB_ID,
@@ -57,6 +59,10 @@ from .quantities import format_cpu, format_memory, resource_list
 from .queues import make_plan_queues, make_queue, share_to_weight
 
 __all__ = [
+    "MAX_UID",
+    "make_workdir_init",
+    "pod_uid",
+    "run_as",
     "ANNOTATION_JOB_ID",
     "ANNOTATION_PLAN",
     "DEFAULT_GPU_RESOURCE",

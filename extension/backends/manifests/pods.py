@@ -108,9 +108,12 @@ def make_pod_template(
     service_account: str | None = None,
     node_selector: Mapping[str, str] | None = None,
     tolerations: Sequence[dict] = (),
+    init_containers: Sequence[dict] = (),
 ) -> dict:
     """A PodTemplateSpec dict."""
     spec: dict[str, Any] = {"containers": [dict(c) for c in containers]}
+    if init_containers:
+        spec["initContainers"] = [dict(c) for c in init_containers]
     spec["restartPolicy"] = restart_policy
     if scheduler_name:
         spec["schedulerName"] = scheduler_name

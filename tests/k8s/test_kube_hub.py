@@ -1,0 +1,212 @@
+"""The user's journey on Kubernetes through the hub (issue 40): the repository's own
+jupyterhub_config.py with ``WMLA_BACKEND=kubernetes`` over the test cluster with its real node
+(a kubelet over containerd, devcluster/realnode.py). A user's notebook is a pod of the notebook
+image (built here, devcluster/notebook_image.py) that ``wmla-kube`` starts on the real node: its
+limits are its grant, it mounts only the user's folder and runs as the user's uid; JupyterLab
+answers through the hub's proxy, and ``%wmla_train`` in one of its kernels trains the shipped
+example as a 2-worker PyTorchJob on the same node.
+
+The hub listens on the node's address (the pods' gateway to this machine), as ``make run`` does
+on such a cluster (hub_config/kubernetes.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from devcluster.cluster import LocalCluster
+from devcluster.realnode import NODE_NAME, RealNode, RealNodeError
+from extension.backends.manifests import pod_uid
+from hub_config.kubernetes import NAMESPACE, UID_BASE
+from hub_config.kubernetes import RealNode as NodeState
+from tests.service.hub import PROXY, Client, Hub
+from tests.spawner.helpers import hub_request, server_model
+from tests.spawner.test_local import run_in_kernel
+
+REPO = Path(__file__).resolve().parents[2]
+USER = "user1"
+
+# after the repository's config: the test's Hub sets the simple spawner for its other suites
+KUBE_CONFIG = """
+c.JupyterHub.spawner_class = "wmla-kube"
+c.WmlaKubeSpawner.start_timeout = 240
+"""
+
+
+@pytest.fixture(scope="module")
+def node(kube: LocalCluster) -> Iterator[RealNode]:
+    real = kube.real_node()
+    try:
+        real.up()
+    except RealNodeError as err:
+        pytest.fail(str(err), pytrace=False)
+    yield real
+
+
+@pytest.fixture(scope="module")
+def hub(kube: LocalCluster, node: RealNode, tmp_path_factory: pytest.TempPathFactory):
+    if not PROXY.exists():
+        pytest.skip("configurable-http-proxy is missing: run `make install`")
+    state = NodeState.of(kube.var)
+    assert state is not None, f"the real node wrote no state in {kube.var}/node"
+    hub = Hub(tmp_path_factory.mktemp("kube-hub"), {"tick": 1, "backend_options": None})
+    hub.env.update({"WMLA_BACKEND": "kubernetes", "WMLA_K8S_VAR": str(kube.var)})
+    hub.url = f"http://{state.address}:{hub.port}"  # where the proxy listens now
+    hub.api = f"{hub.url}/services/wmla/api/v1"
+    with open(hub.config, "a") as f:
+        f.write(KUBE_CONFIG)
+    try:
+        hub.start()
+        hub.clients = {name: Client(hub, hub.user_token(name)) for name in ("padmin", USER)}
+        hub.clients["admin"] = hub.clients["padmin"]
+        yield hub
+    finally:
+        try:
+            hub_request(hub, "DELETE", f"/users/{USER}/server", USER)
+            _wait(lambda: not _pods(kube), "the notebook pod to go", 60)
+        except Exception:
+            pass
+        hub.stop()
+        kube.kubectl("delete", "pytorchjobs,pods", "--all", "-n", NAMESPACE,
+                     "--grace-period=0", "--wait=false")  # fmt: skip
+
+
+def _wait(predicate, what: str, timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"not within {timeout:.0f} s: {what}")
+
+
+def _pods(kube: LocalCluster) -> list[dict]:
+    out = kube.kubectl("get", "pods", "-n", NAMESPACE, "-l", "component=singleuser-server",
+                       "-o", "json")  # fmt: skip
+    return json.loads(out)["items"]
+
+
+def _ready(hub: Hub, kube: LocalCluster) -> dict:
+    def ready() -> dict | None:
+        model = server_model(hub, USER)
+        if model and model["ready"]:
+            return model
+        if model is None or not model.get("pending"):
+            pods = kube.kubectl("get", "pods,events", "-n", NAMESPACE)
+            raise AssertionError(f"{USER}'s server is not starting: {model}\n{pods}\n{hub.log()}")
+        return None
+
+    return _wait(ready, f"{USER}'s notebook pod ready", 300)
+
+
+@pytest.fixture(scope="module")
+def server(hub: Hub, kube: LocalCluster) -> dict:
+    r = hub_request(hub, "POST", f"/users/{USER}/server", USER, json={"profile": "cpu"})
+    assert r.status_code in (201, 202), r.text
+    model = _ready(hub, kube)
+    (pod,) = _pods(kube)
+    return {"model": model, "pod": pod}
+
+
+def test_the_notebook_pod_runs_on_the_real_node_as_its_user_with_its_grant(
+    hub: Hub, kube: LocalCluster, server: dict
+) -> None:
+    pod = server["pod"]
+    spec = pod["spec"]
+    assert spec["nodeName"] == NODE_NAME and pod["status"]["phase"] == "Running"
+    (container,) = spec["containers"]
+    resources = container["resources"]
+    assert resources["limits"]["cpu"] == resources["requests"]["cpu"]
+    assert resources["limits"]["memory"] == resources["requests"]["memory"]
+    uid = container["securityContext"]["runAsUser"]
+    assert uid == pod_uid(USER, UID_BASE) and container["securityContext"]["runAsGroup"] == uid
+    # the folder's top given to that uid first, by an init container with CAP_CHOWN only
+    (init,) = spec["initContainers"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    # one volume of the user's: the claim's folder of this user, nothing else of the claim
+    claims = [v for v in spec["volumes"] if "persistentVolumeClaim" in v]
+    assert len(claims) == 1
+    mounts = [m for m in container["volumeMounts"] if m["name"] == claims[0]["name"]]
+    assert [m["subPath"] for m in mounts] == [USER]
+    assert pod["metadata"]["annotations"]["wmla.jupyter.org/leaf"].endswith(f"/{USER}")
+
+
+def test_jupyterlab_answers_through_the_proxy(hub: Hub, server: dict) -> None:
+    token = hub.clients[USER].headers["Authorization"]
+    r = requests.get(f"{hub.url}/user/{USER}/lab", headers={"Authorization": token}, timeout=60)
+    assert r.status_code == 200 and "JupyterLab" in r.text, r.text[:500]
+    r = requests.get(f"{hub.url}/user/{USER}/api/status", headers={"Authorization": token},
+                     timeout=30)  # fmt: skip
+    assert r.status_code == 200, r.text
+
+
+async def test_a_kernel_sees_its_grant_its_uid_and_only_its_folder(
+    hub: Hub, kube: LocalCluster, server: dict
+) -> None:
+    pod = server["pod"]
+    (container,) = pod["spec"]["containers"]
+    folder = container["workingDir"]
+    out = await run_in_kernel(
+        hub,
+        USER,
+        "import os, json\n"
+        "mem = open('/sys/fs/cgroup/memory/memory.limit_in_bytes').read().strip()\n"
+        "quota = open('/sys/fs/cgroup/cpu/cpu.cfs_quota_us').read().strip()\n"
+        "period = open('/sys/fs/cgroup/cpu/cpu.cfs_period_us').read().strip()\n"
+        "open('mine.txt', 'w').write('x')\n"
+        "print(json.dumps({'uid': os.getuid(), 'mem': int(mem), 'cpu': int(quota) / int(period),"
+        " 'cwd': os.getcwd(), 'parent': sorted(os.listdir('..'))}))\n",
+    )
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert seen["uid"] == container["securityContext"]["runAsUser"]
+    assert seen["cwd"] == folder
+    from extension.scheduler.resources import parse_quantity
+
+    assert seen["mem"] == parse_quantity("memory", container["resources"]["limits"]["memory"])
+    cpu = parse_quantity("cpu", container["resources"]["limits"]["cpu"]) / 1000
+    assert seen["cpu"] == pytest.approx(cpu)
+    assert seen["parent"] == [USER]  # the mount's parent holds the user's folder only
+    host = kube.user_data / NAMESPACE / USER / "mine.txt"
+    assert host.stat().st_uid == seen["uid"]
+
+
+async def test_wmla_train_in_the_notebook_trains_two_workers_on_the_real_node(
+    hub: Hub, kube: LocalCluster, server: dict
+) -> None:
+    token = hub.clients[USER].headers["Authorization"]
+    example = (REPO / "examples" / "pytorch_mnist" / "main.py").read_text()
+    for path, body in (
+        ("models", {"type": "directory"}),
+        ("models/mnist", {"type": "directory"}),
+        ("models/mnist/main.py", {"type": "file", "format": "text", "content": example}),
+    ):
+        r = requests.put(f"{hub.url}/user/{USER}/api/contents/{path}",
+                         headers={"Authorization": token}, json=body, timeout=30)  # fmt: skip
+        assert r.status_code in (200, 201), r.text
+    out = await run_in_kernel(
+        hub,
+        USER,
+        "%wmla_train --plan /sample-project/training --workers 2 --cpus 500m --memory 2Gi "
+        "--model-dir models/mnist --model-main main.py --wait -- --epochs 3 "
+        "--target-accuracy 0.9\n"
+        "print('state:', wmla_last_job['state'], wmla_last_job['id'])",
+        timeout=480,
+    )
+    assert "state: FINISHED" in out, out
+    job_id = out.rsplit("state: FINISHED", 1)[1].split()[0]
+    job = hub.clients[USER].get(f"/jobs/{job_id}").json()
+    assert job["workers"]["max"] == 2, job
+    model = Path(job["workdir"]) / "model.pt"
+    assert model.is_file(), job
+    # the workers ran as the user's uid, as the notebook does: everything in the job's folder
+    # is theirs (the folder too: made by an init container as the user, not by runc as root)
+    uid = pod_uid(USER, UID_BASE)
+    for path in [Path(job["workdir"]), *Path(job["workdir"]).rglob("*")]:
+        assert path.stat().st_uid == uid, path
