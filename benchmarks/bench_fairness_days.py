@@ -51,7 +51,16 @@ usage history with that half-life and ``max_gang_wait`` = the runtime limit),
   submission for one that never started (a lower bound); the largest and the p99 (nearest
   rank);
 - **preemptions** (victims that let go) and **utilization** (GPU-seconds held over capacity x
-  the window).
+  the window);
+- **gang-wait floor** (of the workload, not of a configuration): the least final deviation of
+  any schedule in which every gang waits at most twice the limit and no gang that started is
+  stopped. A gang submitted at ``s`` then starts by ``s + 2 limit``, so by the end of the
+  window its team holds at least its GPUs times ``min(run, end - s - 2 limit)``; all teams
+  together hold at most the first team's day-1 demand (capped by the cluster) plus the whole
+  cluster after it; a team forced past its entitlement by ``x`` GPU-hours adds ``2x`` to the
+  sum of the gaps. It counts GPU-hours, not when they are free, so it is a lower bound. Where
+  it is above half of ``off``'s deviation no scheduler meets both goals; the report also gives
+  the least bound on every gang's wait that half of ``off``'s deviation allows.
 
 **Synthetic workload** (``--synthetic LOAD``, issue 41, e.g. ``--synthetic 2.4 --nodes 4x8
 --days 3``): three teams (``SYNTHETIC``), the first alone on day 1 asking for LOAD times the
@@ -249,6 +258,52 @@ def no_wait(rows: list[TraceRow], teams: tuple[str, ...], days: int) -> list[dic
     return out
 
 
+def gang_floor(
+    rows: list[TraceRow], teams: tuple[str, ...], days: int, gpus: int, bound: float
+) -> dict:
+    """The least final deviation of any schedule in which every gang waits at most ``bound``
+    and no started gang is stopped (module docstring, "gang-wait floor"): each gang submitted
+    at ``s`` then runs from ``s + bound`` at the latest, so its team holds at least its GPUs
+    times ``min(run, end - s - bound)`` by the end (``need``); all teams together hold at most
+    ``most`` (the first team's day 1 capped by its demand, then the whole cluster); a team
+    forced above its entitlement puts its excess into the deviation twice (its own and what
+    the others lack). None where the needs alone exceed ``most``: no schedule meets the bound."""
+    end, n = days * DAY, len(teams)
+    need = dict.fromkeys(teams, 0.0)
+    for r in rows:
+        latest = r.submit + bound
+        if 1 < r.gpus <= gpus and latest < end:  # a larger one is rejected: no wait
+            need[r.team] += r.gpus * min(r.duration, end - latest) / 3600.0
+    caps = no_wait(rows, teams, days)
+    day_one = min(caps[0][teams[0]], gpus * 24.0)
+    most = min(sum(caps[-1].values()), day_one + gpus * 24.0 * (days - 1))
+    out: dict = {"need_gpu_h": {t: round(v, 1) for t, v in need.items()}, "most_gpu_h": most}
+    if sum(need.values()) > most:
+        return {**out, "deviation": None, "attainable_deviation": None}
+    ents = water_fill(most, [caps[-1][t] for t in teams], [1.0] * n)
+    plain = sum(max(0.0, need[t] - most / n) for t in teams)
+    attainable = sum(max(0.0, need[t] - e) for t, e in zip(teams, ents))
+    return {
+        **out,
+        "deviation": 2 * plain / n / most,
+        "attainable_deviation": 2 * attainable / n / most,
+    }
+
+
+def least_gang_bound(
+    rows: list[TraceRow], teams: tuple[str, ...], days: int, gpus: int, deviation: float
+) -> float:
+    """The least bound on every gang's wait that a schedule with a final deviation of at most
+    ``deviation`` (and no started gang stopped) can meet, seconds (``gang_floor``: its
+    deviation only falls as the bound grows), to a minute."""
+    lo, hi = 0.0, days * DAY
+    while hi - lo > 60.0:
+        mid = (lo + hi) / 2
+        floor = gang_floor(rows, teams, days, gpus, mid)["deviation"]
+        lo, hi = (lo, mid) if floor is not None and floor <= deviation else (mid, hi)
+    return hi
+
+
 def with_attainable(days: list[dict], caps: list[dict]) -> None:
     """Each day's attainable entitlement and deviation, from its GPU-hours and the caps."""
     for day, cap in zip(days, caps):
@@ -338,6 +393,30 @@ def goal(results: dict[str, dict], limit: float) -> dict:
     return out
 
 
+def gang_goal_floor(
+    rows: list[TraceRow],
+    args: argparse.Namespace,
+    gpus: int,
+    limit: float,
+    results: dict[str, dict],
+) -> dict:
+    """Whether any schedule can meet the gang wait goal together with the deviation goal
+    (``gang_floor`` at twice the limit against half of ``off``'s final deviation), and the
+    least gang wait bound a schedule meeting the deviation goal can keep
+    (``least_gang_bound``)."""
+    floor = gang_floor(rows, args.teams, args.days, gpus, 2 * limit)
+    out = {**floor, "bound_s": 2 * limit, "most_gpu_h": round(floor["most_gpu_h"], 1)}
+    for key in ("deviation", "attainable_deviation"):
+        out[key] = None if floor[key] is None else round(floor[key], 4)
+    base = results.get("off")
+    if base is not None:
+        half = base["deviation"]["final"] / 2
+        out["off_half"] = half
+        out["both_attainable"] = floor["deviation"] is not None and floor["deviation"] <= half
+        out["least_bound_s"] = round(least_gang_bound(rows, args.teams, args.days, gpus, half))
+    return out
+
+
 # -- output ---------------------------------------------------------------------------------
 def print_report(result: dict) -> None:
     results, teams = result["configs"], result["input"]["teams"]
@@ -374,10 +453,32 @@ def print_report(result: dict) -> None:
         print("    attainable entitlement, last day: " + ", ".join(
             f"{t} {v:.0f}" for t, v in last.items()))  # fmt: skip
     print()
+    print_floor(result["gang_floor"])
     for label, g in result["goal"].items():
         verdict = "MET" if g["met"] else "not met"
         misses = [k for k, v in g.items() if k != "met" and not v]
         print(f"goal, {label}: {verdict}" + (f" (missed: {', '.join(misses)})" if misses else ""))
+
+
+def print_floor(floor: dict) -> None:
+    """The gang-wait floor (``gang_goal_floor``) in words."""
+    bound = floor["bound_s"] / 3600
+    if floor["deviation"] is None:
+        print(
+            f"gang-wait floor: no schedule starts every gang within {bound:.0f} h "
+            f"(the GPU-hours they would hold exceed the {floor['most_gpu_h']:.0f} the window has)"
+        )
+    else:
+        print(
+            f"gang-wait floor: every gang within {bound:.0f} h means a final deviation of at "
+            f"least {floor['deviation']:.4f} (attainable {floor['attainable_deviation']:.4f})"
+        )
+    if "least_bound_s" in floor:
+        print(
+            f"  half of off's deviation ({floor['off_half']:.4f}) allows no bound under "
+            f"{floor['least_bound_s'] / 3600:.1f} h; both goals attainable: "
+            f"{'yes' if floor['both_attainable'] else 'no'}"
+        )
 
 
 def main() -> int:
@@ -402,9 +503,9 @@ def main() -> int:
     if args.days < 2:
         parser.error("--days must be at least 2: one alone, then all contend")
     limit = parse_span(args.limit, "--limit")
+    gpus = sum(n.capacity.gpu for n in parse_nodes(args.nodes, None))
     if args.synthetic > 0:
         args.teams = tuple(mix.team for mix in SYNTHETIC)
-        gpus = sum(n.capacity.gpu for n in parse_nodes(args.nodes, None))
         rows = synthetic(args.days, args.synthetic, gpus, limit, args.seed)
     else:
         args.teams = tuple(t.strip() for t in args.teams.split(","))
@@ -437,6 +538,7 @@ def main() -> int:
         "configs": results,
     }
     result["goal"] = goal(results, limit)
+    result["gang_floor"] = gang_goal_floor(rows, args, gpus, limit, results)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
