@@ -4,7 +4,8 @@ KubernetesBackend with the service account of hub_config/k8s/rbac.yaml, and note
 made by the ``wmla-kube`` spawner with an account of their own. Neither ever holds the
 cluster's admin credentials.
 
-With the real node (``WMLA_K8S_REAL_NODE=1 make k8s-up``) notebooks and jobs run there: the
+With the real node (``WMLA_K8S_REAL_NODE=1 make k8s-up``, and the same variable set for
+``make run``) notebooks and jobs run there: the
 notebook image serves JupyterLab as the user's uid, the worker image trains, and the hub
 listens on the node's address (the pods' gateway), which is where the browser goes too.
 Without it the nodes are KWOK's: pods are bound and shown Running, but no container runs, so a
@@ -27,6 +28,7 @@ NAMESPACE = "wmla"
 STORAGE_CLAIM = "wmla-user-data"
 # the real node's label and taint (devcluster/realnode.py): only pods that ask land there
 NODE_LABEL = "wmla.jupyter.org/real-node"
+REAL_NODE_FLAG = "WMLA_K8S_REAL_NODE"  # as for make k8s-up: notebooks and jobs on the real node
 # the pods' uids (manifests.pod_uid): above this, clear of local accounts' uids
 UID_BASE = 200000
 NOTEBOOK_IMAGE = "quay.io/jupyterhub/k8s-singleuser-sample:4.1.0"
@@ -105,7 +107,15 @@ def configure_kubernetes(c: Any, cluster_var: Path, storage_root: Path) -> dict[
     c.WmlaKubeSpawner.start_timeout = 120
     c.WmlaKubeSpawner.http_timeout = 30
     backend_options: dict[str, Any] = {}
-    node = RealNode.of(cluster_var)
+    node = None
+    if os.environ.get(REAL_NODE_FLAG, "").strip().lower() in ("1", "true", "yes"):
+        node = RealNode.of(cluster_var)
+        if node is None:
+            raise SystemExit(
+                f"{REAL_NODE_FLAG}=1: the cluster in {cluster_var} has no real node (no "
+                f"{cluster_var / 'node' / 'state.json'}); start it with "
+                f"`{REAL_NODE_FLAG}=1 make k8s-up`, or unset {REAL_NODE_FLAG} for KWOK nodes only"
+            )
     if node is None:
         c.JupyterHub.template_vars = {
             **c.JupyterHub.get("template_vars", {}),

@@ -18,13 +18,16 @@ from traitlets import Bool, Unicode, default
 from extension.scheduler.resources import parse_quantity
 
 from . import profiles as profile_shapes
+from .getting_started import MARKER, starter_files
 from .kernel import STARTUP_SCRIPT
 from .mixin import WmlaSpawnerMixin
 from .objects import (
     DEFAULT_MOUNT_PATH,
     OWN_FOLDER,
+    STARTER,
     make_folder_owner,
     make_pod_overlay,
+    make_starter,
     mount_path,
     validate_username,
 )
@@ -100,6 +103,17 @@ class WmlaKubeSpawner(WmlaSpawnerMixin, KubeSpawner):
         ``fsGroup``. Off when the storage sets owners itself.
 
         c.WmlaKubeSpawner.own_folder = True
+        """,
+    ).tag(config=True)
+
+    getting_started = Bool(
+        True,
+        help="""On a user's first spawn, put a getting-started notebook and the example's code
+        (models/pytorch_mnist) in their folder: an init container running as the pod's uid
+        writes them once (a marker remembers it), never over a file that exists. Needs
+        ``c.KubeSpawner.uid`` and the project's ``extension`` package in the image.
+
+        c.WmlaKubeSpawner.getting_started = True
         """,
     ).tag(config=True)
 
@@ -180,10 +194,8 @@ class WmlaKubeSpawner(WmlaSpawnerMixin, KubeSpawner):
             self.working_dir = overlay["working_dir"]
         if overlay["lifecycle_hooks"] and "postStart" not in (self.lifecycle_hooks or {}):
             self.lifecycle_hooks = {**(self.lifecycle_hooks or {}), **overlay["lifecycle_hooks"]}
-        if self.own_folder and self.uid is not None:
-            self.init_containers = [
-                c for c in _as_list(self.init_containers) if c.get("name") != OWN_FOLDER
-            ] + [self._folder_owner(folder, overlay["volume_mounts"][0])]
+        if self.uid is not None:
+            self._as_user_first(folder, overlay["volume_mounts"][0])
 
     def _hold_to_grant(self, requested: dict) -> None:
         """The pod asks the cluster for what the service granted (the request as its limit
@@ -204,20 +216,32 @@ class WmlaKubeSpawner(WmlaSpawnerMixin, KubeSpawner):
             self.mem_guarantee = memory
             self.mem_limit = limits.get("memory") or self.mem_limit or memory
 
-    def _folder_owner(self, folder: str, mount: dict) -> dict:
+    def _as_user_first(self, folder: str, mount: dict) -> None:
+        """Init containers before the server (the site's own kept): the folder's top given
+        to the pod's uid, then the getting-started files offered as that uid."""
         uid = self.uid(self) if callable(self.uid) else self.uid
         gid = self.gid(self) if callable(self.gid) else self.gid
-        return make_folder_owner(
-            image=self.image, folder=folder, mount=mount, uid=uid, gid=uid if gid is None else gid
-        )
-
-    async def start(self) -> tuple[str, int]:
-        self._wmla_admitted = False
-        try:
-            return await super().start()
-        except BaseException:
-            await self.wmla_release()
-            raise
+        gid = uid if gid is None else gid
+        ours = []
+        if self.own_folder:
+            ours.append(
+                make_folder_owner(image=self.image, folder=folder, mount=mount, uid=uid, gid=gid)
+            )
+        if self.getting_started:
+            ours.append(
+                make_starter(
+                    image=self.image,
+                    folder=folder,
+                    mount=mount,
+                    uid=uid,
+                    gid=gid,
+                    files=starter_files(),
+                    marker=MARKER,
+                )  # fmt: skip
+            )
+        names = {OWN_FOLDER, STARTER}
+        kept = [c for c in _as_list(self.init_containers) if c.get("name") not in names]
+        self.init_containers = kept + ours
 
 
 def _as_list(value: Any) -> list[dict]:

@@ -11,6 +11,7 @@ hierarchical queues take pods only in leaf queues.
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -117,6 +118,47 @@ def make_folder_owner(*, image: str, folder: str, mount: dict, uid: int, gid: in
         "resources": {
             "requests": {"cpu": "10m", "memory": "32Mi"},
             "limits": {"cpu": "100m", "memory": "64Mi"},
+        },
+    }
+
+
+STARTER = "wmla-getting-started"
+# the userfs operation the local spawner's helper runs, here in the pod as the user: files
+# that do not exist yet, once (a marker), never over the user's own (O_EXCL, O_NOFOLLOW)
+# (base64: KubeSpawner formats every string of the pod with the user's properties, and the
+# files are full of braces)
+_INSTALL = (
+    "import base64, json, sys; from extension.userfs.ops import install_missing; "
+    "install_missing(sys.argv[1], json.loads(base64.b64decode(sys.argv[2])), sys.argv[3])"
+)
+
+
+def make_starter(
+    *, image: str, folder: str, mount: dict, uid: int, gid: int, files: dict, marker: str
+) -> dict:
+    """An init container that offers a new user's files in their folder, as the user."""
+    return {
+        "name": STARTER,
+        "image": image,
+        "command": [
+            "python3",
+            "-c",
+            _INSTALL,
+            folder,
+            base64.b64encode(json.dumps(files).encode()).decode(),
+            marker,
+        ],  # fmt: skip
+        "volumeMounts": [mount],
+        "securityContext": {
+            "runAsUser": int(uid),
+            "runAsGroup": int(gid),
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "resources": {
+            "requests": {"cpu": "10m", "memory": "32Mi"},
+            "limits": {"cpu": "200m", "memory": "128Mi"},
         },
     }
 

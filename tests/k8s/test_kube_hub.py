@@ -13,8 +13,10 @@ on such a cluster (hub_config/kubernetes.py).
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ from devcluster.realnode import NODE_NAME, RealNode, RealNodeError
 from extension.backends.manifests import pod_uid
 from hub_config.kubernetes import NAMESPACE, UID_BASE
 from hub_config.kubernetes import RealNode as NodeState
+from tests.e2e.walk import CHROMIUM, Visit, browser_page, log_in_and_spawn, train_and_check_chart
 from tests.service.hub import PROXY, Client, Hub
 from tests.spawner.helpers import hub_request, server_model
 from tests.spawner.test_local import run_in_kernel
@@ -56,7 +59,9 @@ def hub(kube: LocalCluster, node: RealNode, tmp_path_factory: pytest.TempPathFac
     state = NodeState.of(kube.var)
     assert state is not None, f"the real node wrote no state in {kube.var}/node"
     hub = Hub(tmp_path_factory.mktemp("kube-hub"), {"tick": 1, "backend_options": None})
-    hub.env.update({"WMLA_BACKEND": "kubernetes", "WMLA_K8S_VAR": str(kube.var)})
+    hub.env.update(
+        {"WMLA_BACKEND": "kubernetes", "WMLA_K8S_VAR": str(kube.var), "WMLA_K8S_REAL_NODE": "1"}
+    )
     hub.url = f"http://{state.address}:{hub.port}"  # where the proxy listens now
     hub.api = f"{hub.url}/services/wmla/api/v1"
     with open(hub.config, "a") as f:
@@ -128,8 +133,11 @@ def test_the_notebook_pod_runs_on_the_real_node_as_its_user_with_its_grant(
     uid = container["securityContext"]["runAsUser"]
     assert uid == pod_uid(USER, UID_BASE) and container["securityContext"]["runAsGroup"] == uid
     # the folder's top given to that uid first, by an init container with CAP_CHOWN only
-    (init,) = spec["initContainers"]
-    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    init = {c["name"]: c for c in spec["initContainers"]}
+    owner = init["wmla-own-folder"]["securityContext"]
+    assert owner["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    # then the getting-started files, as the user
+    assert init["wmla-getting-started"]["securityContext"]["runAsUser"] == uid
     # one volume of the user's: the claim's folder of this user, nothing else of the claim
     claims = [v for v in spec["volumes"] if "persistentVolumeClaim" in v]
     assert len(claims) == 1
@@ -210,3 +218,89 @@ async def test_wmla_train_in_the_notebook_trains_two_workers_on_the_real_node(
     uid = pod_uid(USER, UID_BASE)
     for path in [Path(job["workdir"]), *Path(job["workdir"]).rglob("*")]:
         assert path.stat().st_uid == uid, path
+
+
+HOG = """import time
+block = bytearray(1 << 30)  # 1 GiB touched page by page, past the job's 256 MiB
+for i in range(0, len(block), 4096):
+    block[i] = 1
+print("still here", flush=True)
+"""
+
+
+def test_a_job_past_its_memory_is_oom_killed_and_its_user_reads_why(
+    hub: Hub, kube: LocalCluster, server: dict
+) -> None:
+    """The kubelet's cgroup kills it (the pod's limit is the grant), and the user reads it in
+    the job's reason and in ``wmla logs`` (the API the CLI and the widget read)."""
+    token = hub.clients[USER].headers["Authorization"]
+    for path, body in (
+        ("models/hog", {"type": "directory"}),
+        ("models/hog/main.py", {"type": "file", "format": "text", "content": HOG}),
+    ):
+        r = requests.put(f"{hub.url}/user/{USER}/api/contents/{path}",
+                         headers={"Authorization": token}, json=body, timeout=30)  # fmt: skip
+        assert r.status_code in (200, 201), r.text
+    client = hub.clients[USER]
+    r = client.post(
+        "/jobs",
+        json={
+            "plan": "/sample-project/training",
+            "workers": 1,
+            "resources": {"cpu": "500m", "memory": "256Mi", "gpu": 0},
+            "command": {"model_dir": "models/hog", "model_main": "main.py"},
+        },
+    )
+    assert r.status_code == 201, r.text
+    job = client.wait_state(r.json()["id"], {"FAILED"}, timeout=240)
+    assert "OOMKilled" in job["reason"] and "137" in job["reason"], job
+    logs = client.get(f"/jobs/{job['id']}/logs").json()["logs"]
+    assert "still here" not in logs
+
+
+@dataclass
+class PodVisit(Visit):
+    """A visit whose server is a pod: its files are the uid the user's pods run as (no local
+    account has it)."""
+
+    pod_uid: int = 0
+
+    @property
+    def uid(self) -> int:
+        return self.pod_uid
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium (CI installs it)")
+def test_a_new_user_in_a_browser_trains_from_the_getting_started_notebook(
+    hub: Hub, kube: LocalCluster
+) -> None:
+    """The embedded default's first visit (tests/e2e/walk.py), with the server a pod on the
+    real node: log in, the spawn page, JupyterLab with the getting-started files the pod's
+    init container offered as the user, Run All, the job monitor's chart. Screenshots in
+    test-artifacts/k8s-new-user/."""
+    user = "user2"
+    artifacts = REPO / "test-artifacts" / "k8s-new-user"
+    shutil.rmtree(artifacts, ignore_errors=True)
+    artifacts.mkdir(parents=True)
+    try:
+        with browser_page() as page:
+            visit = PodVisit(
+                page=page,
+                url=hub.url,
+                password=hub.password_of(user),
+                user=user,
+                folder=kube.user_data / NAMESPACE / user,
+                account="",
+                artifacts=artifacts,
+                pod_uid=pod_uid(user, UID_BASE),
+            )
+            log_in_and_spawn(visit)
+            chart = train_and_check_chart(visit)
+        assert chart["traces"]
+    finally:
+        hub_request_as = requests.delete(
+            f"{hub.url}/hub/api/users/{user}/server",
+            headers={"Authorization": f"token {hub.token}"},
+            timeout=30,
+        )
+        assert hub_request_as.status_code in (202, 204, 400, 404), hub_request_as.text

@@ -71,6 +71,7 @@ def test_seed002_through_wmla(kube: LocalCluster, tmp_path: Path) -> None:
     threads, whole gangs only, all six FINISHED in the service too."""
     hub = Hub(tmp_path, service_traits={"backend_options": {}})
     hub.env.update({"WMLA_BACKEND": "kubernetes", "WMLA_K8S_VAR": str(kube.var)})
+    hub.env.pop("WMLA_K8S_REAL_NODE", None)  # the KWOK nodes, even where the real node runs
     try:
         hub.start(timeout=120)
         token = hub.user_token("user1")

@@ -13,6 +13,7 @@ import base64
 import copy
 import os
 import types
+from pathlib import Path
 
 import pytest
 from traitlets.config import Config
@@ -32,6 +33,7 @@ contexts: [{name: c, context: {cluster: c, user: u, namespace: wmla}}]
 current-context: c
 """
 # manifests.queue_name("/project1/dev-team/alice"): the leaf's queue, where the jobs go too
+REPO = Path(__file__).resolve().parents[2]
 QUEUE = "wmla-project1-dev-team-alice-20ae9e8b"
 
 
@@ -137,7 +139,7 @@ async def test_a_pod_run_as_a_uid_owns_the_top_of_its_folder_first_and_keeps_a_s
     pod = await pod_of(spawner)
     spec = pod["spec"]
     assert spec["containers"][0]["securityContext"]["runAsUser"] == 100007
-    (init,) = spec["initContainers"]
+    init, starter = spec["initContainers"]
     assert init["name"] == "wmla-own-folder" and init["image"] == spawner.image
     assert init["command"][-3:] == ["/gpfs/myresultfs/alice", "100007", "100007"]
     assert init["volumeMounts"] == spec["containers"][0]["volumeMounts"]
@@ -145,8 +147,34 @@ async def test_a_pod_run_as_a_uid_owns_the_top_of_its_folder_first_and_keeps_a_s
     limits = spec["containers"][0]["resources"]["limits"]
     assert limits == {"cpu": 0.5, "memory": 4 * 2**30}
     spawner.apply_wmla_overlay("/project1/dev-team")  # a second start: still one
-    assert len(spawner.init_containers) == 1
+    assert len(spawner.init_containers) == 2
+    # then the getting-started files, offered as the user (never root, no capabilities)
+    assert starter["name"] == "wmla-getting-started"
+    assert starter["securityContext"]["runAsUser"] == 100007
+    assert starter["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     _validate(pod)
+
+
+def test_the_getting_started_init_writes_the_files_once_and_never_over_the_users(
+    tmp_path,
+) -> None:
+    """Its command, run here as it runs in the pod: the files once, what the user changed
+    kept, nothing again after the marker."""
+    import subprocess
+    import sys
+
+    from spawner.getting_started import MARKER, starter_files
+
+    starter = objects.make_starter(image="i", folder=str(tmp_path), mount={}, uid=1, gid=1,
+                                   files=starter_files(), marker=MARKER)  # fmt: skip
+    argv = [sys.executable, *starter["command"][1:]]
+    (tmp_path / "getting-started.ipynb").write_text("mine")
+    subprocess.run(argv, check=True, env={"PYTHONPATH": str(REPO)})
+    assert (tmp_path / "getting-started.ipynb").read_text() == "mine"
+    assert (tmp_path / "models" / "pytorch_mnist" / "main.py").is_file()
+    (tmp_path / "models" / "pytorch_mnist" / "main.py").unlink()
+    subprocess.run(argv, check=True, env={"PYTHONPATH": str(REPO)})
+    assert not (tmp_path / "models" / "pytorch_mnist" / "main.py").exists()
 
 
 async def test_a_cpu_only_pod_without_volcano_has_no_gpu_and_no_queue() -> None:
