@@ -13,7 +13,7 @@ import asyncio
 import os
 import pwd
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -223,15 +223,6 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
     _wmla_memory = 0  # its grant's memory limit (bytes), 0: none
     _wmla_warned = False
     _wmla_cmd: list | None = None  # the configured cmd (start() may swap the interpreter)
-
-    # -- the spawn page --------------------------------------------------------------------
-    @default("options_form")
-    def _wmla_options_form_default(self) -> Callable[[Any], Awaitable[str]]:
-        return lambda spawner: spawner.wmla_spawn_form()
-
-    @default("options_from_form")
-    def _wmla_options_from_form_default(self) -> Callable[[Mapping[str, list]], dict]:
-        return self.wmla_options_from_form
 
     # -- folder and account ------------------------------------------------------------------
     @property

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -377,6 +377,16 @@ class WmlaSpawnerMixin(LoggingConfigurable):
 
     async def wmla_usable_plans(self) -> list[str]:
         return await self.wmla_collaborators().plans.usable_plans()
+
+    # the spawn page: the profiles as KubeSpawner's form names them, and the plans this user
+    # may use; the same on both spawners (each base class has a default of its own)
+    @default("options_form")
+    def _wmla_options_form_default(self) -> Callable[[Any], Awaitable[str]]:
+        return lambda spawner: spawner.wmla_spawn_form()
+
+    @default("options_from_form")
+    def _wmla_options_from_form_default(self) -> Callable[[Mapping[str, list]], dict]:
+        return self.wmla_options_from_form
 
     async def wmla_spawn_form(self) -> str:
         profiles = await self.wmla_profile_list()

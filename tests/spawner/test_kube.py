@@ -267,3 +267,16 @@ def _validate(pod: dict) -> None:
     broken["spec"]["containers"][0]["volumeMount"] = []
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, "1.30.0", strict=True)
+
+
+async def test_the_spawn_page_offers_the_plans_as_the_local_spawners_does() -> None:
+    """The mixin's form, not KubeSpawner's: profiles and the plans the user may use."""
+    spawner = make_spawner()
+    assert spawner.options_from_form == spawner.wmla_options_from_form
+    assert spawner.options_form.__code__.co_names == ("wmla_spawn_form",)
+    html = spawner.wmla_options_form(["/a/b", "/a/c"], [{"display_name": "CPU", "slug": "cpu"}])
+    assert 'name="plan" value="/a/b"' in html and 'name="profile"' in html
+    assert spawner.options_from_form({"profile": ["cpu"], "plan": ["/a/c"]}) == {
+        "profile": "cpu",
+        "plan": "/a/c",
+    }

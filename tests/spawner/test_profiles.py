@@ -146,7 +146,10 @@ async def test_both_spawners_ask_the_service_for_the_same_notebook(
 async def test_the_gpu_profile_also_shapes_the_pod() -> None:
     spawner = await kube_spawner({"profile": "1-gpu", "team": "qa"})
     pod = spawner.api.api_client.sanitize_for_serialization(await spawner.get_pod_manifest())
-    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    resources = pod["spec"]["containers"][0]["resources"]
+    assert resources["limits"]["nvidia.com/gpu"] == "1"
+    # held to its request: no limit was configured (spawner/kube.py _hold_to_grant)
+    assert {k: resources["limits"][k] for k in ("cpu", "memory")} == resources["requests"]
     assert pod["metadata"]["annotations"]["wmla.jupyter.org/plan"] == "/project1/qa-team"
     box = await kube_spawner({"profile": "research"})
     assert box.image == "research:1"  # a KubeSpawner-only setting, applied by KubeSpawner
