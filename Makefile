@@ -63,6 +63,7 @@ bench: install
 	$(BIN)/python benchmarks/bench_storage.py
 	$(BIN)/python benchmarks/bench_vs_slurm.py
 	$(BIN)/python benchmarks/bench_spawn.py
+	$(BIN)/python benchmarks/bench_first_log.py
 	$(BIN)/python benchmarks/bench_trace.py
 	$(BIN)/python benchmarks/bench_service.py
 	$(BIN)/python benchmarks/bench_fairness.py

@@ -16,6 +16,7 @@ p50/p99 over all tries.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -85,7 +87,10 @@ def stop(hub: Hub, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
-def run(tries: int) -> dict:
+@contextlib.contextmanager
+def embedded_hub() -> Iterator[Hub]:
+    """The hub with the embedded default as root and a user of its own (a system account of a
+    random prefix), its token at ``hub.user_api_token``; everything stopped and removed after."""
     prefix = f"wsp{secrets.token_hex(2)}-"
     tmp = Path(tempfile.mkdtemp(prefix="wmla-bench-spawn-"))
     os.chmod(tmp, 0o711)
@@ -98,15 +103,10 @@ def run(tries: int) -> dict:
     hub.storage = storage
     with open(hub.config, "a") as f:
         f.write(SPAWNER_CONFIG.format(storage=str(storage), template=prefix + "{username}"))
-    times: list[float] = []
-    load0 = os.getloadavg()
     try:
         hub.start(timeout=120)
         hub.user_api_token = hub.user_token(USER)
-        for k in range(tries):
-            times.append(one_try(hub))
-            print(f"  try {k + 1}: ready after {times[-1]:.3f} s", file=sys.stderr)
-            stop(hub)
+        yield hub
     finally:
         try:
             as_user(hub, "DELETE", f"/users/{USER}/server")
@@ -123,6 +123,16 @@ def run(tries: int) -> dict:
         for point in sorted(points, key=len, reverse=True):
             subprocess.run(["umount", "-l", point], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(tries: int) -> dict:
+    times: list[float] = []
+    load0 = os.getloadavg()
+    with embedded_hub() as hub:
+        for k in range(tries):
+            times.append(one_try(hub))
+            print(f"  try {k + 1}: ready after {times[-1]:.3f} s", file=sys.stderr)
+            stop(hub)
     return {
         "tries": len(times),
         "first_s": round(times[0], 3),

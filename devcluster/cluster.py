@@ -211,10 +211,15 @@ class LocalCluster:
         return realnode.RealNode(self)
 
     def _up_real_node(self) -> None:
+        node = self.real_node()
         try:
-            self.real_node().up()
+            node.up()
         except realnode.RealNodeError as err:
             raise ClusterError(str(err)) from None
+        try:  # what WMLA_BACKEND=kubernetes make run serves notebooks with
+            node.notebook_image()
+        except realnode.RealNodeError as err:
+            print(f"devcluster: real node without the notebook image: {err}", file=self.log)
 
     def is_up(self) -> bool:
         if any(self.processes.running(name) is None for name in ORDER):

@@ -154,11 +154,6 @@ class RealNode:
         self._start_kubelet(kubelet, ports, node_ip, deadline)
         self._advertise_gpus(deadline)
         state = {"ports": ports, "subnet": subnet, "node_ip": node_ip, "images": {}}
-        try:  # not seeded: it changes with the project's files, the seed with the venv
-            state["images"]["notebook"] = self.notebook_image()
-        except RealNodeError as err:
-            print(f"devcluster: real node without the notebook image: {err}",
-                  file=self.cluster.log)  # fmt: skip
         if images.WORKER in self._ctr("images", "ls", "-q", timeout=30).stdout.split():
             state["images"]["worker"] = images.WORKER
         self.state_file.write_text(json.dumps(state))
@@ -414,12 +409,19 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 
     def notebook_image(self) -> str:
         """The notebook image (devcluster/notebook_image.py), built if its inputs changed and
-        imported into this node (again: a tag already there may name older files); its tag."""
+        imported into this node, once per start (not seeded: it changes with the project's
+        files, the seed with the venv; about 15 s, so only for who serves notebooks here);
+        recorded in the node's state for the hub's config. Its tag."""
         try:
             tar = notebook_image(self.cluster.builder.cache / "images", REPO)
         except (images.ImageError, OSError) as err:
             raise self._fail("notebook image", str(err)) from None
-        self.import_image(tar)
+        state = json.loads(self.state_file.read_text())
+        if state["images"].get("notebook_stamp") != tar.with_suffix(".stamp").read_text():
+            self.import_image(tar)
+            state["images"]["notebook"] = NOTEBOOK
+            state["images"]["notebook_stamp"] = tar.with_suffix(".stamp").read_text()
+            self.state_file.write_text(json.dumps(state))
         return NOTEBOOK
 
     def _containerd_config(self) -> str:

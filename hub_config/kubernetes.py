@@ -50,14 +50,15 @@ class RealNode:
     """What the cluster's real node wrote (devcluster/realnode.py ``state.json``)."""
 
     address: str  # the node's InternalIP: the pods' gateway to this machine
-    notebook_image: str
+    notebook_image: str | None  # imported by make k8s-up (RealNode.notebook_image)
     worker_image: str | None
 
     @classmethod
     def of(cls, cluster_var: Path) -> RealNode | None:
         try:
             state = json.loads((cluster_var / "node" / "state.json").read_text())
-            return cls(state["node_ip"], state["images"]["notebook"], state["images"].get("worker"))
+            images = state["images"]
+            return cls(state["node_ip"], images.get("notebook"), images.get("worker"))
         except (OSError, ValueError, KeyError):
             return None  # no real node (or one from before it wrote these)
 
@@ -116,6 +117,12 @@ def configure_kubernetes(c: Any, cluster_var: Path, storage_root: Path) -> dict[
                 f"{cluster_var / 'node' / 'state.json'}); start it with "
                 f"`{REAL_NODE_FLAG}=1 make k8s-up`, or unset {REAL_NODE_FLAG} for KWOK nodes only"
             )
+    if node is not None and node.notebook_image is None:
+        raise SystemExit(
+            f"{REAL_NODE_FLAG}=1: the real node of {cluster_var} has no notebook image "
+            f"(devcluster/notebook_image.py could not be built or imported: see "
+            f"{cluster_var / 'logs'}); run `{REAL_NODE_FLAG}=1 make k8s-up` again"
+        )
     if node is None:
         c.JupyterHub.template_vars = {
             **c.JupyterHub.get("template_vars", {}),

@@ -8,6 +8,7 @@ only when the extension is loaded, so the option parsing stays importable anywhe
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 
@@ -15,6 +16,20 @@ def load_ipython_extension(ipython: Any) -> None:
     from .core import WmlaMagics
 
     ipython.register_magics(WmlaMagics)
+    threading.Thread(target=_import_the_monitor, name="wmla-monitor-import", daemon=True).start()
+
+
+def _import_the_monitor() -> None:
+    """The job monitor's imports, in the background while the kernel is new rather than in the
+    user's first ``%wmla_train``: plotly's figures import plotly.io, which imports nbformat and
+    so jsonschema, whose format checkers build a URI grammar (rfc3987_syntax, Lark) at import,
+    2.5 s of CPU, 8-9 s in a kernel on 2 busy cores (benchmarks/bench_first_log.py)."""
+    try:
+        import plotly.io  # noqa: F401
+
+        import widgets.monitor  # noqa: F401
+    except Exception:  # the magic says what is missing when it is used
+        return
 
 
 def unload_ipython_extension(ipython: Any) -> None:  # magics stay until the kernel restarts

@@ -4,7 +4,7 @@ jupyterhub_config.py with ``WMLA_BACKEND=kubernetes`` over the test cluster with
 image (built here, devcluster/notebook_image.py) that ``wmla-kube`` starts on the real node: its
 limits are its grant, it mounts only the user's folder and runs as the user's uid; JupyterLab
 answers through the hub's proxy, and ``%wmla_train`` in one of its kernels trains the shipped
-example as a 2-worker PyTorchJob on the same node.
+example as a 2-worker PyTorchJob on the same node (the browser walk's getting-started notebook).
 
 The hub listens on the node's address (the pods' gateway to this machine), as ``make run`` does
 on such a cluster (hub_config/kubernetes.py).
@@ -47,6 +47,7 @@ def node(kube: LocalCluster) -> Iterator[RealNode]:
     real = kube.real_node()
     try:
         real.up()
+        real.notebook_image()  # imported where notebooks are served, as make k8s-up does
     except RealNodeError as err:
         pytest.fail(str(err), pytrace=False)
     yield real
@@ -185,41 +186,6 @@ async def test_a_kernel_sees_its_grant_its_uid_and_only_its_folder(
     assert host.stat().st_uid == seen["uid"]
 
 
-async def test_wmla_train_in_the_notebook_trains_two_workers_on_the_real_node(
-    hub: Hub, kube: LocalCluster, server: dict
-) -> None:
-    token = hub.clients[USER].headers["Authorization"]
-    example = (REPO / "examples" / "pytorch_mnist" / "main.py").read_text()
-    for path, body in (
-        ("models", {"type": "directory"}),
-        ("models/mnist", {"type": "directory"}),
-        ("models/mnist/main.py", {"type": "file", "format": "text", "content": example}),
-    ):
-        r = requests.put(f"{hub.url}/user/{USER}/api/contents/{path}",
-                         headers={"Authorization": token}, json=body, timeout=30)  # fmt: skip
-        assert r.status_code in (200, 201), r.text
-    out = await run_in_kernel(
-        hub,
-        USER,
-        "%wmla_train --plan /sample-project/training --workers 2 --cpus 500m --memory 2Gi "
-        "--model-dir models/mnist --model-main main.py --wait -- --epochs 3 "
-        "--target-accuracy 0.9\n"
-        "print('state:', wmla_last_job['state'], wmla_last_job['id'])",
-        timeout=480,
-    )
-    assert "state: FINISHED" in out, out
-    job_id = out.rsplit("state: FINISHED", 1)[1].split()[0]
-    job = hub.clients[USER].get(f"/jobs/{job_id}").json()
-    assert job["workers"]["max"] == 2, job
-    model = Path(job["workdir"]) / "model.pt"
-    assert model.is_file(), job
-    # the workers ran as the user's uid, as the notebook does: everything in the job's folder
-    # is theirs (the folder too: made by an init container as the user, not by runc as root)
-    uid = pod_uid(USER, UID_BASE)
-    for path in [Path(job["workdir"]), *Path(job["workdir"]).rglob("*")]:
-        assert path.stat().st_uid == uid, path
-
-
 HOG = """import time
 block = bytearray(1 << 30)  # 1 GiB touched page by page, past the job's 256 MiB
 for i in range(0, len(block), 4096):
@@ -297,6 +263,17 @@ def test_a_new_user_in_a_browser_trains_from_the_getting_started_notebook(
             log_in_and_spawn(visit)
             chart = train_and_check_chart(visit)
         assert chart["traces"]
+        # %wmla_train ran the example as a 2-worker PyTorchJob on the node, as the user's uid
+        # (the notebook's too): everything in the job's folder is theirs, the folder included
+        # (made by an init container as the user, not by runc as root)
+        token = hub.user_token(user)
+        client = Client(hub, token)
+        jobs = client.get("/jobs").json()["jobs"]
+        (job,) = [j for j in jobs if j["kind"] == "train"]
+        assert job["state"] == "FINISHED" and job["workers"]["max"] == 2, job
+        assert (Path(job["workdir"]) / "model.pt").is_file(), job
+        for path in [Path(job["workdir"]), *Path(job["workdir"]).rglob("*")]:
+            assert path.stat().st_uid == visit.uid, path
     finally:
         token = hub.user_token(user)
         r = requests.delete(f"{hub.url}/hub/api/users/{user}/server",

@@ -467,7 +467,10 @@ async def test_the_kube_spawner_is_admitted_by_the_real_service(hub: Hub, tmp_pa
         assert job_id and spawner.wmla_leaf == "/project1/dev-team/user1"
         pod = spawner.api.api_client.sanitize_for_serialization(await spawner.get_pod_manifest())
         assert pod["metadata"]["annotations"]["wmla.jupyter.org/job-id"] == job_id
-        assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+        resources = pod["spec"]["containers"][0]["resources"]
+        assert resources["limits"]["nvidia.com/gpu"] == "1"
+        # the pod asks for and is held to the service's answer (its limit range's default)
+        assert {k: resources["limits"][k] for k in ("cpu", "memory")} == resources["requests"]
         assert [j["id"] for j in notebook_jobs(hub, "user1")] == [job_id]
         await spawner.wmla_release()
         assert notebook_jobs(hub, "user1") == []
