@@ -11,8 +11,9 @@ clock, runs ``%wmla_train`` of a one-worker job whose script prints a line at on
 ``wmla logs`` (the API the job monitor reads) every 20 ms until that line is there. The first
 try (the kernel's first ``%wmla_train``) is also reported apart. The baseline, in the same
 kernel and run: the same script started with ``subprocess`` (the user's own interpreter, no
-scheduler), to its first line on its pipe. The difference is what wmla adds (the submission through the proxy, the scheduling cycle, the
-worker's launch in its cgroup and mount namespace, the log read through the user's helper).
+scheduler), to its first line on its pipe. The difference is what wmla adds (the submission
+through the proxy, the scheduling cycle, the worker's launch in its cgroup and mount
+namespace, the log read through the user's helper).
 """
 
 from __future__ import annotations
