@@ -417,10 +417,10 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         except (images.ImageError, OSError) as err:
             raise self._fail("notebook image", str(err)) from None
         state = json.loads(self.state_file.read_text())
-        if state["images"].get("notebook_stamp") != tar.with_suffix(".stamp").read_text():
+        stamp = tar.with_suffix(".stamp").read_text()
+        if state["images"].get("notebook_stamp") != stamp:
             self.import_image(tar)
-            state["images"]["notebook"] = NOTEBOOK
-            state["images"]["notebook_stamp"] = tar.with_suffix(".stamp").read_text()
+            state["images"].update(notebook=NOTEBOOK, notebook_stamp=stamp)
             self.state_file.write_text(json.dumps(state))
         return NOTEBOOK
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ from hub_config.kubernetes import NAMESPACE, UID_BASE
 from hub_config.kubernetes import RealNode as NodeState
 from tests.e2e.walk import CHROMIUM, Visit, browser_page, log_in_and_spawn, train_and_check_chart
 from tests.service.hub import PROXY, Client, Hub
-from tests.spawner.helpers import hub_request, server_model
+from tests.spawner.helpers import hub_request, server_model, wait_for
 from tests.spawner.test_local import run_in_kernel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,22 +74,12 @@ def hub(kube: LocalCluster, node: RealNode, tmp_path_factory: pytest.TempPathFac
     finally:
         try:
             hub_request(hub, "DELETE", f"/users/{USER}/server", USER)
-            _wait(lambda: not _pods(kube), "the notebook pod to go", 60)
+            wait_for(lambda: not _pods(kube), "the notebook pod to go", 60)
         except Exception:
             pass
         hub.stop()
         kube.kubectl("delete", "pytorchjobs,pods", "--all", "-n", NAMESPACE,
                      "--grace-period=0", "--wait=false")  # fmt: skip
-
-
-def _wait(predicate, what: str, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"not within {timeout:.0f} s: {what}")
 
 
 def _pods(kube: LocalCluster) -> list[dict]:
@@ -109,7 +98,7 @@ def _ready(hub: Hub, kube: LocalCluster) -> dict:
             raise AssertionError(f"{USER}'s server is not starting: {model}\n{pods}\n{hub.log()}")
         return None
 
-    return _wait(ready, f"{USER}'s notebook pod ready", 300)
+    return wait_for(ready, f"{USER}'s notebook pod ready", 300, hub)
 
 
 @pytest.fixture(scope="module")
