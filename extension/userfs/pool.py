@@ -10,6 +10,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from extension.userfs import forked
 from extension.userfs import ops as userfs_ops
 from extension.userfs.accounts import Account, system_python, unreachable
 from extension.userfs.errors import UserFileError
@@ -103,6 +105,12 @@ def as_account(ident: Identity, argv: list[str]) -> tuple[list[str], dict[str, A
     return [SETPRIV, f"--reuid={uid}", f"--regid={gid}", which, "--", *argv], {}
 
 
+# Helpers forked by a root server (helper_server.py) where the service is root and the kernel
+# has pidfds; else (and when the server cannot start) each is a fresh setpriv start.
+FORKING = hasattr(os, "geteuid") and os.geteuid() == 0 and forked.SUPPORTED
+SERVER_RETRY = 30.0  # seconds of setpriv starts after a helper server failed to start or fork
+
+
 class _Dead(Exception):
     """The helper's pipe closed before its answer came: it exited or was killed."""
 
@@ -111,43 +119,32 @@ class _Late(Exception):
     """The request's deadline passed."""
 
 
-class _Helper:
-    """One helper process of one identity, and our two ends of its pipes (non-blocking)."""
+class _Pipes:
+    """What the pool holds of one helper of one identity: our two ends of its pipes
+    (non-blocking) and the request exchange over them; ``_Helper`` and ``_Forked`` start it."""
 
-    def __init__(self, ident: Identity, account: Account, python: str, idle: float) -> None:
+    to_fd: int
+    from_fd: int
+
+    def __init__(self, ident: Identity, account: Account) -> None:
         self.ident = ident
         self.name = account.name
         self.last_used = time.monotonic()
         self.retired = False  # its account changed while it was busy: ended when it returns
         self.requests = 0
-        # the helper's own idle limit is longer than the pool's: it is only for a service that
-        # can no longer end it (the pool kills it first otherwise)
-        own_idle = f"{2 * idle + 10:.3f}"
-        argv, drop = as_account(ident, [python, "-I", "-S", "-c", _SOURCE, "serve", own_idle])
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            bufsize=0,
-            env=HELPER_ENV,
-            cwd="/",
-            umask=0o077,
-            close_fds=True,  # no other helper's pipe: each sees the end of its own stdin
-            start_new_session=True,  # the user's terminal signals never reach it through us
-            **drop,
-        )
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.to_fd, self.from_fd = self.proc.stdin.fileno(), self.proc.stdout.fileno()
-        os.set_blocking(self.to_fd, False)  # our ends only: waits are polls with a deadline
-        os.set_blocking(self.from_fd, False)
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        raise NotImplementedError
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        raise NotImplementedError
+
+    def end(self) -> int | None:
+        raise NotImplementedError
 
     def exchange(self, request: dict, deadline: float, limit: int) -> Any:
         """Send one request, return its decoded answer (anything JSON: the caller checks it).
@@ -203,6 +200,46 @@ class _Helper:
             left -= len(chunk)
         return b"".join(chunks)
 
+
+def own_idle_limit(idle: float) -> float:
+    """A helper's own idle limit: longer than the pool's, as it is only for a service that can
+    no longer end it (the pool kills it first otherwise)."""
+    return 2 * idle + 10
+
+
+class _Helper(_Pipes):
+    """A helper started as a fresh interpreter through setpriv (or Popen's own drop): the start
+    when the service is not root's or no helper server runs."""
+
+    def __init__(self, ident: Identity, account: Account, python: str, idle: float) -> None:
+        super().__init__(ident, account)
+        own_idle = f"{own_idle_limit(idle):.3f}"
+        argv, drop = as_account(ident, [python, "-I", "-S", "-c", _SOURCE, "serve", own_idle])
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            bufsize=0,
+            env=HELPER_ENV,
+            cwd="/",
+            umask=0o077,
+            close_fds=True,  # no other helper's pipe: each sees the end of its own stdin
+            start_new_session=True,  # the user's terminal signals never reach it through us
+            **drop,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.to_fd, self.from_fd = self.proc.stdin.fileno(), self.proc.stdout.fileno()
+        os.set_blocking(self.to_fd, False)  # our ends only: waits are polls with a deadline
+        os.set_blocking(self.from_fd, False)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
     def kill(self) -> None:
         try:
             self.proc.kill()  # Popen does nothing once it has reaped it: never another's pid
@@ -221,6 +258,49 @@ class _Helper:
             return None
 
 
+class _Forked(_Pipes):
+    """A helper the helper server forked (``forked.py``): the server is its parent and tells
+    its exit code; the service signals it through a pidfd, never by pid."""
+
+    def __init__(
+        self, ident: Identity, account: Account, server: forked.HelperServer, idle: float,
+        deadline: float,
+    ) -> None:  # fmt: skip
+        super().__init__(ident, account)
+        self.server = server
+        _, uid, gid, groups = ident
+        self.child = server.fork(uid, gid, list(groups), own_idle_limit(idle), deadline)
+        self.to_fd, self.from_fd = self.child.to_fd, self.child.from_fd
+        os.set_blocking(self.to_fd, False)  # our ends only: waits are polls with a deadline
+        os.set_blocking(self.from_fd, False)
+        self.closed = False
+
+    @property
+    def pid(self) -> int:
+        return self.child.pid
+
+    def alive(self) -> bool:
+        return not self.closed and not forked.readable(self.child.pidfd)
+
+    def kill(self) -> None:
+        try:  # the pidfd is open until ``end``: it names this process, reaped or not
+            signal.pidfd_send_signal(self.child.pidfd, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def end(self) -> int | None:
+        """Kill it, close our pipes, wait for its end; its exit code (None: not told)."""
+        if self.closed:
+            return None
+        self.closed = True
+        self.kill()
+        os.close(self.to_fd)
+        os.close(self.from_fd)
+        ended = forked.readable(self.child.pidfd, timeout=5.0)
+        os.close(self.child.pidfd)
+        return self.server.exit_code(self.child) if ended else None
+
+
 class HelperPool:
     """Long-lived helpers, at most ``per_account`` per account identity and ``max_helpers`` in
     all (idle ones beyond that end, least recently used first); each request has ``timeout``
@@ -235,19 +315,26 @@ class HelperPool:
         max_helpers: int = MAX_HELPERS,
         per_account: int = PER_ACCOUNT,
         answer_limit: int = MAX_ANSWER,
+        forking: bool | None = None,
     ) -> None:
         self.timeout, self.idle = float(timeout), float(idle)
+        # helpers forked by a helper server (root's; None: when the service is root)
+        self.forking = FORKING if forking is None else forking
         self.max_helpers, self.per_account = max(1, max_helpers), max(1, per_account)
         self.answer_limit = answer_limit
         self._lock = threading.Lock()
         self._returned = threading.Condition(self._lock)  # a helper came back (or the end)
-        self._idle: dict[_Helper, None] = {}  # insertion order: least recently used first
-        self._busy: set[_Helper] = set()
+        self._idle: dict[_Pipes, None] = {}  # insertion order: least recently used first
+        self._busy: set[_Pipes] = set()
         self._count: Counter[Identity] = Counter()  # live or starting helpers per identity
         self._closed = False
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
         self.started = 0  # helpers started so far (tests and benchmarks read it)
+        self._server_lock = threading.Lock()
+        self._server: forked.HelperServer | None = None
+        self._server_retry = 0.0  # monotonic time before which no new server is tried
+        self.servers_started = 0
 
     # -- asking ------------------------------------------------------------------------------
     def ask(self, account: Account, request: dict) -> dict:
@@ -290,10 +377,10 @@ class HelperPool:
             return answer
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _checkout(self, ident: Identity, account: Account, deadline: float) -> tuple[_Helper, bool]:
+    def _checkout(self, ident: Identity, account: Account, deadline: float) -> tuple[_Pipes, bool]:
         """An idle helper of ``ident`` (False), else a new one (True) when the account has
         fewer than ``per_account``; else wait for one of theirs to come back."""
-        ended: list[_Helper] = []
+        ended: list[_Pipes] = []
         try:
             with self._lock:
                 while True:
@@ -323,7 +410,7 @@ class HelperPool:
             for helper in ended:
                 helper.end()
         try:  # outside the lock: a start (fork, exec) holds up no other account
-            helper = _Helper(ident, account, helper_python(account), self.idle)
+            helper = self._start(ident, account, deadline)
         except BaseException as err:
             with self._lock:
                 self._count[ident] -= 1
@@ -347,9 +434,56 @@ class HelperPool:
             raise UserFileError("the service is stopping; try again")
         return helper, True
 
-    def _checkin(self, helper: _Helper, healthy: bool) -> int | None:
+    def _start(self, ident: Identity, account: Account, deadline: float) -> _Pipes:
+        """A new helper: forked by the helper server where there is one (a server found ended
+        is replaced once), else started with setpriv."""
+        python = helper_python(account)
+        for _ in range(2):
+            server = self._helper_server(python)
+            if server is None:
+                break
+            try:
+                return _Forked(ident, account, server, self.idle, deadline)
+            except forked.ServerGone:
+                with self._server_lock:
+                    if not server.forked:  # it never forked: starting more would not either
+                        self._server_retry = time.monotonic() + SERVER_RETRY
+                if time.monotonic() >= deadline:
+                    raise _Late from None
+        return _Helper(ident, account, python, self.idle)
+
+    def _helper_server(self, python: str) -> forked.HelperServer | None:
+        """The running helper server for ``python`` (started when there is none), or None:
+        not forking, another interpreter's server runs, or one failed moments ago."""
+        if not self.forking:
+            return None
+        with self._server_lock:
+            server = self._server
+            if server is not None and server.running and server.source == _SOURCE:
+                return server if server.python == python else None
+            if server is not None:  # ended, or another ops source (tests): replaced
+                server.close(wait=1.0)
+                self._server = None
+            if self._closed or time.monotonic() < self._server_retry:
+                return None
+            try:
+                self._server = forked.HelperServer(python, _SOURCE, HELPER_ENV)
+            except (OSError, subprocess.SubprocessError):
+                self._server_retry = time.monotonic() + SERVER_RETRY
+                return None
+            self.servers_started += 1
+            return self._server
+
+    @property
+    def server_pid(self) -> int | None:
+        """The helper server's pid (None: none runs; for tests and diagnostics)."""
+        with self._server_lock:
+            server = self._server
+            return server.pid if server is not None and server.running else None
+
+    def _checkin(self, helper: _Pipes, healthy: bool) -> int | None:
         """A helper back from a request: idle again, or ended (its exit code then)."""
-        ended: list[_Helper] = []
+        ended: list[_Pipes] = []
         with self._lock:
             self._busy.discard(helper)
             if healthy and not helper.retired and not self._closed:
@@ -363,7 +497,7 @@ class HelperPool:
         codes = {h: h.end() for h in ended}
         return codes.get(helper)
 
-    def _retire_others(self, ident: Identity) -> list[_Helper]:
+    def _retire_others(self, ident: Identity) -> list[_Pipes]:
         """Helpers of the same account name with another identity (its groups, gid or uid
         changed): idle ones are taken out to be ended, busy ones end when they come back. (A
         uid that another name shares is another identity: its helpers are its own.)"""
@@ -379,7 +513,7 @@ class HelperPool:
                     helper.retired = True
         return out
 
-    def _over_bound(self, extra: int = 0) -> list[_Helper]:
+    def _over_bound(self, extra: int = 0) -> list[_Pipes]:
         """Idle helpers to end so that at most ``max_helpers`` live (with ``extra`` starting);
         busy ones are never taken: the callers' threads bound them."""
         out = []
@@ -420,6 +554,10 @@ class HelperPool:
         self._stop.set()
         for helper in idle:
             helper.end()
+        with self._server_lock:  # busy helpers end without it: their pidfds, their pipes
+            server, self._server = self._server, None
+        if server is not None:
+            server.close()
 
     def pids(self) -> dict[int, Identity]:
         """Live helpers' process ids and whose they are (for tests and diagnostics)."""

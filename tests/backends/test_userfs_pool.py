@@ -88,21 +88,26 @@ def world() -> Iterator[World]:
                 assert left.returncode != 0, f"{name} is still in {db}: {left.stdout}"
 
 
-@pytest.fixture
-def pools() -> Iterator[Callable[..., HelperPool]]:
-    """Make pools (short limits unless told); each is closed, its helpers checked gone."""
+@pytest.fixture(params=["forked", "setpriv"])
+def pools(request: pytest.FixtureRequest) -> Iterator[Callable[..., HelperPool]]:
+    """Make pools (short limits unless told) whose helpers the helper server forks, or that
+    start each with setpriv (the start when there is no server); each is closed, its helpers
+    and its server checked gone."""
     made: list[HelperPool] = []
 
     def make(**options: float) -> HelperPool:
-        pool = HelperPool(**{"timeout": 2.0, "idle": 30.0, **options})  # type: ignore[arg-type]
+        settings = {"timeout": 2.0, "idle": 30.0, "forking": request.param == "forked"}
+        pool = HelperPool(**{**settings, **options})  # type: ignore[arg-type]
         made.append(pool)
         return pool
 
     yield make
     for pool in made:
         pids = list(pool.pids())
+        server = pool.server_pid
         pool.close()
         assert all(gone(pid) for pid in pids), f"helpers left after close: {pids}"
+        assert server is None or gone(server), f"the helper server {server} is left"
 
 
 @pytest.fixture
@@ -120,7 +125,9 @@ def as_account(account: Account, script: str) -> None:
 def write_log(world: World, pool: HelperPool, user: str, job: str, text: str) -> str:
     """A job directory of the user's (made by their helper) with worker 0's log; its path."""
     account = world.accounts[user]
-    workdir = world.folder(user) / "jobs" / job
+    # a job of its own for each run: the tests run once per way of starting helpers, and a
+    # test may leave a FIFO where the log was
+    workdir = world.folder(user) / "jobs" / f"{job}-{secrets.token_hex(3)}"
     UserFiles(account, pool).prepare_job(str(workdir))
     log = workdir / "logs" / "worker-0.log"
     log.write_text(text)  # the test's own setup: what the worker would have written
@@ -150,7 +157,10 @@ def test_the_pooled_helper_runs_as_the_account_with_nothing_of_ours(
     assert proc.cwd() == "/"
     argv = proc.cmdline()
     assert argv[1:4] == ["-I", "-S", "-c"]
-    assert argv[4] == userfs._SOURCE  # the source travels on the command line: no project path
+    # the source travels on the command line (the server's, when forked): no project path
+    assert argv[4 if pool.server_pid is None else 5] == userfs._SOURCE
+    # and the helper is the forking server's child, or ours when started with setpriv
+    assert proc.ppid() == (pool.server_pid or os.getpid())
     assert os.stat(workdir).st_uid == account.uid  # made by the helper, as the account
     assert os.stat(workdir / "logs").st_mode & 0o777 == 0o700
 
