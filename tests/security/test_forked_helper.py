@@ -157,8 +157,9 @@ def test_the_outside_check_finds_each_thing_a_helper_must_not_have(
         proc.kill()
         proc.wait()
         os.close(extra)
-    for what in ("uids", "groups", "CapEff", "SigIgn", "SigBlk", "SigCgt", "umask",
-                 "descriptors", "environment", "working directory", "session", "parent"):  # fmt: skip
+    wrongs = ("uids", "groups", "CapEff", "SigIgn", "SigBlk", "SigCgt", "umask", "descriptors",
+              "environment", "working directory", "session", "parent")  # fmt: skip
+    for what in wrongs:
         assert what in found, f"{what} not found in: {found}"
 
 
