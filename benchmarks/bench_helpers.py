@@ -52,9 +52,10 @@ def one_start(way: str, ident: userfs.Identity, account, python: str, server) ->
     """One helper started the ``way`` named, to its first answer; what it cost."""
     cpu0, t0 = time.process_time(), time.perf_counter()
     if way == "forked":
-        helper = userfs._Forked(ident, account, server, 60.0, time.monotonic() + 10)
+        process = userfs._Forked(ident, server, 60.0, time.monotonic() + 10)
     else:
-        helper = userfs._Helper(ident, account, python, 60.0)
+        process = userfs._Popened(ident, python, 60.0)
+    helper = userfs._Helper(ident, account, process)
     answer = helper.exchange(CHECK, time.monotonic() + 10, 1 << 20)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     assert answer == {"id": 1, "ok": ""}, answer

@@ -2,10 +2,12 @@
 
 When the service runs as root, nothing of it opens, creates, follows or lists a path inside a
 user's folder: ``UserFiles(account)`` hands each operation of ``userfs_ops`` to a helper process
-that ``subprocess`` has already moved to the account's uid, gid and groups before it executes
-anything (``python -I -S -c <userfs_ops source> serve <idle>``, a fixed minimal environment,
-``/`` as its working directory). The helper sees what the user could see with a shell of their
-own and nothing more, so a planted symlink, a renamed folder or a FIFO can only hurt the user.
+already moved to the account's uid, gid and groups before it runs any of them: forked by the
+helper server (``helper_server.py``, root's, started once; ``forked.py``), else started as
+``python -I -S -c <userfs_ops source> serve <idle>`` through setpriv; either way with a fixed
+minimal environment and ``/`` as its working directory. The helper sees what the user could see
+with a shell of their own and nothing more, so a planted symlink, a renamed folder or a FIFO can
+only hurt the user.
 
 Helpers are pooled (``HelperPool``): one is started for an account when it is first needed and
 then answers that account's requests, one at a time, as length-prefixed JSON over its stdin and

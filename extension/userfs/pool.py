@@ -1,6 +1,7 @@
 """The pooled helpers behind ``userfs.UserFiles`` (that module's docstring says what they are
 for and how far a helper is trusted): each runs ``userfs_ops`` as one account identity and answers
-its requests as length-prefixed JSON; the pool starts, reuses, retires and kills them."""
+its requests as length-prefixed JSON; the pool starts (forked by the helper server as root,
+``forked.py``; else through setpriv), reuses, retires and kills them."""
 
 from __future__ import annotations
 
@@ -119,32 +120,33 @@ class _Late(Exception):
     """The request's deadline passed."""
 
 
-class _Pipes:
-    """What the pool holds of one helper of one identity: our two ends of its pipes
-    (non-blocking) and the request exchange over them; ``_Helper`` and ``_Forked`` start it."""
+class _Helper:
+    """One helper of one identity as the pool holds it: its process (``_Popened`` or
+    ``_Forked``), our two ends of its pipes (non-blocking) and the request exchange over them."""
 
-    to_fd: int
-    from_fd: int
-
-    def __init__(self, ident: Identity, account: Account) -> None:
+    def __init__(self, ident: Identity, account: Account, process: _Popened | _Forked) -> None:
         self.ident = ident
         self.name = account.name
+        self.process = process
+        self.to_fd, self.from_fd = process.to_fd, process.from_fd
         self.last_used = time.monotonic()
         self.retired = False  # its account changed while it was busy: ended when it returns
         self.requests = 0
 
     @property
     def pid(self) -> int:
-        raise NotImplementedError
+        return self.process.pid
 
     def alive(self) -> bool:
-        raise NotImplementedError
+        return self.process.alive()
 
     def kill(self) -> None:
-        raise NotImplementedError
+        self.process.kill()
 
     def end(self) -> int | None:
-        raise NotImplementedError
+        """Kill the process, close our pipes and wait for its end; its exit code (None: not
+        known)."""
+        return self.process.end()
 
     def exchange(self, request: dict, deadline: float, limit: int) -> Any:
         """Send one request, return its decoded answer (anything JSON: the caller checks it).
@@ -207,12 +209,11 @@ def own_idle_limit(idle: float) -> float:
     return 2 * idle + 10
 
 
-class _Helper(_Pipes):
-    """A helper started as a fresh interpreter through setpriv (or Popen's own drop): the start
-    when the service is not root's or no helper server runs."""
+class _Popened:
+    """A helper's process started as a fresh interpreter through setpriv (or Popen's own drop):
+    the start when the service is not root's or no helper server runs."""
 
-    def __init__(self, ident: Identity, account: Account, python: str, idle: float) -> None:
-        super().__init__(ident, account)
+    def __init__(self, ident: Identity, python: str, idle: float) -> None:
         own_idle = f"{own_idle_limit(idle):.3f}"
         argv, drop = as_account(ident, [python, "-I", "-S", "-c", _SOURCE, "serve", own_idle])
         self.proc = subprocess.Popen(
@@ -258,15 +259,13 @@ class _Helper(_Pipes):
             return None
 
 
-class _Forked(_Pipes):
-    """A helper the helper server forked (``forked.py``): the server is its parent and tells
-    its exit code; the service signals it through a pidfd, never by pid."""
+class _Forked:
+    """A helper's process that the helper server forked (``forked.py``): the server is its
+    parent and tells its exit code; the service signals it through a pidfd, never by pid."""
 
     def __init__(
-        self, ident: Identity, account: Account, server: forked.HelperServer, idle: float,
-        deadline: float,
-    ) -> None:  # fmt: skip
-        super().__init__(ident, account)
+        self, ident: Identity, server: forked.HelperServer, idle: float, deadline: float
+    ) -> None:
         self.server = server
         _, uid, gid, groups = ident
         self.child = server.fork(uid, gid, list(groups), own_idle_limit(idle), deadline)
@@ -324,8 +323,8 @@ class HelperPool:
         self.answer_limit = answer_limit
         self._lock = threading.Lock()
         self._returned = threading.Condition(self._lock)  # a helper came back (or the end)
-        self._idle: dict[_Pipes, None] = {}  # insertion order: least recently used first
-        self._busy: set[_Pipes] = set()
+        self._idle: dict[_Helper, None] = {}  # insertion order: least recently used first
+        self._busy: set[_Helper] = set()
         self._count: Counter[Identity] = Counter()  # live or starting helpers per identity
         self._closed = False
         self._stop = threading.Event()
@@ -377,10 +376,10 @@ class HelperPool:
             return answer
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _checkout(self, ident: Identity, account: Account, deadline: float) -> tuple[_Pipes, bool]:
+    def _checkout(self, ident: Identity, account: Account, deadline: float) -> tuple[_Helper, bool]:
         """An idle helper of ``ident`` (False), else a new one (True) when the account has
         fewer than ``per_account``; else wait for one of theirs to come back."""
-        ended: list[_Pipes] = []
+        ended: list[_Helper] = []
         try:
             with self._lock:
                 while True:
@@ -434,7 +433,7 @@ class HelperPool:
             raise UserFileError("the service is stopping; try again")
         return helper, True
 
-    def _start(self, ident: Identity, account: Account, deadline: float) -> _Pipes:
+    def _start(self, ident: Identity, account: Account, deadline: float) -> _Helper:
         """A new helper: forked by the helper server where there is one (a server found ended
         is replaced once), else started with setpriv."""
         python = helper_python(account)
@@ -443,14 +442,14 @@ class HelperPool:
             if server is None:
                 break
             try:
-                return _Forked(ident, account, server, self.idle, deadline)
+                return _Helper(ident, account, _Forked(ident, server, self.idle, deadline))
             except forked.ServerGone:
                 with self._server_lock:
                     if not server.forked:  # it never forked: starting more would not either
                         self._server_retry = time.monotonic() + SERVER_RETRY
                 if time.monotonic() >= deadline:
                     raise _Late from None
-        return _Helper(ident, account, python, self.idle)
+        return _Helper(ident, account, _Popened(ident, python, self.idle))
 
     def _helper_server(self, python: str) -> forked.HelperServer | None:
         """The running helper server for ``python`` (started when there is none), or None:
@@ -481,9 +480,9 @@ class HelperPool:
             server = self._server
             return server.pid if server is not None and server.running else None
 
-    def _checkin(self, helper: _Pipes, healthy: bool) -> int | None:
+    def _checkin(self, helper: _Helper, healthy: bool) -> int | None:
         """A helper back from a request: idle again, or ended (its exit code then)."""
-        ended: list[_Pipes] = []
+        ended: list[_Helper] = []
         with self._lock:
             self._busy.discard(helper)
             if healthy and not helper.retired and not self._closed:
@@ -497,7 +496,7 @@ class HelperPool:
         codes = {h: h.end() for h in ended}
         return codes.get(helper)
 
-    def _retire_others(self, ident: Identity) -> list[_Pipes]:
+    def _retire_others(self, ident: Identity) -> list[_Helper]:
         """Helpers of the same account name with another identity (its groups, gid or uid
         changed): idle ones are taken out to be ended, busy ones end when they come back. (A
         uid that another name shares is another identity: its helpers are its own.)"""
@@ -513,7 +512,7 @@ class HelperPool:
                     helper.retired = True
         return out
 
-    def _over_bound(self, extra: int = 0) -> list[_Pipes]:
+    def _over_bound(self, extra: int = 0) -> list[_Helper]:
         """Idle helpers to end so that at most ``max_helpers`` live (with ``extra`` starting);
         busy ones are never taken: the callers' threads bound them."""
         out = []

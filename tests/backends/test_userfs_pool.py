@@ -28,6 +28,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from extension.userfs import forked
 from extension.userfs import ops as userfs_ops
 from extension.userfs import pool as userfs
 from extension.userfs.accounts import Account, create_account, ensure_folder
@@ -399,14 +400,24 @@ def test_close_ends_every_helper_and_a_closed_stdin_ends_one(
     with pytest.raises(UserFileError, match="stopping"):
         UserFiles(world.accounts["a"], pool).check_runnable("/bin/sh")
     # the helper's own side: its stdin closed (the service closed it, or died) is its end
-    helper = userfs._Helper(
-        userfs.identity(world.accounts["a"]), world.accounts["a"],
-        userfs.helper_python(world.accounts["a"]), 30.0,
-    )  # fmt: skip
-    assert helper.proc.stdin is not None
-    helper.proc.stdin.close()
-    assert helper.proc.wait(5) == 0
-    helper.end()
+    account = world.accounts["a"]
+    ident = userfs.identity(account)
+    started = userfs._Popened(ident, userfs.helper_python(account), 30.0)
+    assert started.proc.stdin is not None
+    started.proc.stdin.close()
+    assert started.proc.wait(5) == 0
+    started.end()
+    # and a forked one's: its parent, the helper server, says it exited by itself (0)
+    server = forked.HelperServer(userfs.helper_python(account), userfs._SOURCE, HELPER_ENV)
+    try:
+        child = userfs._Forked(ident, server, 30.0, time.monotonic() + 5)
+        os.close(child.to_fd)
+        assert forked.readable(child.child.pidfd, timeout=5)
+        assert server.exit_code(child.child) == 0
+        os.close(child.from_fd)
+        os.close(child.child.pidfd)
+    finally:
+        server.close()
 
 
 def test_close_ends_a_helper_in_the_middle_of_a_request(
