@@ -318,7 +318,7 @@ class HelperPool:
     ) -> None:
         self.timeout, self.idle = float(timeout), float(idle)
         # helpers forked by a helper server (root's; None: when the service is root)
-        self.forking = FORKING if forking is None else forking
+        self.forking = (FORKING if forking is None else forking) and forked.SUPPORTED
         self.max_helpers, self.per_account = max(1, max_helpers), max(1, per_account)
         self.answer_limit = answer_limit
         self._lock = threading.Lock()

@@ -455,7 +455,7 @@ from extension.userfs.files import UserFiles
 files = UserFiles(Account({name!r}, {uid}, {gid}))
 files.check_runnable("/bin/sh")
 from extension.userfs.pool import HELPERS
-print(*HELPERS.pids(), flush=True)
+print(*HELPERS.pids(), HELPERS.server_pid or "", flush=True)
 time.sleep(60)
 """
 
@@ -468,11 +468,11 @@ def test_helpers_end_when_the_service_dies(world: World) -> None:
     try:
         assert service.stdout is not None
         pids = [int(p) for p in service.stdout.readline().split()]
-        assert len(pids) == 1 and psutil.Process(pids[0]).uids().real == account.uid
+        assert len(pids) == 2 and psutil.Process(pids[0]).uids().real == account.uid
     finally:
         service.kill()
         service.wait(10)
-    assert gone(pids[0])
+    assert gone(pids[0]) and gone(pids[1])  # the helper, and the helper server that forked it
 
 
 def test_a_normal_exit_of_the_service_ends_even_a_stopped_helper(world: World) -> None:
@@ -486,9 +486,8 @@ def test_a_normal_exit_of_the_service_ends_even_a_stopped_helper(world: World) -
     pids: list[int] = []
     try:
         assert service.stdout is not None and service.stdin is not None
-        pids = [int(p) for p in service.stdout.readline().split()]
-        for pid in pids:
-            os.kill(pid, signal.SIGSTOP)
+        pids = [int(p) for p in service.stdout.readline().split()]  # the helper, the server
+        os.kill(pids[0], signal.SIGSTOP)
         service.stdin.close()
         assert service.wait(10) == 0
         assert pids and all(gone(pid, within=2.0) for pid in pids)

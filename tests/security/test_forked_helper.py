@@ -228,6 +228,27 @@ def test_a_helper_seen_from_inside_is_the_account_and_nothing_of_ours(
         ]  # SIGINT, SIGPIPE, SIGXFSZ
 
 
+def test_its_user_may_stop_their_forked_helper_and_the_pool_kills_it_at_its_deadline(
+    accounts: dict[str, Account], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    account = accounts["a"]
+    pool = HelperPool(timeout=0.5, forking=True)
+    try:
+        assert pool.ask(account, CHECK) == {"ok": ""}
+        [pid] = pool.pids()
+        subprocess.run(
+            ["kill", "-STOP", str(pid)], user=account.uid, group=account.gid, extra_groups=[],
+            env={"PATH": "/usr/bin:/bin"}, check=True,
+        )  # fmt: skip
+        assert psutil.Process(pid).status() == psutil.STATUS_STOPPED
+        t0 = time.monotonic()
+        assert "timed out" in pool.ask(account, CHECK)["error"]
+        assert time.monotonic() - t0 < 2.0 and gone(pid)
+        assert pool.ask(account, CHECK) == {"ok": ""} and pool.started == 2
+    finally:
+        pool.close()
+
+
 # -- exit codes, and the server's own troubles ----------------------------------------------------
 ENDS = {
     "exits": ("import sys; sys.stdin.buffer.raw.read(16); sys.exit(5)", "exited (5)"),
