@@ -144,21 +144,28 @@ class HelperServer:
                 for fd in fds:
                     os.close(fd)
                 break
-            message = json.loads(data)
             with self._told:
-                if not self.running:  # closed: nobody waits for an answer (or its pidfd)
-                    for fd in fds:
-                        os.close(fd)
-                    continue
-                if "exited" in message:
-                    if message.get("id") is not None:
-                        if len(self._exits) > 4096:  # ends never asked for: a bound
-                            self._exits.clear()
-                        self._exits[int(message["id"])] = int(message["code"])
-                else:
-                    self._answers[int(message["id"])] = (message, fds)
+                self._take(data, fds)
                 self._told.notify_all()
         self._gone()
+
+    def _take(self, data: bytes, fds: list[int]) -> None:
+        """One packet of the server's: an answer (kept with its pidfd for its asker) or an
+        ``exited`` (kept for ``exit_code``); under the lock."""
+        try:
+            message = json.loads(data)
+            ident = message.get("id")
+        except (ValueError, AttributeError):
+            message, ident = {}, None
+        if "exited" in message and isinstance(ident, int):
+            if len(self._exits) > 4096:  # ends never asked for: a bound
+                self._exits.clear()
+            self._exits[ident] = int(message["code"])
+        elif self.running and isinstance(ident, int) and "exited" not in message:
+            self._answers[ident] = (message, fds)
+            return
+        for fd in fds:  # nobody waits for it (closed, or the answer to an unreadable request)
+            os.close(fd)
 
     def _gone(self) -> None:
         with self._told:

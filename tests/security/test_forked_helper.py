@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -322,7 +323,17 @@ def test_the_server_is_roots_and_holds_no_helpers_pipe(
     proc = psutil.Process(server)
     assert proc.uids() == (0, 0, 0) and proc.environ() == HELPER_ENV and proc.cwd() == "/"
     assert os.getsid(server) == server
-    fds = {int(n): os.readlink(f"/proc/{server}/fd/{n}") for n in os.listdir(f"/proc/{server}/fd")}
+    deadline = time.monotonic() + 2.0
+    while True:  # the pidfd of the last answer is closed once it was sent: a moment after
+        fds = {}
+        for name in os.listdir(f"/proc/{server}/fd"):
+            try:
+                fds[int(name)] = os.readlink(f"/proc/{server}/fd/{name}")
+            except FileNotFoundError:
+                pass
+        if len(fds) <= 5 or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
     assert fds[0].startswith("socket:") and fds[1] == fds[2] == "/dev/null"
     helpers = {
         os.readlink(f"/proc/{pid}/fd/{n}") for pid in pool.pids() for n in (0, 1)
@@ -330,3 +341,29 @@ def test_the_server_is_roots_and_holds_no_helpers_pipe(
     assert not helpers & set(fds.values())  # only the service holds the other ends
     assert stat.S_ISSOCK(os.stat(f"/proc/{server}/fd/0").st_mode)
     assert json.dumps(sorted(fds)) == "[0, 1, 2, 3, 4]"  # and its SIGCHLD wakeup pipe
+
+
+def test_a_malformed_request_is_refused_and_the_server_serves_on(
+    accounts: dict[str, Account],
+) -> None:
+    account = accounts["b"]
+    server = forked.HelperServer(userfs.helper_python(account), userfs._SOURCE, HELPER_ENV)
+    try:
+        read_end, write_end = os.pipe()
+        try:  # one descriptor where two must come
+            socket.send_fds(server.sock, [json.dumps({"id": 99}).encode()], [read_end])
+        finally:
+            os.close(read_end)
+            os.close(write_end)
+        socket.send_fds(server.sock, [b"not json"], [])
+        time.sleep(0.3)
+        assert server.running and psutil.Process(server.pid).children() == []
+        ident = userfs.identity(account)
+        helper = userfs._Helper(
+            ident, account, userfs._Forked(ident, server, 30.0, time.monotonic() + 5)
+        )
+        answer = helper.exchange({"id": 1, **CHECK}, time.monotonic() + 5, 1 << 20)
+        assert answer == {"id": 1, "ok": ""}
+        helper.end()
+    finally:
+        server.close()
