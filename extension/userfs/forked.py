@@ -35,6 +35,10 @@ class ServerGone(OSError):
     """The helper server ended, hung or could not start: no helper was forked."""
 
 
+class ForkLate(Exception):
+    """The caller's deadline passed before the (running) server answered."""
+
+
 @dataclass
 class Child:
     """A forked helper: its pid, a pidfd of it, and the service's ends of its pipes."""
@@ -81,6 +85,7 @@ class HelperServer:
         self._told = threading.Condition(self._lock)  # an answer or an exit came in
         self._answers: dict[int, tuple[dict, list[int]]] = {}
         self._exits: dict[int, int] = {}  # request id -> exit code
+        self._abandoned: set[int] = set()  # requests whose askers left: answers dropped
         self._asked = 0
         self.forked = 0  # helpers it forked (a server that never did is not restarted at once)
         self._listener = threading.Thread(
@@ -94,7 +99,7 @@ class HelperServer:
 
     def fork(self, uid: int, gid: int, groups: list[int], idle: float, deadline: float) -> Child:
         """A helper forked and dropped to ``uid``/``gid``/``groups``, serving until its stdin
-        closes or ``idle`` seconds pass. Raises ServerGone (nothing runs then)."""
+        closes or ``idle`` seconds pass. Raises ServerGone or ForkLate (nothing serves then)."""
         req_r, req_w = os.pipe()
         ans_r, ans_w = os.pipe()
         ours = [req_w, ans_r]
@@ -108,7 +113,7 @@ class HelperServer:
             except OSError as err:
                 self._gone()
                 raise ServerGone(f"the helper server is gone: {err}") from None
-            answer, fds = self._answer(request, min(deadline, time.monotonic() + FORK_TIMEOUT))
+            answer, fds = self._answer(request, deadline, time.monotonic() + FORK_TIMEOUT)
             if "pid" not in answer or len(fds) != 1:
                 for fd in fds:
                     os.close(fd)
@@ -120,14 +125,20 @@ class HelperServer:
             for fd in (req_r, ans_w, *ours):  # the helper's ends travelled (or nobody's)
                 os.close(fd)
 
-    def _answer(self, request: int, deadline: float) -> tuple[dict, list[int]]:
+    def _answer(self, request: int, deadline: float, hung: float) -> tuple[dict, list[int]]:
+        """The server's answer to ``request``. Past ``deadline`` (the caller's) raises
+        ForkLate, and the answer is dropped when it comes; past ``hung`` the server is ended
+        as hung, and ServerGone raised, as when it ended."""
         with self._told:
             while request not in self._answers:
-                left = deadline - time.monotonic()
+                left = min(deadline, hung) - time.monotonic()
                 if not self.running or left <= 0:
                     break
                 self._told.wait(left)
             found = self._answers.pop(request, None)
+            if found is None and self.running and time.monotonic() < hung:
+                self._abandoned.add(request)  # its helper finds its stdin closed, and exits
+                raise ForkLate("the request's deadline passed while the helper was forked")
         if found is None:
             self.close(wait=0.0)  # ended, or hung: a new one serves the next start
             raise ServerGone("the helper server gave no answer")
@@ -161,6 +172,8 @@ class HelperServer:
             if len(self._exits) > 4096:  # ends never asked for: a bound
                 self._exits.clear()
             self._exits[ident] = int(message["code"])
+        elif isinstance(ident, int) and ident in self._abandoned:
+            self._abandoned.discard(ident)
         elif self.running and isinstance(ident, int) and "exited" not in message:
             self._answers[ident] = (message, fds)
             return

@@ -443,6 +443,8 @@ class HelperPool:
                 break
             try:
                 return _Helper(ident, account, _Forked(ident, server, self.idle, deadline))
+            except forked.ForkLate:
+                raise _Late from None
             except forked.ServerGone:
                 with self._server_lock:
                     if not server.forked:  # it never forked: starting more would not either

@@ -303,6 +303,25 @@ def test_a_stopped_server_holds_up_no_request(
     assert gone(server) and pool.server_pid not in (None, server)
 
 
+def test_a_request_out_of_time_leaves_a_slow_server_running(accounts: dict[str, Account]) -> None:
+    """The request's own deadline passes first (the server was only slow): that request times
+    out, the server is kept, and the helper it forks late finds its pipes closed and exits."""
+    pool = HelperPool(timeout=0.5, forking=True)
+    try:
+        assert pool.ask(accounts["a"], CHECK) == {"ok": ""}
+        server = pool.server_pid
+        assert server is not None
+        os.kill(server, signal.SIGSTOP)
+        assert "timed out" in pool.ask(accounts["b"], CHECK)["error"]
+        os.kill(server, signal.SIGCONT)
+        assert pool.ask(accounts["b"], CHECK) == {"ok": ""}
+        assert pool.server_pid == server and pool.servers_started == 1
+        late = [p for p in psutil.Process(server).children() if p.pid not in pool.pids()]
+        assert all(gone(p.pid) for p in late)
+    finally:
+        pool.close()
+
+
 def test_a_server_that_cannot_start_leaves_setpriv_starts(
     accounts: dict[str, Account], pool: HelperPool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
