@@ -6,6 +6,8 @@ STAMP := $(VENV)/.installed
 NPM ?= npm
 # configurable-http-proxy, the hub's proxy: npm installs it (package.json) into node_modules/
 NODE_STAMP := node_modules/.installed
+# pytest-xdist workers of `make test` (tests/conftest.py says how the suite is shared out)
+TEST_WORKERS ?= 2
 
 .PHONY: install run test lint bench clean k8s-build k8s-up k8s-down
 
@@ -48,7 +50,7 @@ test: install
 	@# The Kubernetes tests' binaries, built once per version (cold: about 8 min on 2 cores).
 	@# A failed build does not stop the suite: those tests fail with the build's reason.
 	-$(BIN)/python -m devcluster build
-	$(BIN)/python -m pytest; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --no-loadscope-reorder; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 lint: install
 	$(BIN)/ruff check --fix .

@@ -155,7 +155,13 @@ def _on_real_node(c: Any, node: RealNode, storage_root: Path) -> dict[str, Any]:
     c.WmlaKubeSpawner.user_mount_path = f"{storage_root}/{{username}}"
     c.WmlaKubeSpawner.uid = user_uid
     c.WmlaKubeSpawner.gid = user_uid
-    c.WmlaKubeSpawner.environment = {"HOME": f"{storage_root}/{{username}}"}  # no passwd entry
+    # the uid has no passwd entry in the image: HOME, and the name getpass.getuser() reads
+    # (torch's and matplotlib's caches ask it; without the name they fail)
+    c.WmlaKubeSpawner.environment = {
+        "HOME": f"{storage_root}/{{username}}",
+        "USER": "{username}",
+        "LOGNAME": "{username}",
+    }
     # the proxy and the hub's API on the node's address: the pods' only way to this machine
     c.JupyterHub.ip = node.address
     c.JupyterHub.hub_ip = node.address

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,58 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "postgresql: runs against the real PostgreSQL server of tests/pg.py"
     )
+
+
+# Run on one xdist worker: the tests of the one local Kubernetes cluster a session starts
+# (tests/k8s/conftest.py), which would start a second cluster on a second worker.
+ONE_WORKER = "tests/k8s/"
+# The longest modules first (minutes on 2 cores), so that the last ones handed out are short
+# and both workers end together; the rest keep their order.
+LONGEST_FIRST = (
+    ONE_WORKER,
+    "tests/spawner/test_local.py",
+    "tests/e2e/test_sim_matches_service.py",
+    "tests/e2e/test_sim_matches_service_history.py",
+    "tests/e2e/test_new_user.py",
+    "tests/magics/test_notebook.py",
+    "tests/e2e/test_new_user_not_root.py",
+    "tests/metering/test_prometheus.py",
+    "tests/cli/test_cli.py",
+    "tests/backends/test_local_ddp.py",
+    "tests/service/test_backup.py",
+    "tests/spawner/test_culler.py",
+    "tests/spawner/test_culler_orphans.py",
+    "tests/service/test_checkpoint_hub.py",
+)
+
+
+def _rank(item: pytest.Item) -> int:
+    for i, prefix in enumerate(LONGEST_FIRST):
+        if item.nodeid.startswith(prefix):
+            return i
+    return len(LONGEST_FIRST)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest modules first (a stable sort: each module's own order stays)."""
+    items.sort(key=_rank)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``pytest -n N``: each module's tests on one worker, so its module-scoped hubs and
+    rigs start once, and all of tests/k8s on one worker. Most of the suite waits on processes
+    (hubs, workers, a browser), not on the CPU: two workers on two cores take about half the
+    time. Modules are handed out in collection order (``--no-loadscope-reorder``, in the
+    Makefile), longest first. (xdist's ``loadgroup`` marks no longer reach pytest 9's node ids.)"""
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModulesAndOneCluster(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:  # xdist's hook for a scheduler's scope
+            if nodeid.startswith(ONE_WORKER):
+                return ONE_WORKER
+            return super()._split_scope(nodeid)
+
+    return ModulesAndOneCluster(config, log)
 
 
 @pytest.fixture(scope="session")

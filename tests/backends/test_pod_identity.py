@@ -47,6 +47,7 @@ def test_worker_pods_run_as_the_users_uid_with_no_privileges() -> None:
         }
         env = {e["name"]: e["value"] for e in container["env"]}
         assert env["HOME"] == "/gpfs/myresultfs/alice"
+        assert env["USER"] == env["LOGNAME"] == "alice"  # getpass.getuser(): no passwd entry
         # the job's folder made first, by the user (the runtime would make it as root)
         (init,) = replica["template"]["spec"]["initContainers"]
         assert init["securityContext"] == container["securityContext"]

@@ -1,6 +1,6 @@
 """A real Kubernetes for the tests of the Kubernetes path: the local cluster of ``make k8s-up``
 (kube-apiserver, controllers, etcd, Volcano, the training operator and KWOK GPU nodes, built
-from Go modules), started once per session in a temporary folder and stopped by PID whatever
+from Go modules), started once for tests/k8s in a temporary folder and stopped by PID whatever
 happens. A cluster that does not come up fails these tests with its one-line reason; it never
 skips them.
 
@@ -35,8 +35,10 @@ LAYOUT = "2x2"  # seed 002's cluster: 2 nodes x 2 GPUs
 _serial = itertools.count(1)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    # package scope: stopped after the last test of tests/k8s (they run together, on one
+    # worker: tests/conftest.py), not at the end of that worker's session
     # the users' folders outside pytest's 0700 temp folders: the service reaches them as the
     # users' uids (the real node's hub test)
     users = Path(tempfile.mkdtemp(prefix="wmla-k8s-users-"))

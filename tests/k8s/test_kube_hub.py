@@ -13,6 +13,7 @@ on such a cluster (hub_config/kubernetes.py).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +31,9 @@ from tests.e2e.walk import CHROMIUM, Visit, browser_page, log_in_and_spawn, trai
 from tests.service.hub import PROXY, Client, Hub
 from tests.spawner.helpers import hub_request, server_model, wait_for
 from tests.spawner.test_local import run_in_kernel
+
+from .test_seed002 import SEED_MODULE as SEED
+from .test_seed002 import seed_figures, start_seed
 
 REPO = Path(__file__).resolve().parents[2]
 USER = "user1"
@@ -154,13 +158,14 @@ async def test_a_kernel_sees_its_grant_its_uid_and_only_its_folder(
     out = await run_in_kernel(
         hub,
         USER,
-        "import os, json\n"
+        "import getpass, os, json\n"
         "mem = open('/sys/fs/cgroup/memory/memory.limit_in_bytes').read().strip()\n"
         "quota = open('/sys/fs/cgroup/cpu/cpu.cfs_quota_us').read().strip()\n"
         "period = open('/sys/fs/cgroup/cpu/cpu.cfs_period_us').read().strip()\n"
         "open('mine.txt', 'w').write('x')\n"
         "print(json.dumps({'uid': os.getuid(), 'mem': int(mem), 'cpu': int(quota) / int(period),"
-        " 'cwd': os.getcwd(), 'parent': sorted(os.listdir('..'))}))\n",
+        " 'cwd': os.getcwd(), 'parent': sorted(os.listdir('..')), 'name': getpass.getuser(),"
+        " 'parent_writable': os.access('..', os.W_OK)}))\n",
     )
     seen = json.loads(out.strip().splitlines()[-1])
     assert seen["uid"] == container["securityContext"]["runAsUser"]
@@ -171,6 +176,9 @@ async def test_a_kernel_sees_its_grant_its_uid_and_only_its_folder(
     cpu = parse_quantity("cpu", container["resources"]["limits"]["cpu"]) / 1000
     assert seen["cpu"] == pytest.approx(cpu)
     assert seen["parent"] == [USER]  # the mount's parent holds the user's folder only
+    # and the user cannot put anything there (a link named as another user's folder)
+    assert seen["parent_writable"] is False
+    assert seen["name"] == USER  # no passwd entry for the uid: USER says it (torch asks)
     host = kube.user_data / NAMESPACE / USER / "mine.txt"
     assert host.stat().st_uid == seen["uid"]
 
@@ -268,3 +276,42 @@ def test_a_new_user_in_a_browser_trains_from_the_getting_started_notebook(
         r = requests.delete(f"{hub.url}/hub/api/users/{user}/server",
                             headers={"Authorization": f"token {token}"}, timeout=30)  # fmt: skip
         assert r.status_code in (202, 204, 400, 404), r.text
+
+
+def test_seed002_through_wmla_on_the_real_node_every_gang_meets(
+    hub: Hub, kube: LocalCluster, server: dict
+) -> None:
+    """Seed 002's part C with real processes: six 2-worker jobs from six threads through the
+    hub's REST API; each worker joins its gang through torch.distributed on the real node (4
+    GPUs). wmla admits whole gangs only: no job ever holds half its workers, and every gang
+    meets (the rendezvous' log line) and FINISHES, with no timeout hit."""
+    token = hub.clients[USER].headers["Authorization"]
+    for path, body in (
+        ("models/seed002", {"type": "directory"}),
+        ("models/seed002/main.py", {"type": "file", "format": "text",
+                                    "content": SEED.RENDEZVOUS}),
+    ):  # fmt: skip
+        r = requests.put(f"{hub.url}/user/{USER}/api/contents/{path}",
+                         headers={"Authorization": token}, json=body, timeout=30)  # fmt: skip
+        assert r.status_code in (200, 201), r.text
+    seed = start_seed(
+        kube, NAMESPACE, "--mode", "wmla", "--url", f"{hub.url}/services/wmla",
+        "--token", token.split()[-1], "--plan", "/sample-project/training",
+        "--model-dir", "models/seed002", "--cpu", "250m", "--memory", "1Gi",
+        "--rendezvous-timeout", "120", "--job", "rendezvous", "--watch", "400", "--every", "1",
+    )  # fmt: skip
+    try:
+        out, _ = seed.communicate(timeout=480)
+    finally:
+        if seed.poll() is None:
+            seed.kill()
+    assert seed.returncode == 0, out[-3000:]
+    figures = seed_figures(out)
+    assert (figures["partial"], figures["succeeded"]) == (0, 6), out[-3000:]
+    ids = re.search(r"submitted \[(.*)\]", out)
+    assert ids, out[-3000:]
+    client = hub.clients[USER]
+    for job_id in re.findall(r"'([^']+)'", ids.group(1)):
+        job = client.wait_state(job_id, {"FINISHED"}, timeout=60)
+        logs = client.get(f"/jobs/{job['id']}/logs").json()["logs"]
+        assert "the gang met" in logs, logs[-2000:]

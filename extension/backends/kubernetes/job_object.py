@@ -70,8 +70,10 @@ class JobBuilder:
         )
         annotations = m.make_annotations(job_id=spec.id, plan=spec.leaf)
         env = {"WMLA_JOB_ID": spec.id, "WMLA_PLAN": spec.leaf, **spec.env}
-        if o.run_as_uid_base is not None:  # no passwd entry for the uid: HOME is the folder
-            env.setdefault("HOME", mount)
+        if o.run_as_uid_base is not None:  # no passwd entry for the uid: HOME is the folder,
+            env.setdefault("HOME", mount)  # and getpass.getuser() reads the name from USER
+            env.setdefault("USER", user)
+            env.setdefault("LOGNAME", user)
         container = m.make_container(
             name=m.PYTORCH_CONTAINER,
             image=o.image,
