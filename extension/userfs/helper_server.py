@@ -34,6 +34,7 @@ helpers it forked run on, each until its own request pipe closes.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import select
@@ -78,6 +79,32 @@ def drop(uid: int, gid: int, groups: list[int]) -> None:
             raise PermissionError("a capability is left")
 
 
+# rt_sigaction's number per machine (as worker_launcher.RT_SIGACTION: this file imports
+# nothing of the project); the C library is opened by the server, never in a forked child
+RT_SIGACTION = {"x86_64": 13, "aarch64": 134, "ppc64le": 173, "s390x": 174}.get(os.uname().machine)
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def ignored_signals() -> list[int]:
+    """The signals this process ignores (its SigIgn mask)."""
+    with open("/proc/self/status", "rb") as status:
+        for line in status:
+            if line.startswith(b"SigIgn:"):
+                mask = int(line.split()[1], 16)
+                return [bit + 1 for bit in range(64) if mask >> bit & 1]
+    return []
+
+
+def default_past_glibc(sig: int) -> None:
+    """SIG_DFL for ``sig`` through the rt_sigaction system call: glibc's sigaction refuses its
+    own 32 and 33, which a supervisor may leave ignored (a CI runner here does) and which an
+    ignored disposition keeps across fork and exec. A kernel sigaction whose first word is the
+    handler (0) and the rest zero, on every architecture's layout."""
+    if RT_SIGACTION is not None:
+        action = ctypes.create_string_buffer(64)
+        _LIBC.syscall(RT_SIGACTION, sig, action, None, 8)
+
+
 def reset_signals() -> None:
     """No signal caught, ignored or blocked: what the server's Python set (SIGINT's handler,
     SIGPIPE and SIGXFSZ ignored, SIGCHLD) and whatever the service's own parent ignored."""
@@ -87,8 +114,10 @@ def reset_signals() -> None:
             continue
         try:
             signal.signal(sig, signal.SIG_DFL)
-        except (OSError, ValueError):  # glibc's own (32, 33) are not valid_signals: none set
+        except (OSError, ValueError):  # glibc's own (32, 33) are not valid_signals: below
             pass
+    for sig in ignored_signals():
+        default_past_glibc(sig)
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
 
 

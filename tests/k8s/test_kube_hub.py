@@ -33,7 +33,7 @@ from tests.spawner.helpers import hub_request, server_model, wait_for
 from tests.spawner.test_local import run_in_kernel
 
 from .test_seed002 import SEED_MODULE as SEED
-from .test_seed002 import seed_figures, start_seed
+from .test_seed002 import keep_output, seed_figures, start_seed
 
 REPO = Path(__file__).resolve().parents[2]
 USER = "user1"
@@ -305,6 +305,7 @@ def test_seed002_through_wmla_on_the_real_node_every_gang_meets(
     finally:
         if seed.poll() is None:
             seed.kill()
+    keep_output("wmla", out)
     assert seed.returncode == 0, out[-3000:]
     figures = seed_figures(out)
     assert (figures["partial"], figures["succeeded"]) == (0, 6), out[-3000:]

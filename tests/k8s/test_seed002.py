@@ -97,6 +97,7 @@ def test_seed002_plain_on_the_real_node_deadlocks_until_the_rendezvous_timeout(
             seed.kill()
         kube.kubectl("-n", namespace, "delete", "pytorchjobs,pods", "--all",
                      "--grace-period=0", "--force", "--wait=false")  # fmt: skip
+    keep_output("plain", out)
     assert seed.returncode == 0, out[-3000:]
     figures = seed_figures(out)
     # all four GPUs held by half gangs, in the rendezvous, until its timeout
@@ -145,6 +146,13 @@ def wait_for_pods(kube: LocalCluster, namespace: str, masters: int, timeout: flo
             return listed
         assert time.monotonic() < deadline, f"{made} of {masters} masters came:\n{listed}"
         time.sleep(1)
+
+
+def keep_output(mode: str, text: str) -> None:
+    """The seed's samples and figures, in test-artifacts/seed002-real/ (docs/kubernetes.md)."""
+    folder = REPO / "test-artifacts" / "seed002-real"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{mode}.txt").write_text(text)
 
 
 def seed_figures(text: str) -> dict[str, float]:
