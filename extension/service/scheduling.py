@@ -10,8 +10,8 @@ cycle's own read and write for 50 ms at most, on no other call); a cycle whose w
 carries out nothing, keeps its events for the next cycle and takes the jobs back as the store
 has them. Decisions are never made while a backend call is in progress; what a backend reports
 arrives as events for the next cycle. Cycles run on every submission, cancel, plan change and
-backend event (at most one per ``CYCLE_GAP``), and on a steady tick (``tick`` seconds) so
-waiting reasons and reservations stay current.
+backend event (apart by their own length, at most ``CYCLE_GAP``), and on a steady tick
+(``tick`` seconds) so waiting reasons and reservations stay current.
 """
 
 from __future__ import annotations
@@ -72,10 +72,14 @@ from .submission import Submission
 
 LIVE = (JobState.PENDING.value, JobState.RUNNING.value)
 ENDS = (EventKind.FINISHED, EventKind.FAILED, EventKind.LOST)  # kept until stored (KeepsEnds)
-# the least time from one cycle's start to the next one's: under a stream of submissions a
-# cycle takes a batch of them (one transaction) instead of one cycle per few; an idle loop
-# starts at once (docs/service.md "The scheduling loop")
+# The least time from one cycle's start to the next one's: GAP_PER_CYCLE times the last
+# cycle's own length, at most CYCLE_GAP. Group commit: what arrives while a cycle runs (and
+# during that gap) joins the next one, in one transaction. Short cycles (a quiet service)
+# answer a client that waits for each answer within a few ms; under a stream, cycles grow
+# and so do their batches, and the loop stays busy for a quarter of its time at most (the
+# handlers get the rest). An idle loop starts at once (docs/service.md "The scheduling loop").
 CYCLE_GAP = 0.05
+GAP_PER_CYCLE = 3.0
 Clock = Callable[[], float]
 
 
@@ -367,6 +371,7 @@ class Scheduler:
     # -- the loop -----------------------------------------------------------------------
     async def _run(self) -> None:
         began = -math.inf  # the last cycle's start (perf_counter), for CYCLE_GAP
+        took = 0.0  # the last cycle's length
         while not self._stopping:
             # while the store is down, try again every second (kept events wait to be stored)
             up = self.db.up and not self._stale
@@ -378,13 +383,15 @@ class Scheduler:
                 await asyncio.wait_for(self._wake.wait(), wait)
             except asyncio.TimeoutError:
                 pass
-            rest = CYCLE_GAP - (time.perf_counter() - began)
+            gap = min(CYCLE_GAP, (1 + GAP_PER_CYCLE) * took)
+            rest = gap - (time.perf_counter() - began)
             if rest > 0:  # what arrives meanwhile joins this cycle
                 await asyncio.sleep(rest)
             began = time.perf_counter()
             self._wake.clear()
             waiters, self._waiters = self._waiters, []
             await self.run_cycle()
+            took = time.perf_counter() - began
             for future in waiters:
                 if not future.done():
                     future.set_result(None)

@@ -1,7 +1,7 @@
 """The scheduling cycle's store calls (storecalls.StoreCalls.cycle_read / cycle_write): run in
 the writer thread and held by the loop's thread for HOLD seconds at most, so that under load
 they run at the speed of their own CPU; past HOLD, or while the store is down, the loop serves
-everything else. And the loop's pacing: at most one cycle per CYCLE_GAP."""
+everything else. And the loop's pacing: cycles apart by their own length, at most CYCLE_GAP."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import exc
 
 from extension.service import storecalls
-from extension.service.scheduling import CYCLE_GAP
+from extension.service.scheduling import CYCLE_GAP, GAP_PER_CYCLE
 from extension.service.storecalls import StoreCalls, StoreUnavailable
 from extension.webapi import Caller
 
@@ -98,14 +98,21 @@ async def test_while_the_store_is_down_the_loop_is_not_held(calls, monkeypatch) 
     assert late < 1.0  # not the 5 s HOLD
 
 
-async def test_cycles_under_a_stream_of_submissions_are_cycle_gap_apart(tmp_path: Path) -> None:
-    rig = Rig(tmp_path, gpus=64)
+async def _cycle_starts(rig: Rig, cycle: float, submissions: int) -> tuple[list, list]:
+    """Run the loop with each cycle lasting at least ``cycle`` seconds; submit once while it is
+    idle, then ``submissions`` one after the other, each as soon as the last was answered.
+    The cycles' starts and lengths."""
     starts: list[float] = []
+    lengths: list[float] = []
     real = rig.sched.run_cycle
 
     async def timed() -> bool:
-        starts.append(time.perf_counter())
-        return await real()
+        began = time.perf_counter()
+        starts.append(began)
+        ok = await real()
+        await asyncio.sleep(max(0.0, cycle - (time.perf_counter() - began)))
+        lengths.append(time.perf_counter() - began)
+        return ok
 
     rig.sched.run_cycle = timed
     await rig.sched.start(rig.backend, run_loop=True)
@@ -114,11 +121,33 @@ async def test_cycles_under_a_stream_of_submissions_are_cycle_gap_apart(tmp_path
         idle = time.perf_counter()
         await rig.sched.submit(Caller("user1"), submission(rig, "user1"))
         assert starts[-1] - idle < CYCLE_GAP  # an idle loop starts at once
-        for _ in range(4):  # one after the other, each as soon as the last is answered
+        for _ in range(submissions):
             await rig.sched.submit(Caller("user1"), submission(rig, "user1"))
-        gaps = [b - a for a, b in zip(starts, starts[1:])][-4:]
-        assert all(gap >= CYCLE_GAP * 0.99 for gap in gaps), gaps
-        assert len(rig.store.jobs(user="user1")) == 5
+        assert len(rig.store.jobs(user="user1")) == submissions + 1
     finally:
         await rig.sched.stop()
         rig.store.close()
+    return starts, lengths
+
+
+async def test_long_cycles_under_a_stream_of_submissions_are_cycle_gap_apart(
+    tmp_path: Path,
+) -> None:
+    """Cycles of 30 ms: each starts CYCLE_GAP (50 ms) after the last one began, what came
+    meanwhile in one batch."""
+    starts, _ = await _cycle_starts(Rig(tmp_path, gpus=64), 0.03, 4)
+    gaps = [b - a for a, b in zip(starts, starts[1:])][-4:]
+    assert all(gap >= CYCLE_GAP * 0.99 for gap in gaps), gaps
+
+
+async def test_short_cycles_answer_one_submission_after_another_without_the_full_gap(
+    tmp_path: Path,
+) -> None:
+    """Cycles of 5 ms: a client who waits for each answer is not held to CYCLE_GAP (a
+    one-by-one submitter got one answer per 51 ms); the cycles are still 1 + GAP_PER_CYCLE
+    times their own length apart at least."""
+    starts, lengths = await _cycle_starts(Rig(tmp_path, gpus=64), 0.005, 8)
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    for gap, before in list(zip(gaps, lengths))[-8:]:
+        assert gap >= min(CYCLE_GAP, (1 + GAP_PER_CYCLE) * before) * 0.99, (gaps, lengths)
+    assert min(gaps[-8:]) < CYCLE_GAP * 0.8, gaps  # not every answer waited the whole gap
