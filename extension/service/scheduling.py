@@ -10,7 +10,7 @@ cycle's own read and write for 50 ms at most, on no other call); a cycle whose w
 carries out nothing, keeps its events for the next cycle and takes the jobs back as the store
 has them. Decisions are never made while a backend call is in progress; what a backend reports
 arrives as events for the next cycle. Cycles run on every submission, cancel, plan change and
-backend event (apart by their own length, at most ``CYCLE_GAP``), and on a steady tick
+backend event (paced by pacing.py), and on a steady tick
 (``tick`` seconds) so waiting reasons and reservations stay current.
 """
 
@@ -61,6 +61,7 @@ from .fair_share import FairShareHistory, FairShareSettings
 from .jobrows import job_spec
 from .live import LiveJobs
 from .notebook_devices import NotebookDevices
+from .pacing import cycle_gap
 from .pending_cap import PendingCap
 from .queue import WaitingLine
 from .records import InstanceBounds, JobKind, StoreChange
@@ -72,14 +73,6 @@ from .submission import Submission
 
 LIVE = (JobState.PENDING.value, JobState.RUNNING.value)
 ENDS = (EventKind.FINISHED, EventKind.FAILED, EventKind.LOST)  # kept until stored (KeepsEnds)
-# The least time from one cycle's start to the next one's: GAP_PER_CYCLE times the last
-# cycle's own length, at most CYCLE_GAP. Group commit: what arrives while a cycle runs (and
-# during that gap) joins the next one, in one transaction. Short cycles (a quiet service)
-# answer a client that waits for each answer within a few ms; under a stream, cycles grow
-# and so do their batches, and the loop stays busy for a quarter of its time at most (the
-# handlers get the rest). An idle loop starts at once (docs/service.md "The scheduling loop").
-CYCLE_GAP = 0.05
-GAP_PER_CYCLE = 3.0
 Clock = Callable[[], float]
 
 
@@ -370,7 +363,7 @@ class Scheduler:
 
     # -- the loop -----------------------------------------------------------------------
     async def _run(self) -> None:
-        began = -math.inf  # the last cycle's start (perf_counter), for CYCLE_GAP
+        began = -math.inf  # the last cycle's start (perf_counter)
         took = 0.0  # the last cycle's length
         while not self._stopping:
             # while the store is down, try again every second (kept events wait to be stored)
@@ -383,8 +376,7 @@ class Scheduler:
                 await asyncio.wait_for(self._wake.wait(), wait)
             except asyncio.TimeoutError:
                 pass
-            gap = min(CYCLE_GAP, (1 + GAP_PER_CYCLE) * took)
-            rest = gap - (time.perf_counter() - began)
+            rest = cycle_gap(took) - (time.perf_counter() - began)
             if rest > 0:  # what arrives meanwhile joins this cycle
                 await asyncio.sleep(rest)
             began = time.perf_counter()

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import exc
 
 from extension.service import storecalls
-from extension.service.scheduling import CYCLE_GAP, GAP_PER_CYCLE
+from extension.service.pacing import CYCLE_GAP, GAP_PER_CYCLE, cycle_gap
 from extension.service.storecalls import StoreCalls, StoreUnavailable
 from extension.webapi import Caller
 
@@ -140,14 +140,41 @@ async def test_long_cycles_under_a_stream_of_submissions_are_cycle_gap_apart(
     assert all(gap >= CYCLE_GAP * 0.99 for gap in gaps), gaps
 
 
-async def test_short_cycles_answer_one_submission_after_another_without_the_full_gap(
+def test_the_gap_after_a_cycle_follows_its_length_up_to_cycle_gap() -> None:
+    """A fixed 50 ms gave a client who waits for each answer one answer per 51 ms."""
+    assert cycle_gap(0.0) == 0.0  # an idle loop's first cycle starts at once
+    assert cycle_gap(0.004) == pytest.approx((1 + GAP_PER_CYCLE) * 0.004)
+    assert cycle_gap(0.004) < CYCLE_GAP / 2
+    assert cycle_gap(0.03) == cycle_gap(1.0) == CYCLE_GAP
+
+
+async def test_short_cycles_answer_one_request_after_another_without_the_full_gap(
     tmp_path: Path,
 ) -> None:
-    """Cycles of 5 ms: a client who waits for each answer is not held to CYCLE_GAP (a
-    one-by-one submitter got one answer per 51 ms); the cycles are still 1 + GAP_PER_CYCLE
-    times their own length apart at least."""
-    starts, lengths = await _cycle_starts(Rig(tmp_path, gpus=64), 0.005, 8)
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
-    for gap, before in list(zip(gaps, lengths))[-8:]:
-        assert gap >= min(CYCLE_GAP, (1 + GAP_PER_CYCLE) * before) * 0.99, (gaps, lengths)
-    assert min(gaps[-8:]) < CYCLE_GAP * 0.8, gaps  # not every answer waited the whole gap
+    """Cycles of 2 ms (the store left out): a caller who asks for a cycle and waits for it,
+    again and again, is not held to CYCLE_GAP; the cycles still start cycle_gap apart."""
+    rig = Rig(tmp_path, gpus=64)
+    starts: list[float] = []
+    lengths: list[float] = []
+
+    async def quick() -> bool:
+        began = time.perf_counter()
+        starts.append(began)
+        await asyncio.sleep(0.002)
+        lengths.append(time.perf_counter() - began)
+        return True
+
+    rig.sched.run_cycle = quick
+    await rig.sched.start(rig.backend, run_loop=True)
+    try:
+        await asyncio.sleep(3 * CYCLE_GAP)  # idle: the first cycle came and went
+        for _ in range(8):
+            await rig.sched.kick()
+    finally:
+        await rig.sched.stop()
+        rig.store.close()
+    pairs = list(zip([b - a for a, b in zip(starts, starts[1:])], lengths))[-8:]
+    for gap, before in pairs:
+        assert gap >= cycle_gap(before) * 0.99, pairs
+    gaps = sorted(gap for gap, _ in pairs)
+    assert gaps[len(gaps) // 2] < CYCLE_GAP / 2, pairs  # the fixed gap held each to 50 ms

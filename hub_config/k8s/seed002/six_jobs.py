@@ -258,13 +258,16 @@ async def watch(namespace: str, selector: str, seconds: float, every: float) -> 
             )
             seen.ended.update(_ended(jobs["items"], pods))
             running = {job["metadata"]["name"]: 0 for job in jobs["items"]}
+            finishing: set[str] = set()  # a pod of it ended: its gang met, it is not split
             for pod in pods:
                 job = (pod.metadata.labels or {}).get("training.kubeflow.org/job-name", "?")
                 # A pod holds its GPU from the moment it is bound to a node (Running may lag
                 # behind on a slow image pull), until it ends.
-                held = pod.spec.node_name and pod.status.phase not in ("Succeeded", "Failed")
-                running[job] = running.get(job, 0) + bool(held)
-            half = {j for j, n in running.items() if n == 1}
+                ended = pod.status.phase in ("Succeeded", "Failed")
+                running[job] = running.get(job, 0) + bool(pod.spec.node_name and not ended)
+                if ended:
+                    finishing.add(job)
+            half = {j for j, n in running.items() if n == 1 and j not in finishing}
             waiting = sorted(j for j, n in running.items() if n == 0 and j not in seen.ended)
             stuck = sorted(half & half_before)
             half_before = half
