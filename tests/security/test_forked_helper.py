@@ -32,6 +32,7 @@ from extension.userfs import forked
 from extension.userfs import pool as userfs
 from extension.userfs.accounts import Account, create_account
 from extension.userfs.pool import HELPER_ENV, HelperPool, Identity
+from tests.backends.test_userfs_pool import gone
 
 from .raw_signals import PLANTED, ignored
 
@@ -41,19 +42,6 @@ pytestmark = pytest.mark.skipif(
 )
 PREFIX = f"wf{secrets.token_hex(3)}-"
 CHECK = {"op": "check_runnable", "args": {"program": "/bin/sh"}}
-
-
-def gone(pid: int, within: float = 5.0) -> bool:
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
