@@ -375,3 +375,19 @@ def test_a_folder_from_before_quotas_is_copied_in_as_its_user_links_as_links(
     assert os.readlink(folder / "shadow") == "/etc/shadow"
     assert os.stat(folder / "sub" / "notes.txt").st_uid == 54323
     assert not (images.storage_root / ".wmla-before-quota" / "cid").exists()
+
+
+def test_a_new_10gib_image_costs_the_disk_megabytes_and_holds_its_files_limit_exactly(
+    images: UserImages,
+) -> None:
+    limits = parse_limits("10Gi", "t")
+    (images.storage_root / "dee").mkdir(mode=0o700)
+    folder = images.ensure("dee", 54324, 54324, limits)
+    held = images.measure("dee")
+    assert held.free_files == limits.files_hard  # the kernel's own inode count says so
+    # mke2fs's 128 MiB groups round the inode count up; the size was chosen so that few are
+    # over, each a file in reserve/ (321 groups at GROWTH x 10 GiB would be 1,984)
+    assert held.reserved_files <= 256
+    assert images.image("dee").stat().st_blocks * 512 < 64 * MiB  # no journal of zeros
+    assert as_user(54324, f"touch {folder}/a").returncode == 0
+    assert images.measure("dee").free_files == limits.files_hard - 1
