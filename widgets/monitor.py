@@ -16,6 +16,7 @@ from typing import Any
 import ipywidgets as w
 
 from . import figures
+from .chart_import import FIGURE_WIDGET, BackgroundImport
 from .plotly_widget import figure_widget, update
 
 LOG_LINES = 40
@@ -24,7 +25,14 @@ LOG_LINES = 40
 class JobMonitor(w.VBox):
     """Watch one job. ``client`` is an :class:`extension.client.WmlaClient`."""
 
-    def __init__(self, client: Any, job_id: str, log_lines: int = LOG_LINES, **kwargs: Any):
+    def __init__(
+        self,
+        client: Any,
+        job_id: str,
+        log_lines: int = LOG_LINES,
+        charts: BackgroundImport = FIGURE_WIDGET,
+        **kwargs: Any,
+    ):
         self.client = client
         self.job_id = job_id
         self.log_lines = log_lines
@@ -52,18 +60,19 @@ class JobMonitor(w.VBox):
             layout=w.Layout(width="100%"),
             description="",
         )
-        self.chart = figure_widget(figures.metrics_figure([]))
+        self.chart: Any = None  # plotly's FigureWidget once it is imported (chart_import)
+        self.chart_box = w.Box()
         rows: list[w.Widget] = [
             self.title,
             self.state,
             self.workers,
             w.HBox([self.progress, self.progress_label, self.cancel_button]),
             self.message,
+            self.chart_box,
+            w.Accordion(children=[self.logs], titles=("log tail",), selected_index=0),
         ]
-        if self.chart is not None:
-            rows.append(self.chart)
-        rows.append(w.Accordion(children=[self.logs], titles=("log tail",), selected_index=0))
         super().__init__(children=rows, **kwargs)
+        charts.then(self._add_chart)
 
     # -- updates -------------------------------------------------------------------------------
     def refresh(self) -> dict:
@@ -96,8 +105,20 @@ class JobMonitor(w.VBox):
         if logs != self.logs.value:
             self.logs.value = logs
         if new_metrics and self.chart is not None:
-            fig = figures.metrics_figure(self.metrics, title=f"{name or self.job_id} metrics")
-            update(self.chart, fig)
+            update(self.chart, self._figure())
+
+    def _figure(self) -> dict:
+        if not self.metrics:
+            return figures.metrics_figure([])
+        name = self.job.get("name") or self.job_id
+        return figures.metrics_figure(self.metrics, title=f"{name} metrics")
+
+    def _add_chart(self) -> None:
+        """The metrics chart, with what was read so far, where plotly's widget loads."""
+        with self._lock:
+            self.chart = figure_widget(self._figure())
+            if self.chart is not None:
+                self.chart_box.children = (self.chart,)
 
     def _show_progress(self, job: dict) -> None:
         """The bar and the phase (waiting, starting workers, first step, epoch k of N, done)."""

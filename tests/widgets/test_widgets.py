@@ -8,6 +8,7 @@ the same widgets against a real hub and service.
 from __future__ import annotations
 
 import copy
+import threading
 from datetime import datetime, timezone
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from extension.metering.accounting import Fact, Ledger
 from extension.metering.usage import usage as metering_usage
 from widgets import figures
+from widgets.chart_import import FIGURE_WIDGET, BackgroundImport
 from widgets.monitor import JobMonitor
 from widgets.usage import RECENT, UsageWidget
 
@@ -31,6 +33,12 @@ JOB = {
 # what the service sends with a pending job: its place in line and why it waits
 QUEUE = {"position": {"leaf": 1, "plan": 2, "instance": 2}, "plan": "/p",
          "reason": "/p at its gpu limit: 2 of 2 in use", "estimate": None}  # fmt: skip
+
+
+@pytest.fixture(autouse=True, scope="module")
+def plotly_imported() -> None:
+    """Monitors made after plotly's widget is imported chart at once."""
+    assert FIGURE_WIDGET.wait(120), "plotly's FigureWidget was not imported in 120 s"
 
 
 class CannedClient:
@@ -106,6 +114,24 @@ def test_monitor_shows_queue_then_progress_chart_and_logs() -> None:
     assert mon.progress.get_state()["value"] == 100.0
     assert mon.progress.bar_style == "success" and mon.cancel_button.disabled
     assert mon.chart.to_dict()["data"][0]["y"] == [2.0, 1.0]  # new lines appended once
+
+
+def test_a_monitor_shows_the_job_before_plotly_is_imported_and_charts_once_it_is() -> None:
+    client = CannedClient()
+    release = threading.Event()
+    slow = BackgroundImport(lambda: release.wait(30))  # as plotly's seconds in a new kernel
+    mon = JobMonitor(client, "j1", charts=slow)
+    mon.refresh()  # does not wait for the import
+    assert "PENDING" in mon.state.value and "test accuracy 0.7" in mon.logs.value
+    assert mon.chart is None and mon.chart_box.children == ()
+    release.set()
+    assert slow.wait(30)
+    assert mon.chart_box.children == (mon.chart,)
+    traces = {t["name"]: list(t["y"]) for t in mon.chart.to_dict()["data"]}
+    assert traces == {"loss": [2.0], "train_loss": [1.5], "test_accuracy": [0.7]}  # read so far
+    client.lines.append({"step": 3, "epoch": 1, "loss": 1.0})
+    mon.refresh()
+    assert list(mon.chart.to_dict()["data"][0]["y"]) == [2.0, 1.0]
 
 
 def test_cancel_button_cancels_through_the_client() -> None:
