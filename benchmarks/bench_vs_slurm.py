@@ -341,11 +341,13 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
                 pids = {"service": hub.service_pid(), "hub": hub.proc.pid,
                         "proxy": bs.proxy_pid(hub)}  # fmt: skip
                 users = Users(hub, names, template)
-                if interpreter is None:
+                if command == "python" and interpreter is None:
                     interpreter, env = probe(hub, users)
                     report["interpreter"] = interpreter
                     report["pythonpath"] = env.get("PYTHONPATH", "")
                 prefix = interpreter if command == "python" else ["/bin/true"]
+                if env is None:  # /bin/true alone: no Python's environment to match
+                    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
                 argv = [*prefix, str(users.folders[0] / "main.py")]
                 job_cpu = job_cpu_alone(
                     argv, {**env, "HOME": users.accounts[0].home}, users.accounts[0],

@@ -47,6 +47,7 @@ from .kernel import install_startup
 from .mixin import WmlaSpawnerMixin
 from .private_tmp import LIBC, ServerTmp
 from .profile_overrides import TraitOverrides
+from .ready import answering
 from .server_python import ServerCommand, server_command
 from .storage import ensure_folder, user_folder
 
@@ -309,7 +310,10 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
                     ServerTmp.create, self.private_tmp_template, self.user.name,
                     self.wmla_job_id or self.name or "default", self._wmla_account, folder,
                 )  # fmt: skip
-            return await super().start()
+            ip, port = await super().start()
+            url = f"http://{ip or '127.0.0.1'}:{port}{self.server.base_url}api"
+            await answering(url, lambda: self.proc.poll() is None, self.http_timeout)
+            return ip, port
         except BaseException:
             await asyncio.to_thread(self._wmla_unconfine)
             await self.wmla_release()
