@@ -435,8 +435,9 @@ def print_report(report: dict) -> None:
         f" {report['cores']} cores, load average before {report['load_before'][0]:.2f},"
         f" after {report['load_after'][0]:.2f}"
     )
-    print(f"python job: {' '.join(report.get('interpreter', []))} main.py,"
-          f" PYTHONPATH={report.get('pythonpath', '')}")  # fmt: skip
+    if "interpreter" in report:
+        print(f"python job: {' '.join(report['interpreter'])} main.py,"
+              f" PYTHONPATH={report['pythonpath']}")  # fmt: skip
     head = f"{'':<26}{'':>6}" + "".join(f"{title:>16}" for _, title in FIGURES)
     print(head)
     for name, row in table.items():
