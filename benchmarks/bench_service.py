@@ -1,7 +1,7 @@
 """Service load benchmark: concurrent clients submitting jobs through a real hub and proxy.
 
     .venv/bin/python benchmarks/bench_service.py [--jobs N] [--clients C] [--quick] [--json]
-        [--finish-after S] [--profile py-spy|cprofile] [--keep] [--as-root]
+        [--finish-after S] [--profile py-spy|cprofile] [--keep] [--as-root] [--warm]
 
 World: the repository's own jupyterhub_config.py in a subprocess (tests/service/hub.py: the
 real JupyterHub, configurable-http-proxy, the wmla service and its SQLite store), with one
@@ -28,6 +28,10 @@ Measured, in the same run:
   tenth, under 10 MiB at 100,000 jobs is issue 31's goal);
 - lost and duplicated jobs: the ids answered 201 against ``GET /jobs`` (all jobs, as a plan
   admin) at the end; must both be 0 (the exit status is 1 otherwise), and every job FINISHED.
+
+``--warm``: before the load, each client submits one job, all at once, timed apart (new
+users' first jobs make their accounts, helpers, folders and storage images), and the load
+starts once those ended: the load is then of users the service knows, as a running hub's are.
 
 ``--as-root`` (as root, with useradd): the path a deployment of the embedded default takes.
 Each client is a hub user with a system account of its own (made by the benchmark, removed
@@ -377,6 +381,24 @@ async def submissions(api: str, tokens: list[str], n: int, probe_token: str) -> 
     return {"answers": answers, "probe": probe_times, "wall0": wall0, "t0": t0, "t1": t1}
 
 
+async def first_submissions(api: str, tokens: list[str]) -> list[float]:
+    """Each client's first job at once, as fifty new users' first jobs: the seconds to each
+    answer (a new user's account, helper, folder and storage image are made on this path)."""
+
+    async def one(k: int, token: str) -> float:
+        headers = {"Authorization": f"token {token}", "Idempotency-Key": uuid.uuid4().hex}
+        body = {**job_body(k), "name": f"first-{k}"}
+        t0 = time.perf_counter()
+        async with aiohttp.ClientSession(headers=headers) as session:
+            async with session.post(api + "/jobs", json=body) as r:
+                text = await r.text()
+                if r.status != 201:
+                    raise RuntimeError(f"a first submission was answered {r.status}: {text}")
+        return time.perf_counter() - t0
+
+    return list(await asyncio.gather(*(one(k, t) for k, t in enumerate(tokens))))
+
+
 async def admin_get(url: str, token: str, **params) -> dict:
     headers = {"Authorization": f"token {token}"}
     timeout = aiohttp.ClientTimeout(total=300)
@@ -610,6 +632,12 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
             "statuses": {str(k): v for k, v in base_status.items()},
         }
 
+        if args.warm:
+            print(f"warm: {len(tokens)} new users' first submissions ...", file=sys.stderr)
+            firsts = asyncio.run(first_submissions(api, tokens))
+            report["first_submissions"] = latency(firsts)
+            asyncio.run(wait_ended(api, admin, timeout=120))
+
         if args.profile in ("py-spy", "py-spy-gil"):
             spy_bin = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
             spy = subprocess.Popen(
@@ -824,6 +852,12 @@ def print_report(r: dict) -> None:
         f"  POST vs baseline GET : p50 x{s['p50_ms'] / max(b['p50_ms'], 0.1):.1f}, "
         f"p99 x{s['p99_ms'] / max(b['p99_ms'], 0.1):.1f}"
     )
+    if "first_submissions" in r:
+        f = r["first_submissions"]
+        print(
+            f"  before the load      : {f['n']} new users' first submissions at once, p50"
+            f" {f['p50_ms']} ms, p99 {f['p99_ms']} ms (their accounts, folders and storage made)"
+        )
     tenth = ", ".join(f"{t['per_second']}/s" for t in r["by_tenth"])
     print(f"  by tenth of the run  : {tenth}")
     print(f"  GET during the load  : p50 {g['p50_ms']} ms, p99 {g['p99_ms']} ms ({g['n']} probes)")
@@ -928,6 +962,11 @@ def main() -> int:
         "--as-root",
         action="store_true",
         help="each client a system account, the real LocalBackend, real launches (root only)",
+    )
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="each client submits one job first (timed apart), so the load is of known users",
     )
     args = parser.parse_args()
     if args.as_root and (os.geteuid() != 0 or not shutil.which("useradd")):
