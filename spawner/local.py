@@ -13,6 +13,7 @@ import asyncio
 import os
 import pwd
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -299,6 +300,7 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
 
     # -- start -------------------------------------------------------------------------------
     async def start(self) -> tuple[str, int]:
+        began = time.monotonic()
         try:  # also a start cut short by start_timeout: JupyterHub then skips stop()
             await self.wmla_load_profile()
             await self.wmla_admit()
@@ -312,12 +314,19 @@ class WmlaLocalSpawner(WmlaSpawnerMixin, LocalProcessSpawner):
                 )  # fmt: skip
             ip, port = await super().start()
             url = f"http://{ip or '127.0.0.1'}:{port}{self.server.base_url}api"
-            await answering(url, lambda: self.proc.poll() is None, self.http_timeout)
+            # within what is left of start_timeout (the hub cancels a longer start()), the
+            # rest to the hub's own check
+            left = self.start_timeout - (time.monotonic() - began) - 1.0
+            if left > 0:
+                await answering(url, self._wmla_alive, min(self.http_timeout, left))
             return ip, port
         except BaseException:
             await asyncio.to_thread(self._wmla_unconfine)
             await self.wmla_release()
             raise
+
+    def _wmla_alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def _wmla_confine(self) -> ServerCgroup:
         """The server's cgroup, made with its notebook job's grant before the server starts;
