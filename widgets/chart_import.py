@@ -1,10 +1,10 @@
-"""plotly's ``FigureWidget`` imported on a daemon thread, and the charts that wait for it.
+"""plotly's ``FigureWidget`` imported on a daemon thread, started as soon as the magics load.
 
-plotly's widget imports plotly.io, which imports nbformat and so jsonschema, whose format
-checkers build a URI grammar (rfc3987_syntax, Lark) at import: 2.5 s of CPU, 8-9 s in a kernel
-on two busy cores (benchmarks/bench_first_log.py). A job monitor that made its chart at once
-held the user's first ``%wmla_train`` that long after the job was submitted. It shows the
-job's state and log tail at once instead and adds its chart when the import is done.
+plotly's widget imports plotly.io, which imports nbformat and so jsonschema: a second or more
+of CPU in a new kernel, which the user's first ``%wmla_train`` would otherwise wait for in
+full (benchmarks/bench_first_log.py). The job monitor waits for what is left of it, then makes
+its chart before it is displayed: a chart added to a monitor already on the page could be drawn
+by a view that missed the traces added meanwhile (an empty chart, seen in the browser test).
 """
 
 from __future__ import annotations
@@ -20,18 +20,13 @@ log = logging.getLogger(__name__)
 
 
 class BackgroundImport:
-    """One import, run once on a daemon thread; callbacks run when it is done."""
+    """One import, run once on a daemon thread."""
 
     def __init__(self, load: Callable[[], object]) -> None:
         self.load = load
-        self._done = threading.Event()  # imported (or failed): new callbacks run at once
-        self._settled = threading.Event()  # and every callback waiting then has run
+        self._done = threading.Event()
         self._guard = threading.Lock()
         self._started = False
-        self._waiting: list[Callable[[], None]] = []
-
-    def done(self) -> bool:
-        return self._done.is_set()
 
     def start(self) -> None:
         """Begin the import (once); returns at once."""
@@ -42,37 +37,18 @@ class BackgroundImport:
         threading.Thread(target=self._run, name="wmla-chart-import", daemon=True).start()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Start the import if it was not, and wait for it and the callbacks that waited for
-        it; whether that is done."""
+        """Start the import if it was not, and wait for it; whether it is done (or failed:
+        ``figure_widget`` then gives None, as it would have)."""
         self.start()
-        return self._settled.wait(timeout)
-
-    def then(self, callback: Callable[[], None]) -> None:
-        """``callback()`` now when the import is done, else from its thread once it is (also
-        when the import failed: ``figure_widget`` then gives None, as it would have)."""
-        with self._guard:
-            ready = self._done.is_set()
-            if not ready:
-                self._waiting.append(callback)
-        if ready:
-            callback()
-        else:
-            self.start()
+        return self._done.wait(timeout)
 
     def _run(self) -> None:
         try:
             self.load()
         except Exception:  # plotly or anywidget missing: the widgets show no chart
             log.debug("plotly's FigureWidget cannot be imported", exc_info=True)
-        with self._guard:
+        finally:
             self._done.set()
-            waiting, self._waiting = self._waiting, []
-        for callback in waiting:
-            try:
-                callback()
-            except Exception:  # one monitor's failure is not another's
-                log.warning("a chart could not be added", exc_info=True)
-        self._settled.set()
 
 
 FIGURE_WIDGET = BackgroundImport(lambda: importlib.import_module(FIGURE_WIDGET_MODULE))

@@ -20,6 +20,9 @@ from .chart_import import FIGURE_WIDGET, BackgroundImport
 from .plotly_widget import figure_widget, update
 
 LOG_LINES = 40
+# the most a monitor waits for plotly's widget still importing (a second or so, seconds on a
+# busy machine); past it the monitor shows no chart rather than holding the cell
+CHART_WAIT = 30.0
 
 
 class JobMonitor(w.VBox):
@@ -31,6 +34,7 @@ class JobMonitor(w.VBox):
         job_id: str,
         log_lines: int = LOG_LINES,
         charts: BackgroundImport = FIGURE_WIDGET,
+        chart_wait: float = CHART_WAIT,
         **kwargs: Any,
     ):
         self.client = client
@@ -60,19 +64,20 @@ class JobMonitor(w.VBox):
             layout=w.Layout(width="100%"),
             description="",
         )
-        self.chart: Any = None  # plotly's FigureWidget once it is imported (chart_import)
-        self.chart_box = w.Box()
+        self.chart: Any = None  # none where plotly's widget is not there in time (chart_import)
+        if charts.wait(chart_wait):
+            self.chart = figure_widget(figures.metrics_figure([]))
         rows: list[w.Widget] = [
             self.title,
             self.state,
             self.workers,
             w.HBox([self.progress, self.progress_label, self.cancel_button]),
             self.message,
-            self.chart_box,
-            w.Accordion(children=[self.logs], titles=("log tail",), selected_index=0),
         ]
+        if self.chart is not None:
+            rows.append(self.chart)
+        rows.append(w.Accordion(children=[self.logs], titles=("log tail",), selected_index=0))
         super().__init__(children=rows, **kwargs)
-        charts.then(self._add_chart)
 
     # -- updates -------------------------------------------------------------------------------
     def refresh(self) -> dict:
@@ -105,20 +110,8 @@ class JobMonitor(w.VBox):
         if logs != self.logs.value:
             self.logs.value = logs
         if new_metrics and self.chart is not None:
-            update(self.chart, self._figure())
-
-    def _figure(self) -> dict:
-        if not self.metrics:
-            return figures.metrics_figure([])
-        name = self.job.get("name") or self.job_id
-        return figures.metrics_figure(self.metrics, title=f"{name} metrics")
-
-    def _add_chart(self) -> None:
-        """The metrics chart, with what was read so far, where plotly's widget loads."""
-        with self._lock:
-            self.chart = figure_widget(self._figure())
-            if self.chart is not None:
-                self.chart_box.children = (self.chart,)
+            fig = figures.metrics_figure(self.metrics, title=f"{name or self.job_id} metrics")
+            update(self.chart, fig)
 
     def _show_progress(self, job: dict) -> None:
         """The bar and the phase (waiting, starting workers, first step, epoch k of N, done)."""

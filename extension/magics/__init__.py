@@ -21,8 +21,8 @@ def load_ipython_extension(ipython: Any) -> None:
 
 def _import_the_monitor() -> None:
     """The job monitor's imports, in the background while the kernel is new rather than in the
-    user's first ``%wmla_train``; plotly's widget, the slow one (seconds), goes on importing
-    after that, and the monitor adds its chart once it is there (widgets/chart_import.py)."""
+    user's first ``%wmla_train``, which waits only for what is left of them; plotly's widget,
+    the slow one, on a thread of its own (widgets/chart_import.py)."""
     try:
         from widgets.chart_import import FIGURE_WIDGET
 

@@ -116,22 +116,29 @@ def test_monitor_shows_queue_then_progress_chart_and_logs() -> None:
     assert mon.chart.to_dict()["data"][0]["y"] == [2.0, 1.0]  # new lines appended once
 
 
-def test_a_monitor_shows_the_job_before_plotly_is_imported_and_charts_once_it_is() -> None:
-    client = CannedClient()
+def test_a_monitor_waits_for_plotly_still_importing_then_charts() -> None:
     release = threading.Event()
-    slow = BackgroundImport(lambda: release.wait(30))  # as plotly's seconds in a new kernel
-    mon = JobMonitor(client, "j1", charts=slow)
-    mon.refresh()  # does not wait for the import
-    assert "PENDING" in mon.state.value and "test accuracy 0.7" in mon.logs.value
-    assert mon.chart is None and mon.chart_box.children == ()
-    release.set()
-    assert slow.wait(30)
-    assert mon.chart_box.children == (mon.chart,)
-    traces = {t["name"]: list(t["y"]) for t in mon.chart.to_dict()["data"]}
-    assert traces == {"loss": [2.0], "train_loss": [1.5], "test_accuracy": [0.7]}  # read so far
-    client.lines.append({"step": 3, "epoch": 1, "loss": 1.0})
+    slow = BackgroundImport(lambda: release.wait(30))  # as plotly's second in a new kernel
+    threading.Timer(0.3, release.set).start()
+    mon = JobMonitor(CannedClient(), "j1", charts=slow)
+    assert release.is_set() and mon.chart is not None and mon.chart in mon.children
     mon.refresh()
-    assert list(mon.chart.to_dict()["data"][0]["y"]) == [2.0, 1.0]
+    traces = {t["name"]: list(t["y"]) for t in mon.chart.to_dict()["data"]}
+    assert traces == {"loss": [2.0], "train_loss": [1.5], "test_accuracy": [0.7]}
+
+
+def test_a_monitor_shows_the_job_without_a_chart_when_plotly_is_not_there_in_time() -> None:
+    release = threading.Event()
+    stuck = BackgroundImport(lambda: release.wait(30))
+    try:
+        mon = JobMonitor(CannedClient(), "j1", charts=stuck, chart_wait=0.2)
+        mon.refresh()
+        assert mon.chart is None and not any(
+            "FigureWidget" in type(c).__name__ for c in mon.children
+        )
+        assert "PENDING" in mon.state.value and "test accuracy 0.7" in mon.logs.value
+    finally:
+        release.set()
 
 
 def test_cancel_button_cancels_through_the_client() -> None:
