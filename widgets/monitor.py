@@ -16,27 +16,15 @@ from typing import Any
 import ipywidgets as w
 
 from . import figures
-from .chart_import import FIGURE_WIDGET, BackgroundImport
 from .plotly_widget import figure_widget, update
 
 LOG_LINES = 40
-# the most a monitor waits for plotly's widget still importing (a second or so, seconds on a
-# busy machine); past it the monitor shows no chart rather than holding the cell
-CHART_WAIT = 30.0
 
 
 class JobMonitor(w.VBox):
     """Watch one job. ``client`` is an :class:`extension.client.WmlaClient`."""
 
-    def __init__(
-        self,
-        client: Any,
-        job_id: str,
-        log_lines: int = LOG_LINES,
-        charts: BackgroundImport = FIGURE_WIDGET,
-        chart_wait: float = CHART_WAIT,
-        **kwargs: Any,
-    ):
+    def __init__(self, client: Any, job_id: str, log_lines: int = LOG_LINES, **kwargs: Any):
         self.client = client
         self.job_id = job_id
         self.log_lines = log_lines
@@ -64,9 +52,7 @@ class JobMonitor(w.VBox):
             layout=w.Layout(width="100%"),
             description="",
         )
-        self.chart: Any = None  # none where plotly's widget is not there in time (chart_import)
-        if charts.wait(chart_wait):
-            self.chart = figure_widget(figures.metrics_figure([]))
+        self.chart = figure_widget(figures.metrics_figure([]))
         rows: list[w.Widget] = [
             self.title,
             self.state,

@@ -21,12 +21,12 @@ def load_ipython_extension(ipython: Any) -> None:
 
 def _import_the_monitor() -> None:
     """The job monitor's imports, in the background while the kernel is new rather than in the
-    user's first ``%wmla_train``, which waits only for what is left of them; plotly's widget,
-    the slow one, on a thread of its own (widgets/chart_import.py)."""
+    user's first ``%wmla_train``: plotly's figures import plotly.io, which imports nbformat and
+    so jsonschema, whose format checkers build a URI grammar (rfc3987_syntax, Lark) at import,
+    2.5 s of CPU, 8-9 s in a kernel on 2 busy cores (benchmarks/bench_first_log.py)."""
     try:
-        from widgets.chart_import import FIGURE_WIDGET
+        import plotly.io  # noqa: F401
 
-        FIGURE_WIDGET.start()
         import widgets.monitor  # noqa: F401
     except Exception:  # the magic says what is missing when it is used
         return

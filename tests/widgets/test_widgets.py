@@ -8,7 +8,6 @@ the same widgets against a real hub and service.
 from __future__ import annotations
 
 import copy
-import threading
 from datetime import datetime, timezone
 
 import pytest
@@ -16,7 +15,6 @@ import pytest
 from extension.metering.accounting import Fact, Ledger
 from extension.metering.usage import usage as metering_usage
 from widgets import figures
-from widgets.chart_import import FIGURE_WIDGET, BackgroundImport
 from widgets.monitor import JobMonitor
 from widgets.usage import RECENT, UsageWidget
 
@@ -33,12 +31,6 @@ JOB = {
 # what the service sends with a pending job: its place in line and why it waits
 QUEUE = {"position": {"leaf": 1, "plan": 2, "instance": 2}, "plan": "/p",
          "reason": "/p at its gpu limit: 2 of 2 in use", "estimate": None}  # fmt: skip
-
-
-@pytest.fixture(autouse=True, scope="module")
-def plotly_imported() -> None:
-    """Monitors made after plotly's widget is imported chart at once."""
-    assert FIGURE_WIDGET.wait(120), "plotly's FigureWidget was not imported in 120 s"
 
 
 class CannedClient:
@@ -114,31 +106,6 @@ def test_monitor_shows_queue_then_progress_chart_and_logs() -> None:
     assert mon.progress.get_state()["value"] == 100.0
     assert mon.progress.bar_style == "success" and mon.cancel_button.disabled
     assert mon.chart.to_dict()["data"][0]["y"] == [2.0, 1.0]  # new lines appended once
-
-
-def test_a_monitor_waits_for_plotly_still_importing_then_charts() -> None:
-    release = threading.Event()
-    slow = BackgroundImport(lambda: release.wait(30))  # as plotly's second in a new kernel
-    threading.Timer(0.3, release.set).start()
-    mon = JobMonitor(CannedClient(), "j1", charts=slow)
-    assert release.is_set() and mon.chart is not None and mon.chart in mon.children
-    mon.refresh()
-    traces = {t["name"]: list(t["y"]) for t in mon.chart.to_dict()["data"]}
-    assert traces == {"loss": [2.0], "train_loss": [1.5], "test_accuracy": [0.7]}
-
-
-def test_a_monitor_shows_the_job_without_a_chart_when_plotly_is_not_there_in_time() -> None:
-    release = threading.Event()
-    stuck = BackgroundImport(lambda: release.wait(30))
-    try:
-        mon = JobMonitor(CannedClient(), "j1", charts=stuck, chart_wait=0.2)
-        mon.refresh()
-        assert mon.chart is None and not any(
-            "FigureWidget" in type(c).__name__ for c in mon.children
-        )
-        assert "PENDING" in mon.state.value and "test accuracy 0.7" in mon.logs.value
-    finally:
-        release.set()
 
 
 def test_cancel_button_cancels_through_the_client() -> None:
