@@ -211,7 +211,8 @@ class UserImages:
             # sparse, so room to raise the limit later costs the host nothing now: ext4
             # cannot grow online without CAP_SYS_RESOURCE, which this kind of machine
             # withholds even from root (docs/security.md)
-            size, inodes = image_layout(limits.bytes_hard, limits.files_hard + 64)
+            inodes = limits.files_hard + 64
+            size = image_size(limits.bytes_hard, inodes)
             fd = os.open(image, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             try:
                 os.ftruncate(fd, size)
@@ -444,8 +445,8 @@ def _set_inodes(folder: Path, count: int) -> None:
         os.close(fd)
 
 
-def image_layout(bytes_hard: int, inodes: int) -> tuple[int, int]:
-    """A new image's size and the inode count to ask mkfs.ext4 for. mke2fs gives each 128 MiB
+def image_size(bytes_hard: int, inodes: int) -> int:
+    """A new image's size, for ``inodes`` asked of mkfs.ext4. mke2fs gives each 128 MiB
     block group as many inodes, a whole inode-table block of them (16), so the count rounds up
     to a multiple of 16 x the groups, and every inode over it is a file in ``reserve/i``: about
     2,000 for a 10 GiB quota's 321 groups, seconds of a first job's start on a busy machine.
@@ -458,7 +459,7 @@ def image_layout(bytes_hard: int, inodes: int) -> tuple[int, int]:
         return -(-per_group // INODES_PER_BLOCK) * INODES_PER_BLOCK * groups - inodes
 
     groups = min(range(least, least + max(2, least // 4) + 1), key=lambda g: (spare(g), g))
-    return groups * GROUP_BYTES, inodes
+    return groups * GROUP_BYTES
 
 
 def _round(size: int) -> int:
