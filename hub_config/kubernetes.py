@@ -106,7 +106,7 @@ def configure_kubernetes(c: Any, cluster_var: Path, storage_root: Path) -> dict[
     c.WmlaKubeSpawner.image = NOTEBOOK_IMAGE
     c.WmlaKubeSpawner.cmd = ["jupyterhub-singleuser"]  # the image's, not this venv's path
     c.WmlaKubeSpawner.start_timeout = 120
-    c.WmlaKubeSpawner.http_timeout = 30
+    c.WmlaKubeSpawner.http_timeout = 120  # a cold node's first notebook imports for a while
     backend_options: dict[str, Any] = {}
     node = None
     if os.environ.get(REAL_NODE_FLAG, "").strip().lower() in ("1", "true", "yes"):

@@ -104,11 +104,32 @@ CHART_STATE = """() => [...document.querySelectorAll('.js-plotly-plot')].map(gd 
 }))"""
 
 
-def train_and_check_chart(visit: Visit) -> dict:
+# The page's main thread stalls for a while each time a script of over 1 MB (plotly's widget
+# module, 5 MB, which anywidget imports from a blob) is handed to the browser: what a browser
+# on a busy machine or a slow laptop does with such a module.
+SLOW_BIG_MODULES = """(() => {
+    const create = URL.createObjectURL.bind(URL);
+    URL.createObjectURL = (obj) => {
+        if (obj instanceof Blob && obj.size > 1e6 && /javascript/.test(obj.type)) {
+            const until = performance.now() + %d;
+            while (performance.now() < until) {}
+        }
+        return create(obj);
+    };
+})()"""
+
+
+def train_and_check_chart(visit: Visit, module_stall: float = 0.0) -> dict:
     """Run All on the getting-started notebook; after FINISHED, the job monitor's chart has a
     drawn line for every named trace and no two y-axes on one side. Returns the chart's state
-    (traces, drawn path lengths, y-axes)."""
+    (traces, drawn path lengths, y-axes). ``module_stall``: seconds the page stalls while each
+    big script module loads (``SLOW_BIG_MODULES``)."""
     page = visit.page
+    if module_stall:
+        page.add_init_script(SLOW_BIG_MODULES % round(1000 * module_stall))
+    console: list[str] = []  # what the page logged, in the failure's message and the artifacts
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"[:500]))
+    page.on("pageerror", lambda e: console.append(f"pageerror: {e}"[:500]))
     page.goto(f"{visit.url}/user/{visit.user}/lab/tree/getting-started.ipynb")
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60_000)
     select = page.get_by_role("button", name="Select", exact=True)
@@ -133,7 +154,8 @@ def train_and_check_chart(visit: Visit) -> dict:
     charts = page.evaluate(CHART_STATE)
     training = [c for c in charts if any("loss" in (t["name"] or "") for t in c["traces"])]
     visit.shot("3-chart")
-    assert training, charts
+    (visit.artifacts / "console.txt").write_text("\n".join(console))
+    assert training, (charts, console[-40:])
     chart = training[0]
     names = [t["name"] for t in chart["traces"] if t["name"]]
     assert {"loss", "accuracy"} <= set(names) or len(names) >= 2, chart
