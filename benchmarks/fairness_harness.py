@@ -24,6 +24,7 @@ import dataclasses
 import json
 import math
 import os
+import statistics
 import sys
 import time
 import uuid
@@ -138,6 +139,10 @@ class Outcome:
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
     nodes: list[Node] = field(default_factory=list)  # the service's, for the simulator
+    # the service's median seconds from a start decision to the backend's ``running`` (which the
+    # timed backend stamps when its start() is called): how late the loop acts on this machine
+    # in this run, the simulator's ``event_delay`` for the same run
+    start_lag: float | None = None
 
 
 # -- the simulator ------------------------------------------------------------------------------
@@ -416,12 +421,30 @@ def run_service(
         hub.stop()
     out = _outcome(workload, jobs, histories, t0, sum(n.capacity.gpu for n in nodes))
     out.wall_s, out.nodes = wall, nodes
+    out.start_lag = start_lag(histories)
+    if out.start_lag is not None:
+        out.notes.append(f"a start decision to running: median {1000 * out.start_lag:.0f} ms")
     late = max((s[1] - j.at for j, s in zip(workload, sent)), default=0.0)
     bad = [s for s in sent if s[0] != 201]
     out.notes.append(f"submissions at most {1000 * late:.0f} ms after their time")
     if bad:
         out.notes.append(f"{len(bad)} submissions not accepted: {bad[:3]}")
     return out
+
+
+def start_lag(histories: dict[str, list[dict]]) -> float | None:
+    """The median of each start's ``started`` to its next ``running`` transition, in seconds;
+    None where no start ran."""
+    lags = []
+    for steps in histories.values():
+        started = None
+        for step in sorted(steps, key=lambda s: s["at"]):
+            if step["event"] == "started":
+                started = step["at"]
+            elif step["event"] == "running" and started is not None:
+                lags.append(step["at"] - started)
+                started = None
+    return statistics.median(lags) if lags else None
 
 
 def _make_users(hub, names: list[str]) -> dict[str, str]:

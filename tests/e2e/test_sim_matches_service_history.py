@@ -25,7 +25,10 @@ HISTORY = dataclasses.replace(SETUP, fair_share_half_life=20.0)
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     workload = read_workload(WORKLOAD)
     service = run_service(workload, HISTORY, tmp_path_factory.mktemp("service"), timeout=240)
-    sim = run_sim(workload, HISTORY, "wmla", "service", nodes=service.nodes)
+    timed = dataclasses.replace(  # the service's timing in this run (test_sim_matches_service)
+        HISTORY, event_delay=max(HISTORY.event_delay, service.start_lag or 0)
+    )
+    sim = run_sim(workload, timed, "wmla", "service", nodes=service.nodes)
     off = run_sim(workload, SETUP, "wmla", "service", nodes=service.nodes)
     return {
         "service": figures(service, HISTORY),
