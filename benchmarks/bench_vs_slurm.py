@@ -27,11 +27,14 @@ client at that pace, 30 s of them: the start without a backlog. The systems alte
 ``--rounds`` times. For each: submissions per second; jobs finished per
 second end to end (first submission until the last job is seen ended, polled every 0.2 s on
 both sides); p50/p99 from submission to the job's start (``python`` only: the job's own
-clock); CPU per job of the daemons (slurmctld + slurmd and its slurmstepds + munged) or of
-wmla (service and its helpers + node's launcher's launchers + hub + proxy), less the job's own
-CPU, which is measured apart (the same command run alone, 20 times) and reported beside.
-Then the ratios wmla/Slurm, and the goals: jobs finished per second at least Slurm's for both
-commands; start p50 at most Slurm's.
+clock), and the p50 of the starts on the run's clock (from its first submission: with a
+backlog, a system that takes submissions faster than the other has its jobs wait longer from
+their own submission even where each starts sooner); CPU per job of the daemons (slurmctld +
+slurmd and its slurmstepds + munged) or of wmla (service and its helpers + node's launcher's
+launchers + hub + proxy), less the job's own CPU, which is measured apart (the same command run
+alone, 20 times) and reported beside. Then the ratios wmla/Slurm, and the goals: jobs finished
+per second at least Slurm's for both commands; start p50 at most Slurm's, from submission and
+on the run's clock.
 """
 
 from __future__ import annotations
@@ -268,6 +271,10 @@ def phase(
         out["started_seen"] = len(lat)
         out["start_p50_ms"] = round(1000 * bs.pct(lat, 50), 1)
         out["start_p99_ms"] = round(1000 * bs.pct(lat, 99), 1)
+        # on the run's clock: a system that takes submissions faster than it runs them has its
+        # jobs wait longer from their own submission, even when each starts sooner in the run
+        since = [starts[i] - first for i, _ in answers if i in starts]
+        out["start_in_run_p50_ms"] = round(1000 * bs.pct(since, 50), 1)
     out["states"] = side.states(ids)
     return out
 
@@ -387,6 +394,7 @@ FIGURES = (
     ("finished_per_second", "finished/s"),
     ("start_p50_ms", "start p50 ms"),
     ("start_p99_ms", "start p99 ms"),
+    ("start_in_run_p50_ms", "in run p50 ms"),
     ("system_cpu_ms_per_job", "sys CPU ms/job"),
 )
 
@@ -424,6 +432,11 @@ def goals(table: dict) -> dict:
             k: v["ratio"]["start_p50_ms"] <= 1.0
             for k, v in table.items()
             if "start_p50_ms" in v["ratio"]
+        },
+        "start_in_run_p50_at_most_slurm": {
+            k: v["ratio"]["start_in_run_p50_ms"] <= 1.0
+            for k, v in table.items()
+            if "start_in_run_p50_ms" in v["ratio"]
         },
     }
 
