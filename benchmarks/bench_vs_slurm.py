@@ -336,6 +336,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict:
             sub.mkdir()
             os.chmod(sub, 0o711)
             traits = bs.service_traits(sub, 0.0, template)
+            if args.cpu_oversubscription:
+                traits["cpu_oversubscription"] = args.cpu_oversubscription
             if command == "true":
                 traits["python"] = "/bin/true"
             hub = Hub(sub, traits, bs.UNLIMITED)
@@ -477,6 +479,13 @@ def main() -> int:
         default=2.0,
         help="also the python job one client at this many submissions a second (30 s of"
         " them): the start latency without a backlog; 0: not",
+    )
+    parser.add_argument(
+        "--cpu-oversubscription",
+        type=float,
+        default=0.0,
+        help="wmla's c.WmlaService.cpu_oversubscription (default: bench_service's, 16: as many"
+        " jobs at once as Slurm's node of 128 CPUs)",
     )
     parser.add_argument("--json-out", default="")
     parser.add_argument("--keep", action="store_true", help="keep the run's folder (logs)")
