@@ -60,6 +60,10 @@ INODES_PER_BLOCK = BLOCK // 256  # mke2fs's default inode size
 # written for every new user: seconds of the disk under load) nor the kernel zero the tables
 # after mounting (noinit_itable)
 MKFS_EXTENDED = "root_owner=0:0,nodiscard,lazy_itable_init=1,lazy_journal_init=1"
+# New images made at once (mkfs, mount, the limits' holder files); the rest wait their turn,
+# so a burst of new users starts a bounded number of mkfs and mounts. Fifty at once, all made
+# together, each was ready only when nearly all were (two cores shared fifty ways).
+MAKING_AT_ONCE = 2 * (os.cpu_count() or 1)
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -156,6 +160,7 @@ class UserImages:
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self._bound: dict[str, int] = {}  # user -> st_dev of their bound folder
+        self._making = threading.BoundedSemaphore(MAKING_AT_ONCE)
 
     # -- paths (all root's) ----------------------------------------------------------------
     def image(self, user: str) -> Path:
@@ -194,9 +199,11 @@ class UserImages:
         ``<storage_root>/<user>`` (which the caller made, empty, or which is bound already).
         Cheap when all of that is so already: one fstat of the user's folder."""
         with self.lock(user):
-            self._mount(user, uid, gid, limits)
-            self.hold(user, limits.bytes_hard, limits.files_hard)
-            self._bind(user, uid, gid)
+            made = mounted_at(self.mount_point(user))
+            with contextlib.nullcontext() if made else self._making:
+                self._mount(user, uid, gid, limits)
+                self.hold(user, limits.bytes_hard, limits.files_hard)
+                self._bind(user, uid, gid)
         return self.storage_root / user
 
     def _mount(self, user: str, uid: int, gid: int, limits: StorageLimits) -> None:

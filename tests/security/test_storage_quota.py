@@ -16,7 +16,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -391,3 +393,37 @@ def test_a_new_10gib_image_costs_the_disk_megabytes_and_holds_its_files_limit_ex
     assert images.image("dee").stat().st_blocks * 512 < 64 * MiB  # no journal of zeros
     assert as_user(54324, f"touch {folder}/a").returncode == 0
     assert images.measure("dee").free_files == limits.files_hard - 1
+
+
+def test_new_users_images_are_made_a_few_at_a_time(
+    images: UserImages, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many new users at once (fifty first submissions): at most MAKING_AT_ONCE images are
+    made together, the others wait their turn, and every one is made. All at once, each was
+    ready only when all were."""
+    from extension.storage import images as module
+
+    lock, running, most = threading.Lock(), [0], [0]
+    real = module._run
+
+    def counted(cmd: list[str], what: str) -> str:
+        if cmd[0] != "mkfs.ext4":
+            return real(cmd, what)
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            return real(cmd, what)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(module, "_run", counted)
+    users = [f"new{i}" for i in range(3 * module.MAKING_AT_ONCE)]
+    for user in users:
+        (images.storage_root / user).mkdir(mode=0o700)
+    limits = parse_limits("1Gi", "t")
+    with ThreadPoolExecutor(len(users)) as pool:
+        list(pool.map(lambda u: images.ensure(u, 54331, 54331, limits), users))
+    assert 2 <= most[0] <= module.MAKING_AT_ONCE, most
+    assert all(mounted_at(images.mount_point(u)) for u in users)
