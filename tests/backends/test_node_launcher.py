@@ -5,8 +5,10 @@ to be re-adopted."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -97,3 +99,38 @@ async def test_a_gangs_workers_are_answered_at_once_one_after_the_other(local_ri
         await backend.stop(job, grace=1, reason="done")
         await local_rig.events.wait(job, "released")
     assert backend.node.started == 1
+
+
+def test_a_fork_that_fails_is_answered_and_the_node_launcher_serves_on() -> None:
+    """os.fork refused (EAGAIN, as at a pids limit): each launch is answered with why, and the
+    node's launcher serves the next request instead of ending (every gang's launch through it
+    would start another). Closing its stdin ends it with 0."""
+    from extension.backends.local.node_launcher import LAUNCHER
+
+    script = (
+        "import errno, importlib.util, os, sys\n"
+        f"spec = importlib.util.spec_from_file_location('w', {str(LAUNCHER)!r})\n"
+        "w = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(w)\n"
+        "def refuse():\n"
+        "    raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))\n"
+        "os.fork = refuse\n"
+        "sys.exit(w.main(['--serve']))\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        for request in (1, 2):
+            body = json.dumps({"id": request, "spec": {}}).encode()
+            proc.stdin.write(len(body).to_bytes(4, "big") + body)
+            proc.stdin.flush()
+            size = int.from_bytes(proc.stdout.read(4), "big")
+            answer = json.loads(proc.stdout.read(size))
+            assert answer == {"id": request, "error": "fork: Resource temporarily unavailable"}
+        proc.stdin.close()
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -20,6 +20,7 @@ like a re-adopted one (``watched`` false: its pid and start time, then its exit 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import subprocess
@@ -29,6 +30,8 @@ import time
 from collections.abc import Callable
 
 from .records import alive
+
+log = logging.getLogger("wmla.backends.local")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))  # extension/backends/local
 LAUNCHER = os.path.join(_HERE, "worker_launcher.py")
@@ -66,6 +69,7 @@ class _Server:
         self.answers: dict[int, dict] = {}
         self.exits: dict[int, int] = {}
         self.running = True
+        self.fatal = ""  # what ended it, when it said
         self.asked = 0
         self.lock = threading.Lock()  # pump: the watching and a launch may both read
 
@@ -94,6 +98,8 @@ class _Server:
             self.buffer = self.buffer[FRAME + size :]
             if "exited" in message:
                 self.exits[int(message["exited"])] = int(message["code"])
+            elif "fatal" in message:
+                self.fatal = str(message["fatal"])
             else:
                 self.answers[int(message["id"])] = message
 
@@ -206,7 +212,8 @@ class NodeLauncher:
                         raise
                     continue
                 if "pid" not in answer:
-                    raise OSError(f"the node's launcher could not fork: {answer.get('error')}")
+                    why = answer.get("error")
+                    raise OSError(f"the node's launcher could not start a launcher: {why}")
                 return Forked(int(answer["pid"]), float(answer["create_time"]), server)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -214,6 +221,11 @@ class NodeLauncher:
         if self._server is None or not self._server.running:
             if self._server is not None:  # ended (or killed): reaped, its pipes closed
                 self._server.end(wait=1.0)
+                log.warning(
+                    "the node's launcher (pid %d) ended (%s); starting another",
+                    self._server.proc.pid,
+                    self._server.fatal or f"exit code {self._server.proc.returncode}",
+                )
             self._server = _Server(self.python)
             self.started += 1
         return self._server

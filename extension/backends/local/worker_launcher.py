@@ -482,15 +482,34 @@ class NodeServer:
             self.launch(request["id"], request["spec"])
 
     def launch(self, request: int, spec: dict) -> None:
-        go_r, go_w = os.pipe()
-        pid = os.fork()
+        """Fork one; a launch that fails is answered with why (the node's launcher serves on)."""
+        try:
+            go_r, go_w = os.pipe()
+        except OSError as err:
+            _send(self.answers, {"id": request, "error": f"no pipe: {err.strerror}"})
+            return
+        try:
+            pid = os.fork()
+        except OSError as err:  # EAGAIN at a pids limit, ENOMEM
+            os.close(go_r)
+            os.close(go_w)
+            _send(self.answers, {"id": request, "error": f"fork: {err.strerror}"})
+            return
         if pid == 0:
             os.close(go_w)
             _monitor(spec, go_r)
         os.close(go_r)
         try:  # first the backend knows it (and its start time, psutil's way: pids recycle)...
-            _send(self.answers, {"id": request, "pid": pid, "create_time": self.started(pid)})
-            os.write(go_w, b"g")  # ...then it may start
+            try:
+                created = self.started(pid)
+            except (OSError, ValueError, IndexError) as err:  # gone before its go
+                _send(self.answers, {"id": request, "error": f"it ended at once: {err}"})
+                return
+            _send(self.answers, {"id": request, "pid": pid, "create_time": created})
+            try:
+                os.write(go_w, b"g")  # ...then it may start
+            except BrokenPipeError:
+                pass  # it ended before its go: its exit is told as any other's
         finally:
             os.close(go_w)
 
@@ -512,9 +531,22 @@ class NodeServer:
             _send(self.answers, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
+def serve() -> int:
+    """The node's launcher on stdin/stdout; what ends it unexpectedly is told the backend
+    first (its stderr goes nowhere)."""
+    try:
+        return NodeServer(0, 1).run()
+    except BaseException as err:
+        try:
+            _send(1, {"fatal": f"{type(err).__name__}: {err}"[:500]})
+        except OSError:
+            pass
+        raise
+
+
 def main(argv: list[str]) -> int:
     if argv == ["--serve"]:
-        return NodeServer(0, 1).run()
+        return serve()
     if len(argv) != 1:
         print("usage: python -I worker_launcher.py SPEC.json | --serve", file=sys.stderr)
         return 2
