@@ -199,17 +199,17 @@ class UserImages:
         ``<storage_root>/<user>`` (which the caller made, empty, or which is bound already).
         Cheap when all of that is so already: one fstat of the user's folder."""
         with self.lock(user):
-            made = mounted_at(self.mount_point(user))
-            with contextlib.nullcontext() if made else self._making:
-                self._mount(user, uid, gid, limits)
+            mounted = mounted_at(self.mount_point(user)) is not None
+            with contextlib.nullcontext() if mounted else self._making:
+                if not mounted:
+                    self._mount(user, uid, gid, limits)
                 self.hold(user, limits.bytes_hard, limits.files_hard)
                 self._bind(user, uid, gid)
         return self.storage_root / user
 
     def _mount(self, user: str, uid: int, gid: int, limits: StorageLimits) -> None:
+        """Make (when new) and mount the user's image; ``ensure`` found it not mounted."""
         point = self.mount_point(user)
-        if mounted_at(point):
-            return
         self.prepare_dirs()
         image = self.image(user)
         side = image.with_suffix(".json")
