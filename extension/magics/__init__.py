@@ -22,8 +22,9 @@ def load_ipython_extension(ipython: Any) -> None:
 def _import_the_monitor() -> None:
     """The job monitor's imports, in the background while the kernel is new rather than in the
     user's first ``%wmla_train``: plotly's figures import plotly.io, which imports nbformat and
-    so jsonschema, whose format checkers build a URI grammar (rfc3987_syntax, Lark) at import,
-    2.5 s of CPU, 8-9 s in a kernel on 2 busy cores (benchmarks/bench_first_log.py)."""
+    so jsonschema, about 1 s in a new kernel (jsonschema below 4.24, pyproject.toml: from 4.24
+    its format checkers built a URI grammar at import, 8-9 s on 2 busy cores;
+    benchmarks/bench_first_log.py)."""
     try:
         import plotly.io  # noqa: F401
 
