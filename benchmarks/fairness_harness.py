@@ -447,6 +447,13 @@ def start_lag(histories: dict[str, list[dict]]) -> float | None:
     return statistics.median(lags) if lags else None
 
 
+def as_measured(setup: Setup, service: Outcome) -> Setup:
+    """``setup`` with the service's own start lag in that run as the simulator's event delay
+    (never below the setup's): a busy machine's loop acts later on every event."""
+    lag = max(setup.event_delay, service.start_lag or 0.0)
+    return dataclasses.replace(setup, event_delay=lag)
+
+
 def _make_users(hub, names: list[str]) -> dict[str, str]:
     """Hub users with their own API tokens, and the (never run) script in each one's folder."""
     r = hub.hub_api("POST", "/users", json={"usernames": names})

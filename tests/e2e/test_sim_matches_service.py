@@ -29,7 +29,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.fairness_harness import Setup, figures, read_workload, run_service, run_sim
+from benchmarks.fairness_harness import (
+    Setup,
+    as_measured,
+    figures,
+    read_workload,
+    run_service,
+    run_sim,
+)
 from tests.service.hub import PROXY
 
 WORKLOAD = Path(__file__).with_name("contended_workload.csv")
@@ -51,10 +58,8 @@ needs_proxy = pytest.mark.skipif(not PROXY.exists(), reason="configurable-http-p
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     workload = read_workload(WORKLOAD)
     service = run_service(workload, SETUP, tmp_path_factory.mktemp("service"), timeout=240)
-    # the service's timing as it was on this machine in this run: a busy machine's loop acts
-    # later on every event, which the model takes as its event delay
-    timed = dataclasses.replace(SETUP, event_delay=max(SETUP.event_delay, service.start_lag or 0))
-    sim = run_sim(workload, timed, "wmla", "service", nodes=service.nodes)
+    # the service's timing as it was on this machine in this run
+    sim = run_sim(workload, as_measured(SETUP, service), "wmla", "service", nodes=service.nodes)
     instant = run_sim(workload, SETUP, "wmla", "instant", nodes=service.nodes)
     return {
         "service": figures(service, SETUP),

@@ -14,7 +14,13 @@ import dataclasses
 
 import pytest
 
-from benchmarks.fairness_harness import figures, read_workload, run_service, run_sim
+from benchmarks.fairness_harness import (
+    as_measured,
+    figures,
+    read_workload,
+    run_service,
+    run_sim,
+)
 
 from .test_sim_matches_service import HELD, PREEMPTIONS, SETUP, WORKLOAD, gaps, needs_proxy
 
@@ -25,10 +31,7 @@ HISTORY = dataclasses.replace(SETUP, fair_share_half_life=20.0)
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     workload = read_workload(WORKLOAD)
     service = run_service(workload, HISTORY, tmp_path_factory.mktemp("service"), timeout=240)
-    timed = dataclasses.replace(  # the service's timing in this run (test_sim_matches_service)
-        HISTORY, event_delay=max(HISTORY.event_delay, service.start_lag or 0)
-    )
-    sim = run_sim(workload, timed, "wmla", "service", nodes=service.nodes)
+    sim = run_sim(workload, as_measured(HISTORY, service), "wmla", "service", nodes=service.nodes)
     off = run_sim(workload, SETUP, "wmla", "service", nodes=service.nodes)
     return {
         "service": figures(service, HISTORY),
