@@ -241,6 +241,23 @@ def run_sim(
     return out
 
 
+def timeline(out: Outcome) -> list[dict]:
+    """Each job as it went in ``out``, in seconds from the run's start: what to lay beside
+    another run's when their figures differ (which job was reclaimed once more, and when)."""
+    return [
+        {
+            "name": r.job.name,
+            "team": r.job.team,
+            "submitted": round(r.submitted, 3),
+            "first_start": None if r.first_start is None else round(r.first_start, 3),
+            "ended": None if r.ended is None else round(r.ended, 3),
+            "preemptions": r.preemptions,
+            "holds": [(round(t, 3), gpus) for t, gpus in r.holds],
+        }
+        for r in out.runs
+    ]
+
+
 # -- figures ------------------------------------------------------------------------------------
 def _changes(out: Outcome, setup: Setup, horizon: float) -> list[tuple[float, str, str, float]]:
     """(t, what, key, amount) steps: demand of a user leaf, GPUs held by a team."""

@@ -22,7 +22,15 @@ from benchmarks.fairness_harness import (
     run_sim,
 )
 
-from .test_sim_matches_service import HELD, PREEMPTIONS, SETUP, WORKLOAD, gaps, needs_proxy
+from .test_sim_matches_service import (
+    HELD,
+    PREEMPTIONS,
+    SETUP,
+    WORKLOAD,
+    gaps,
+    keep_timelines,
+    needs_proxy,
+)
 
 HISTORY = dataclasses.replace(SETUP, fair_share_half_life=20.0)
 
@@ -37,12 +45,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         "service": figures(service, HISTORY),
         "sim": figures(sim, HISTORY),
         "off": figures(off, SETUP),
+        "reclaimed": keep_timelines("sim-matches-service-history", service, sim),
     }
 
 
 def said(runs: dict) -> str:
     keys = ("preemptions", "preempted_jobs", "held_gpu_s", "makespan_s")
-    return "\n".join(f"{n}: {dict((k, runs[n][k]) for k in keys)}" for n in runs)
+    shown = "\n".join(
+        f"{n}: {dict((k, runs[n][k]) for k in keys)}" for n in ("service", "sim", "off")
+    )
+    return f"{shown}\nreclaimed apart: {runs['reclaimed']}"
 
 
 @needs_proxy
