@@ -36,10 +36,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from extension.backends.capacity import detect_nodes  # noqa: E402
+from extension.backends.fake import FakeBackend  # noqa: E402
 from extension.scheduler import Instance, Node, PlanTree, Resources, SchedulerConfig  # noqa: E402
 from extension.sim.metrics import PlanShape, deserved_gpus, percentiles  # noqa: E402
 from extension.sim.policies import make_policy  # noqa: E402
-from extension.sim.replay import Replay  # noqa: E402
+from extension.sim.replay import Replay, backend_for  # noqa: E402
 from extension.sim.scenario import Scenario, ScenarioJob  # noqa: E402
 from tests.service.pages import every_job  # noqa: E402
 
@@ -143,6 +144,7 @@ class Outcome:
     # timed backend stamps when its start() is called): how late the loop acts on this machine
     # in this run, the simulator's ``event_delay`` for the same run
     start_lag: float | None = None
+    scheduled: int = 0  # the simulator's: how many backend events it scheduled (``Stall.nth``)
 
 
 # -- the simulator ------------------------------------------------------------------------------
@@ -158,6 +160,30 @@ class _TracedReplay(Replay):
         super()._refresh(job)
         # the recorder was advanced to this instant before anything of it was decided
         self.holds.setdefault(job.id, []).append((self.recorder.last_t, job.held))
+
+
+@dataclass(frozen=True)
+class Stall:
+    """One backend event (the ``nth`` the backend schedules, from 1) seen ``seconds`` late: a
+    busy machine's loop that stalls once."""
+
+    nth: int
+    seconds: float = 0.5
+
+
+class _StalledBackend(FakeBackend):
+    """The simulator's backend with one event late (``stall``); it counts what it schedules."""
+
+    stall: Stall | None = None
+    scheduled = 0
+
+    def _push(
+        self, t: float, kind: str, job_id: str, gen: int | None, nodes: tuple, at: float
+    ) -> None:
+        self.scheduled += 1
+        if self.stall is not None and self.scheduled == self.stall.nth:
+            t += self.stall.seconds
+        super()._push(t, kind, job_id, gen, nodes, at)
 
 
 def sim_timing(setup: Setup, kind: str):
@@ -219,11 +245,15 @@ def run_sim(
     timing: str = "service",
     label: str = "",
     nodes: list[Node] | None = None,
+    stall: Stall | None = None,
 ) -> Outcome:
     """The workload through the simulator under ``policy`` (``wmla`` or ``gang-fifo``) with
-    the ``timing`` model (``service`` or ``instant``)."""
+    the ``timing`` model (``service`` or ``instant``), and ``stall``'s one event late."""
     model = sim_timing(setup, timing)
-    replay = _TracedReplay(scenario(workload, setup, nodes, model), make_policy(policy))
+    plan = scenario(workload, setup, nodes, model)
+    backend = backend_for(plan, _StalledBackend)
+    backend.stall = stall
+    replay = _TracedReplay(plan, make_policy(policy), backend=backend)
     t0 = time.perf_counter()
     replay.run()
     wall = time.perf_counter() - t0
@@ -234,6 +264,7 @@ def run_sim(
         run.holds = replay.holds.get(j.name, [])
         runs.append(run)
     out = Outcome(label or f"sim {policy}", replay.capacity_gpu, runs, wall)
+    out.scheduled = backend.scheduled
     if model is None:
         out.notes.append("this simulator has no timing model: its instant model was used")
     else:
@@ -256,6 +287,55 @@ def timeline(out: Outcome) -> list[dict]:
         }
         for r in out.runs
     ]
+
+
+def gaps(a: dict, b: dict) -> dict[str, float]:
+    """How far figures ``a`` are from ``b``: preemptions and each team's held GPU-seconds, as
+    fractions of ``b``'s."""
+    out = {"preemptions": abs(a["preemptions"] - b["preemptions"]) / max(1, b["preemptions"])}
+    for team, held in b["held_gpu_s"].items():
+        out[f"held {team}"] = abs(a["held_gpu_s"][team] - held) / held
+    return out
+
+
+def held_gap(gap: dict[str, float]) -> float:
+    """The largest of ``gaps``' held GPU-second fractions."""
+    return max(v for k, v in gap.items() if k.startswith("held"))
+
+
+def moved_by(
+    workload: list[WorkJob],
+    setup: Setup,
+    held: float,
+    preemptions: float,
+    stall: float = 0.5,
+    delays: tuple[float, ...] = (0.002, 0.03),
+) -> list[str]:
+    """What moves the simulator's run of ``workload`` further than ``held`` (held GPU-seconds)
+    or ``preemptions`` (as fractions, ``gaps``) from its plain run: each event delay of
+    ``delays``, any one submission ``stall`` seconds late, any one backend event ``stall``
+    seconds late (a busy machine's loop stalls). Empty where nothing does: a workload whose
+    service run the simulator can be held to."""
+    plain = run_sim(workload, setup)
+    base = figures(plain, setup)
+
+    def moved(figs: dict) -> bool:
+        gap = gaps(figs, base)
+        return held_gap(gap) > held or gap["preemptions"] > preemptions
+
+    out = []
+    for delay in delays:
+        other = dataclasses.replace(setup, event_delay=delay)
+        if moved(figures(run_sim(workload, other), other)):
+            out.append(f"event delay {1000 * delay:.0f} ms")
+    for job in workload:
+        late = [dataclasses.replace(j, at=j.at + stall) if j is job else j for j in workload]
+        if moved(figures(run_sim(late, setup), setup)):
+            out.append(f"{job.name} submitted {stall} s late")
+    for nth in range(1, plain.scheduled + 1):
+        if moved(figures(run_sim(workload, setup, stall=Stall(nth, stall)), setup)):
+            out.append(f"backend event {nth} seen {stall} s late")
+    return out
 
 
 # -- figures ------------------------------------------------------------------------------------
@@ -469,6 +549,12 @@ def as_measured(setup: Setup, service: Outcome) -> Setup:
     (never below the setup's): a busy machine's loop acts later on every event."""
     lag = max(setup.event_delay, service.start_lag or 0.0)
     return dataclasses.replace(setup, event_delay=lag)
+
+
+def as_submitted(service: Outcome) -> list[WorkJob]:
+    """The service's workload at the times its jobs reached it (a busy machine's client, proxy
+    or loop makes a submission late): what the simulator replays to predict that run."""
+    return [dataclasses.replace(r.job, at=max(0.0, r.submitted)) for r in service.runs]
 
 
 def _make_users(hub, names: list[str]) -> dict[str, str]:

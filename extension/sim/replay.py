@@ -101,10 +101,11 @@ class Replay:
         progress_every: float = 10.0,
         interval: float = 0.0,
         progress_after: float = 1.0,
+        backend: FakeBackend | None = None,
     ) -> None:
         self.scenario = scenario
         self.policy = policy
-        self.backend = _backend(scenario)
+        self.backend = backend or backend_for(scenario)
         self.reports_checkpoints = scenario.timing.report_checkpoints
         self.instance = scenario.instance
         self.capacity_gpu = float(self.instance.capacity.gpu)
@@ -387,10 +388,11 @@ class Replay:
         )
 
 
-def _backend(scenario: Scenario) -> FakeBackend:
-    """The fake backend with the scenario's timing (its defaults: the simulator's old model)."""
+def backend_for(scenario: Scenario, kind: type[FakeBackend] = FakeBackend) -> FakeBackend:
+    """The fake backend (``kind``) with the scenario's timing (its defaults: the simulator's
+    old model)."""
     t = scenario.timing
-    return FakeBackend(
+    return kind(
         scenario.checkpoint_every,
         start_delay=t.start_delay,
         finish_seen_after=t.finish_seen_after,
