@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import TextIO
+from typing import TextIO, TypeVar
 
 from extension.backends.fake import FINISHED, RELEASED, RUNNING, SHRUNK, FakeBackend
 from extension.scheduler import Job, JobState
@@ -105,7 +105,7 @@ class Replay:
     ) -> None:
         self.scenario = scenario
         self.policy = policy
-        self.backend = backend or backend_for(scenario)
+        self.backend = backend or backend_for(scenario, FakeBackend)
         self.reports_checkpoints = scenario.timing.report_checkpoints
         self.instance = scenario.instance
         self.capacity_gpu = float(self.instance.capacity.gpu)
@@ -388,7 +388,10 @@ class Replay:
         )
 
 
-def backend_for(scenario: Scenario, kind: type[FakeBackend] = FakeBackend) -> FakeBackend:
+AnyFake = TypeVar("AnyFake", bound=FakeBackend)
+
+
+def backend_for(scenario: Scenario, kind: type[AnyFake]) -> AnyFake:
     """The fake backend (``kind``) with the scenario's timing (its defaults: the simulator's
     old model)."""
     t = scenario.timing
