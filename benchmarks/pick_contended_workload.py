@@ -8,7 +8,8 @@ is kept when the simulator (service timing, the tests' setup) reclaims at least 
 times, the instant model misses some team's held GPU-seconds by over 12 % (so the plain test
 can tell the models apart), and ``fairness_harness.moved_by`` finds nothing that moves it
 (event delays of 2 and 30 ms, any one submission or backend event 0.5 s late) beyond half the
-tests' tolerances. With ``--history`` the setup has the history test's half-life and the kept seed
+tests' tolerance on held GPU-seconds or beyond their tolerance on preemptions. With
+``--history`` the setup has the history test's half-life and the kept seed
 must also reclaim another number of times than with the history off.
 
     python benchmarks/pick_contended_workload.py --from 5000 --out workload.csv

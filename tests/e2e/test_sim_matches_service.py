@@ -140,9 +140,10 @@ def test_the_comparison_can_fail(runs: dict) -> None:
 def test_the_workload_does_not_hinge_on_milliseconds() -> None:
     """Replays with every submission 4-30 ms late and events folded 1-20 ms after they happen
     (what the service's HTTP path and loop add) agree with the plain replay within half the
-    tolerances above, and so do replays with the event delay at 2 or 30 ms, with any one
-    submission or any one backend event half a second late (a busy machine's loop stalls): the
-    service's own jitter cannot decide the comparison."""
+    tolerances above; replays with the event delay at 2 or 30 ms, or with any one submission or
+    any one backend event half a second late (a busy machine's loop stalls), within half the
+    held GPU-seconds' and the preemptions' own tolerance (one reclaim of 8 moves under a few
+    such stalls): the service's own jitter cannot decide the comparison."""
     workload = read_workload(WORKLOAD)
     base = figures(run_sim(workload, SETUP, "wmla", "service"), SETUP)
     rnd = random.Random(7)
@@ -150,6 +151,6 @@ def test_the_workload_does_not_hinge_on_milliseconds() -> None:
         late = [dataclasses.replace(j, at=j.at + rnd.uniform(0.004, 0.03)) for j in workload]
         setup = dataclasses.replace(SETUP, event_delay=rnd.uniform(0.001, 0.02))
         gap = gaps(figures(run_sim(late, setup, "wmla", "service"), setup), base)
-        assert gap["preemptions"] <= PREEMPTIONS, gap
+        assert gap["preemptions"] <= PREEMPTIONS / 2, gap
         assert held_gap(gap) <= HELD / 2, gap
     assert moved_by(workload, SETUP, HELD / 2, PREEMPTIONS) == []

@@ -80,6 +80,7 @@ def test_the_history_changes_the_run(runs: dict) -> None:
 
 def test_the_workload_does_not_hinge_on_milliseconds() -> None:
     """As the plain run's workload: with the history on, event delays of 2 or 30 ms, any one
-    submission or any one backend event half a second late move the simulator's run less than
-    half the tolerances (``moved_by``)."""
+    submission or any one backend event half a second late move the simulator's held
+    GPU-seconds less than half their tolerance and its preemptions within theirs
+    (``moved_by``)."""
     assert moved_by(read_workload(WORKLOAD), HISTORY, HELD / 2, PREEMPTIONS) == []
