@@ -80,6 +80,15 @@ def read_workload(path: str | Path) -> list[WorkJob]:
         ]
 
 
+def write_workload(workload: list[WorkJob], path: str | Path) -> None:
+    """``workload`` as ``read_workload`` reads it."""
+    names = [f.name for f in dataclasses.fields(WorkJob)]
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f, lineterminator="\n")
+        out.writerow(names)
+        out.writerows([getattr(j, n) for n in names] for j in workload)
+
+
 @dataclass(frozen=True)
 class Setup:
     teams: dict[str, float]  # team -> share
@@ -555,6 +564,12 @@ def as_submitted(service: Outcome) -> list[WorkJob]:
     """The service's workload at the times its jobs reached it (a busy machine's client, proxy
     or loop makes a submission late): what the simulator replays to predict that run."""
     return [dataclasses.replace(r.job, at=max(0.0, r.submitted)) for r in service.runs]
+
+
+def predicted(service: Outcome, setup: Setup) -> Outcome:
+    """The simulator's run of what the service ran, as the service ran it: its jobs at the
+    times they reached it, its start lag as the event delay, its nodes."""
+    return run_sim(as_submitted(service), as_measured(setup, service), nodes=service.nodes)
 
 
 def _make_users(hub, names: list[str]) -> dict[str, str]:

@@ -37,6 +37,7 @@ from benchmarks.fairness_harness import (  # noqa: E402
     held_gap,
     moved_by,
     run_sim,
+    write_workload,
 )
 from tests.e2e.test_sim_matches_service import HELD, PREEMPTIONS, SETUP  # noqa: E402
 
@@ -78,14 +79,6 @@ def verdict(workload: list[WorkJob], history: bool, at_least: int) -> str | None
     return f"moved by {moved[0]}" if moved else None
 
 
-def write(workload: list[WorkJob], path: Path) -> None:
-    lines = ["name,at,team,user,workers,gpus,seconds"]
-    lines += [
-        f"{j.name},{j.at},{j.team},{j.user},{j.workers},{j.gpus},{j.seconds}" for j in workload
-    ]
-    path.write_text("\n".join(lines) + "\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--from", dest="first", type=int, default=0, help="the first seed")
@@ -100,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"seed {seed}: {why or 'kept'}", flush=True)
         if why is None:
             if args.out:
-                write(workload, args.out)
+                write_workload(workload, args.out)
             return 0
     return 1
 

@@ -34,12 +34,11 @@ import pytest
 from benchmarks.fairness_harness import (
     Outcome,
     Setup,
-    as_measured,
-    as_submitted,
     figures,
     gaps,
     held_gap,
     moved_by,
+    predicted,
     read_workload,
     run_service,
     run_sim,
@@ -67,10 +66,7 @@ needs_proxy = pytest.mark.skipif(not PROXY.exists(), reason="configurable-http-p
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     workload = read_workload(WORKLOAD)
     service = run_service(workload, SETUP, tmp_path_factory.mktemp("service"), timeout=240)
-    # the service's timing as it was on this machine in this run
-    sim = run_sim(
-        as_submitted(service), as_measured(SETUP, service), "wmla", "service", nodes=service.nodes
-    )
+    sim = predicted(service, SETUP)
     instant = run_sim(workload, SETUP, "wmla", "instant", nodes=service.nodes)
     return {
         "service": figures(service, SETUP),

@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks.fairness_harness import (
-    as_measured,
-    as_submitted,
     figures,
     gaps,
     held_gap,
     moved_by,
+    predicted,
     read_workload,
     run_service,
     run_sim,
@@ -45,9 +44,7 @@ WORKLOAD = Path(__file__).with_name("contended_workload_history.csv")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     workload = read_workload(WORKLOAD)
     service = run_service(workload, HISTORY, tmp_path_factory.mktemp("service"), timeout=240)
-    sim = run_sim(
-        as_submitted(service), as_measured(HISTORY, service), "wmla", "service", nodes=service.nodes
-    )
+    sim = predicted(service, HISTORY)
     off = run_sim(workload, SETUP, "wmla", "service", nodes=service.nodes)
     return {
         "service": figures(service, HISTORY),
